@@ -1,0 +1,350 @@
+//! The digest registry: every digest blkhash knows, by its OpenSSL name.
+//!
+//! Block digests are computed one shot (no allocation per block); the outer
+//! digest is a boxed streaming state fed in large batches.
+
+use digest::{Digest, ExtendableOutput, Update};
+use std::fmt;
+use std::str::FromStr;
+
+/// A digest algorithm, named as OpenSSL names it (`openssl list -digest-algorithms`).
+///
+/// ```
+/// use blkhash::Algorithm;
+/// let alg: Algorithm = "sha256".parse().unwrap();
+/// assert_eq!(alg, Algorithm::Sha256);
+/// assert_eq!(alg.output_len(), 32);
+/// assert_eq!(Algorithm::Blake3.name(), "blake3");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    Md5,
+    Sha1,
+    Sha224,
+    #[default]
+    Sha256,
+    Sha384,
+    Sha512,
+    Sha512_224,
+    Sha512_256,
+    Sha3_224,
+    Sha3_256,
+    Sha3_384,
+    Sha3_512,
+    Blake2b512,
+    Blake2s256,
+    Sm3,
+    Ripemd160,
+    Md5Sha1,
+    Shake128,
+    Shake256,
+    Blake3,
+    /// Computes nothing and gives an empty checksum: for measuring I/O.
+    Null,
+}
+
+/// Every algorithm, in the order `blksum --list-digests` prints them.
+pub const ALGORITHMS: &[Algorithm] = &[
+    Algorithm::Md5,
+    Algorithm::Sha1,
+    Algorithm::Sha224,
+    Algorithm::Sha256,
+    Algorithm::Sha384,
+    Algorithm::Sha512,
+    Algorithm::Sha512_224,
+    Algorithm::Sha512_256,
+    Algorithm::Sha3_224,
+    Algorithm::Sha3_256,
+    Algorithm::Sha3_384,
+    Algorithm::Sha3_512,
+    Algorithm::Blake2b512,
+    Algorithm::Blake2s256,
+    Algorithm::Sm3,
+    Algorithm::Ripemd160,
+    Algorithm::Md5Sha1,
+    Algorithm::Shake128,
+    Algorithm::Shake256,
+    Algorithm::Blake3,
+    Algorithm::Null,
+];
+
+/// Output lengths of the XOFs: OpenSSL's defaults, which the reference uses.
+const SHAKE128_LEN: usize = 16;
+const SHAKE256_LEN: usize = 32;
+
+/// The error for a digest name we do not know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownAlgorithm(pub String);
+
+impl fmt::Display for UnknownAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown digest '{}' (see --list-digests)", self.0)
+    }
+}
+
+impl std::error::Error for UnknownAlgorithm {}
+
+impl Algorithm {
+    /// The OpenSSL name.
+    pub fn name(self) -> &'static str {
+        use Algorithm::*;
+        match self {
+            Md5 => "md5",
+            Sha1 => "sha1",
+            Sha224 => "sha224",
+            Sha256 => "sha256",
+            Sha384 => "sha384",
+            Sha512 => "sha512",
+            Sha512_224 => "sha512-224",
+            Sha512_256 => "sha512-256",
+            Sha3_224 => "sha3-224",
+            Sha3_256 => "sha3-256",
+            Sha3_384 => "sha3-384",
+            Sha3_512 => "sha3-512",
+            Blake2b512 => "blake2b512",
+            Blake2s256 => "blake2s256",
+            Sm3 => "sm3",
+            Ripemd160 => "ripemd160",
+            Md5Sha1 => "md5-sha1",
+            Shake128 => "shake128",
+            Shake256 => "shake256",
+            Blake3 => "blake3",
+            Null => "null",
+        }
+    }
+
+    /// Length of one digest in bytes (0 for `null`).
+    pub fn output_len(self) -> usize {
+        use Algorithm::*;
+        match self {
+            Md5 => 16,
+            Sha1 | Ripemd160 => 20,
+            Sha224 | Sha512_224 | Sha3_224 => 28,
+            Sha256 | Sha512_256 | Sha3_256 | Blake2s256 | Sm3 | Blake3 => 32,
+            Sha384 | Sha3_384 => 48,
+            Sha512 | Sha3_512 | Blake2b512 => 64,
+            Md5Sha1 => 36,
+            Shake128 => SHAKE128_LEN,
+            Shake256 => SHAKE256_LEN,
+            Null => 0,
+        }
+    }
+
+    /// Digest `data` in one shot into `out` (`out.len() == self.output_len()`).
+    pub fn digest_into(self, data: &[u8], out: &mut [u8]) {
+        fn fixed<D: Digest>(data: &[u8], out: &mut [u8]) {
+            out.copy_from_slice(&D::digest(data));
+        }
+        use Algorithm::*;
+        match self {
+            Md5 => fixed::<md5::Md5>(data, out),
+            Sha1 => fixed::<sha1::Sha1>(data, out),
+            Sha224 => fixed::<sha2::Sha224>(data, out),
+            Sha256 => fixed::<sha2::Sha256>(data, out),
+            Sha384 => fixed::<sha2::Sha384>(data, out),
+            Sha512 => fixed::<sha2::Sha512>(data, out),
+            Sha512_224 => fixed::<sha2::Sha512_224>(data, out),
+            Sha512_256 => fixed::<sha2::Sha512_256>(data, out),
+            Sha3_224 => fixed::<sha3::Sha3_224>(data, out),
+            Sha3_256 => fixed::<sha3::Sha3_256>(data, out),
+            Sha3_384 => fixed::<sha3::Sha3_384>(data, out),
+            Sha3_512 => fixed::<sha3::Sha3_512>(data, out),
+            Blake2b512 => fixed::<blake2::Blake2b512>(data, out),
+            Blake2s256 => fixed::<blake2::Blake2s256>(data, out),
+            Sm3 => fixed::<sm3::Sm3>(data, out),
+            Ripemd160 => fixed::<ripemd::Ripemd160>(data, out),
+            Md5Sha1 => {
+                fixed::<md5::Md5>(data, &mut out[..16]);
+                fixed::<sha1::Sha1>(data, &mut out[16..]);
+            }
+            Shake128 => shake::Shake128::digest_xof(data, out),
+            Shake256 => shake::Shake256::digest_xof(data, out),
+            Blake3 => out.copy_from_slice(blake3::hash(data).as_bytes()),
+            Null => {}
+        }
+    }
+
+    /// A streaming state for this algorithm.
+    ///
+    /// ```
+    /// use blkhash::Algorithm;
+    /// let mut s = Algorithm::Sha1.streaming();
+    /// s.update(b"a");
+    /// s.update(b"bc");
+    /// let mut one = [0u8; 20];
+    /// Algorithm::Sha1.digest_into(b"abc", &mut one);
+    /// assert_eq!(s.finalize(), one.to_vec());
+    /// ```
+    pub fn streaming(self) -> Box<dyn Streaming> {
+        use Algorithm::*;
+        match self {
+            Md5 => Box::new(Fixed(md5::Md5::new())),
+            Sha1 => Box::new(Fixed(sha1::Sha1::new())),
+            Sha224 => Box::new(Fixed(sha2::Sha224::new())),
+            Sha256 => Box::new(Fixed(sha2::Sha256::new())),
+            Sha384 => Box::new(Fixed(sha2::Sha384::new())),
+            Sha512 => Box::new(Fixed(sha2::Sha512::new())),
+            Sha512_224 => Box::new(Fixed(sha2::Sha512_224::new())),
+            Sha512_256 => Box::new(Fixed(sha2::Sha512_256::new())),
+            Sha3_224 => Box::new(Fixed(sha3::Sha3_224::new())),
+            Sha3_256 => Box::new(Fixed(sha3::Sha3_256::new())),
+            Sha3_384 => Box::new(Fixed(sha3::Sha3_384::new())),
+            Sha3_512 => Box::new(Fixed(sha3::Sha3_512::new())),
+            Blake2b512 => Box::new(Fixed(blake2::Blake2b512::new())),
+            Blake2s256 => Box::new(Fixed(blake2::Blake2s256::new())),
+            Sm3 => Box::new(Fixed(sm3::Sm3::new())),
+            Ripemd160 => Box::new(Fixed(ripemd::Ripemd160::new())),
+            Md5Sha1 => Box::new(Md5Sha1State(md5::Md5::new(), sha1::Sha1::new())),
+            Shake128 => Box::new(Xof(shake::Shake128::default(), SHAKE128_LEN)),
+            Shake256 => Box::new(Xof(shake::Shake256::default(), SHAKE256_LEN)),
+            Blake3 => Box::new(Blake3State(blake3::Hasher::new())),
+            Null => Box::new(NullState),
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = UnknownAlgorithm;
+
+    /// Names are matched without regard to case, as OpenSSL does.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ALGORITHMS
+            .iter()
+            .copied()
+            .find(|a| a.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownAlgorithm(s.to_string()))
+    }
+}
+
+/// A digest being computed incrementally.
+pub trait Streaming: Send {
+    /// Add bytes.
+    fn update(&mut self, data: &[u8]);
+    /// The digest of everything added.
+    fn finalize(self: Box<Self>) -> Vec<u8>;
+}
+
+struct Fixed<D>(D);
+
+impl<D: Digest + Send> Streaming for Fixed<D> {
+    fn update(&mut self, data: &[u8]) {
+        Digest::update(&mut self.0, data);
+    }
+    fn finalize(self: Box<Self>) -> Vec<u8> {
+        self.0.finalize().to_vec()
+    }
+}
+
+/// OpenSSL's md5-sha1: the MD5 digest followed by the SHA-1 digest.
+struct Md5Sha1State(md5::Md5, sha1::Sha1);
+
+impl Streaming for Md5Sha1State {
+    fn update(&mut self, data: &[u8]) {
+        Digest::update(&mut self.0, data);
+        Digest::update(&mut self.1, data);
+    }
+    fn finalize(self: Box<Self>) -> Vec<u8> {
+        let mut out = self.0.finalize().to_vec();
+        out.extend_from_slice(&self.1.finalize());
+        out
+    }
+}
+
+struct Xof<X>(X, usize);
+
+impl<X: ExtendableOutput + Update + Send> Streaming for Xof<X> {
+    fn update(&mut self, data: &[u8]) {
+        Update::update(&mut self.0, data);
+    }
+    fn finalize(self: Box<Self>) -> Vec<u8> {
+        let mut out = vec![0; self.1];
+        self.0.finalize_xof_into(&mut out);
+        out
+    }
+}
+
+struct Blake3State(blake3::Hasher);
+
+impl Streaming for Blake3State {
+    fn update(&mut self, data: &[u8]) {
+        self.0.update(data);
+    }
+    fn finalize(self: Box<Self>) -> Vec<u8> {
+        self.0.finalize().as_bytes().to_vec()
+    }
+}
+
+struct NullState;
+
+impl Streaming for NullState {
+    fn update(&mut self, _data: &[u8]) {}
+    fn finalize(self: Box<Self>) -> Vec<u8> {
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for &a in ALGORITHMS {
+            assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
+            assert_eq!(a.name().to_uppercase().parse::<Algorithm>().unwrap(), a);
+        }
+        assert!("sha257".parse::<Algorithm>().is_err());
+    }
+
+    #[test]
+    fn one_shot_equals_streaming_and_lengths() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for &a in ALGORITHMS {
+            let mut one = vec![0; a.output_len()];
+            a.digest_into(&data, &mut one);
+            let mut s = a.streaming();
+            for c in data.chunks(333) {
+                s.update(c);
+            }
+            assert_eq!(s.finalize(), one, "{a}");
+        }
+    }
+
+    #[test]
+    fn known_answers() {
+        // Digests of "abc" from the algorithms' specifications / OpenSSL.
+        let cases = [
+            ("md5", "900150983cd24fb0d6963f7d28e17f72"),
+            ("sha1", "a9993e364706816aba3e25717850c26c9cd0d89d"),
+            (
+                "sha256",
+                "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+            ),
+            ("shake128", "5881092dd818bf5cf8a3ddb793fbcba7"),
+            (
+                "blake3",
+                "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85",
+            ),
+            (
+                "md5-sha1",
+                "900150983cd24fb0d6963f7d28e17f72a9993e364706816aba3e25717850c26c9cd0d89d",
+            ),
+        ];
+        for (name, want) in cases {
+            let a: Algorithm = name.parse().unwrap();
+            let mut out = vec![0; a.output_len()];
+            a.digest_into(b"abc", &mut out);
+            assert_eq!(hex(&out), want, "{name}");
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The blkhash construction: fast, parallel checksums of disk images.
+//!
+//! For a digest `H` and block size `B`, the checksum of a byte string of
+//! length `L` is
+//!
+//! ```text
+//! H( H(block 0) || H(block 1) || ... || H(block n-1) || le64(L) )
+//! ```
+//!
+//! where the blocks are `B` bytes but for a possibly shorter last one. A full
+//! block of zeros always has the same digest, so ranges known to read as
+//! zeros cost no reading and no block digests; the others are digested in
+//! parallel by a worker pool and combined in block order. Checksums equal
+//! those of blkhash 0.11, the reference C implementation.
+//!
+//! This crate is only the construction: it does no I/O and knows no image
+//! format.
+//!
+//! ```
+//! use blkhash::{Algorithm, Hasher, Options};
+//! let mut h = Hasher::new(Options::new().algorithm(Algorithm::Sha256)).unwrap();
+//! h.update(b"hello");
+//! h.update_zeros(1 << 30);
+//! let checksum = h.finalize();
+//! assert_eq!(checksum.to_hex().len(), 64);
+//! ```
+
+mod algorithm;
+mod checksum;
+mod hasher;
+mod pool;
+mod zero;
+
+pub use algorithm::{ALGORITHMS, Algorithm, Streaming, UnknownAlgorithm};
+pub use checksum::{Checksum, to_hex};
+pub use hasher::{
+    BlockEvent, DEFAULT_BLOCK_SIZE, Hasher, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE, Options,
+    OptionsError, default_threads,
+};
+pub use zero::is_zero;
+
+/// The checksum of `data` computed directly from the definition, with no
+/// pool and no zero shortcut: the model the [`Hasher`] is tested against.
+///
+/// ```
+/// use blkhash::{checksum_of, Algorithm, Hasher, Options};
+/// let data = vec![3u8; 100_000];
+/// let mut h = Hasher::new(Options::new().block_size(4096)).unwrap();
+/// h.update(&data);
+/// assert_eq!(h.finalize(), checksum_of(Algorithm::Sha256, 4096, &data));
+/// ```
+pub fn checksum_of(alg: Algorithm, block_size: usize, data: &[u8]) -> Checksum {
+    let mut outer = alg.streaming();
+    let mut d = vec![0u8; alg.output_len()];
+    for block in data.chunks(block_size) {
+        alg.digest_into(block, &mut d);
+        outer.update(&d);
+    }
+    outer.update(&(data.len() as u64).to_le_bytes());
+    Checksum::new(alg, outer.finalize())
+}

@@ -1,0 +1,126 @@
+//! Property tests: however the same bytes are cut into `update`, `submit` and
+//! `update_zeros` calls, the checksum equals the plain model's.
+
+use blkhash::{Algorithm, BlockEvent, Hasher, Options, checksum_of};
+use proptest::prelude::*;
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Clone)]
+enum Piece {
+    Data(Vec<u8>),
+    /// Bytes that happen to be zeros, given as data.
+    ZeroData(usize),
+    Zeros(u64),
+    Submit(Vec<u8>),
+}
+
+fn piece() -> impl Strategy<Value = Piece> {
+    prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..5000).prop_map(Piece::Data),
+        (0usize..9000).prop_map(Piece::ZeroData),
+        (0u64..20000).prop_map(Piece::Zeros),
+        prop::collection::vec(any::<u8>(), 0..9000).prop_map(Piece::Submit),
+    ]
+}
+
+fn algorithm() -> impl Strategy<Value = Algorithm> {
+    prop::sample::select(vec![
+        Algorithm::Sha256,
+        Algorithm::Blake3,
+        Algorithm::Md5,
+        Algorithm::Shake128,
+    ])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn any_split_matches_model(
+        pieces in prop::collection::vec(piece(), 0..12),
+        alg in algorithm(),
+        bs in prop::sample::select(vec![512usize, 1024, 4096]),
+        threads in 1usize..4,
+        depth in 1usize..5,
+    ) {
+        let mut h = Hasher::new(
+            Options::new().algorithm(alg).block_size(bs).threads(threads).queue_depth(depth),
+        ).unwrap();
+        let mut all = Vec::new();
+        for p in &pieces {
+            match p {
+                Piece::Data(d) => { h.update(d); all.extend_from_slice(d); }
+                Piece::ZeroData(n) => { h.update(&vec![0; *n]); all.resize(all.len() + n, 0); }
+                Piece::Zeros(n) => { h.update_zeros(*n); all.resize(all.len() + *n as usize, 0); }
+                Piece::Submit(d) => { h.submit(d.clone()); all.extend_from_slice(d); }
+            }
+            // Interleave reclaiming as a zero-copy caller would.
+            while let Some(b) = h.reclaim() { drop(b); }
+        }
+        prop_assert_eq!(h.len(), all.len() as u64);
+        prop_assert_eq!(h.finalize(), checksum_of(alg, bs, &all));
+    }
+
+    #[test]
+    fn observer_sees_every_block_in_order(
+        pieces in prop::collection::vec(piece(), 0..8),
+    ) {
+        let bs = 512;
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let log = events.clone();
+        let mut h = Hasher::new(Options::new().block_size(bs).threads(2)).unwrap();
+        h.set_observer(move |e| log.lock().unwrap().push(match e {
+            BlockEvent::Data { index, digest } => (index, 1, Some(digest.to_vec())),
+            BlockEvent::Zeros { index, count } => (index, count, None),
+        }));
+        let mut all = Vec::new();
+        for p in &pieces {
+            match p {
+                Piece::Data(d) | Piece::Submit(d) => { h.update(d); all.extend_from_slice(d); }
+                Piece::ZeroData(n) => { h.update(&vec![0; *n]); all.resize(all.len() + n, 0); }
+                Piece::Zeros(n) => { h.update_zeros(*n); all.resize(all.len() + *n as usize, 0); }
+            }
+        }
+        h.finalize();
+        let mut next = 0u64;
+        for (index, count, digest) in events.lock().unwrap().iter() {
+            prop_assert_eq!(*index, next);
+            let start = index * bs as u64;
+            for b in 0..*count {
+                let off = (start + b * bs as u64) as usize;
+                let block = &all[off..(off + bs).min(all.len())];
+                let mut want = vec![0; 32];
+                Algorithm::Sha256.digest_into(block, &mut want);
+                match digest {
+                    Some(d) => prop_assert_eq!(d, &want),
+                    None => prop_assert!(block.len() == bs && block.iter().all(|&x| x == 0)),
+                }
+            }
+            next += count;
+        }
+        prop_assert_eq!(next, all.len().div_ceil(bs) as u64);
+    }
+}
+
+#[test]
+fn huge_zero_range_is_cheap() {
+    // 8 TiB of zeros: no allocation or digest per block, only the outer
+    // digest over 128 Mi constant digests (blake3 takes large updates fast).
+    let mut h = Hasher::new(Options::new().algorithm(Algorithm::Blake3)).unwrap();
+    let start = std::time::Instant::now();
+    h.update_zeros(8 << 40);
+    let c = h.finalize();
+    assert_eq!(c.as_bytes().len(), 32);
+    assert!(start.elapsed().as_secs() < 60);
+}
+
+#[test]
+fn invalid_options() {
+    for bs in [0, 511, 513, 1000, (64 << 20) + 512, 128 << 20] {
+        assert!(Hasher::new(Options::new().block_size(bs)).is_err(), "{bs}");
+    }
+    for t in [0, 129] {
+        assert!(Hasher::new(Options::new().threads(t)).is_err(), "{t}");
+    }
+    assert!(Hasher::new(Options::new().block_size(64 << 20).threads(128)).is_ok());
+}

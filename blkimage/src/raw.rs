@@ -1,0 +1,193 @@
+//! Raw images: regular files and block devices, read with pread.
+//!
+//! Holes are found with SEEK_DATA/SEEK_HOLE and never read. The size is
+//! QEMU's: a file's length rounded up to a multiple of 512, the tail reading
+//! as zeros, so that a raw file and its conversion to any format agree.
+
+use crate::source::{Extent, ExtentKind, Source};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+
+/// A raw file or block device.
+pub struct RawFile {
+    file: File,
+    /// A second, buffered handle for reads direct I/O cannot do (unaligned
+    /// ones, at the end of the file); `None` when `file` is buffered.
+    buffered: Option<File>,
+    file_size: u64,
+    size: u64,
+    /// Block devices and file systems without SEEK_DATA are all data.
+    seek_data: bool,
+    is_block: bool,
+}
+
+fn lseek(file: &File, offset: u64, whence: i32) -> io::Result<u64> {
+    // SAFETY: plain syscall on a valid descriptor.
+    let r = unsafe { libc::lseek(file.as_raw_fd(), offset as libc::off_t, whence) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as u64)
+    }
+}
+
+impl RawFile {
+    /// Open `path` read-only; with `direct`, bypass the page cache where the
+    /// file system allows it (else fall back to the cache, as QEMU does).
+    pub fn open(path: &Path, direct: bool) -> io::Result<RawFile> {
+        let file = File::open(path)?;
+        let meta = file.metadata()?;
+        let ft = meta.file_type();
+        if ft.is_dir() {
+            return Err(io::Error::from_raw_os_error(libc::EISDIR));
+        }
+        let is_block = ft.is_block_device();
+        if !is_block && !ft.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file or block device",
+            ));
+        }
+        let file_size = if is_block {
+            lseek(&file, 0, libc::SEEK_END)?
+        } else {
+            meta.len()
+        };
+        let (file, buffered) = if direct {
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+            {
+                Ok(d) => (d, Some(file)),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (file, None),
+                Err(e) => return Err(e),
+            }
+        } else {
+            (file, None)
+        };
+        if buffered.is_none() {
+            // SAFETY: advisory syscall on a valid descriptor.
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
+        }
+        Ok(RawFile {
+            file,
+            buffered,
+            file_size,
+            size: file_size.next_multiple_of(512),
+            seek_data: !is_block,
+            is_block,
+        })
+    }
+
+    /// True if reads bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.buffered.is_some()
+    }
+
+    fn pread_full(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+        while !buf.is_empty() {
+            match file.read_at(buf, offset) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("unexpected end of file at offset {offset} (did it shrink?)"),
+                    ));
+                }
+                Ok(n) => {
+                    buf = &mut buf[n..];
+                    offset += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn next_extent(&self, offset: u64, end: u64) -> io::Result<Extent> {
+        let extent = |end: u64, kind| Extent {
+            offset,
+            len: end - offset,
+            kind,
+        };
+        if offset >= self.file_size {
+            // QEMU's rounding up to 512: reads as zeros.
+            return Ok(extent(end, ExtentKind::Hole));
+        }
+        let file_end = end.min(self.file_size);
+        if !self.seek_data {
+            return Ok(extent(file_end, ExtentKind::Data));
+        }
+        match lseek(&self.file, offset, libc::SEEK_DATA) {
+            Ok(data) if data > offset => Ok(extent(data.min(file_end), ExtentKind::Hole)),
+            Ok(_) => {
+                let hole = lseek(&self.file, offset, libc::SEEK_HOLE)?;
+                Ok(extent(hole.clamp(offset + 1, file_end), ExtentKind::Data))
+            }
+            // No data from here to the end of the file.
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                Ok(extent(file_end, ExtentKind::Hole))
+            }
+            // The file system cannot tell: read everything.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                Ok(extent(file_end, ExtentKind::Data))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Source for RawFile {
+    fn format(&self) -> &str {
+        "raw"
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        Ok(vec![self.next_extent(offset, offset + len)?])
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let in_file = (self.file_size.saturating_sub(offset) as usize).min(buf.len());
+        let (head, tail) = buf.split_at_mut(in_file);
+        tail.fill(0);
+        if head.is_empty() {
+            return Ok(());
+        }
+        if let Some(buffered) = &self.buffered {
+            let aligned = |n: usize| n.is_multiple_of(crate::buffer::ALIGN);
+            if aligned(offset as usize) && aligned(head.len()) && aligned(head.as_ptr() as usize) {
+                match Self::pread_full(&self.file, head, offset) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                    r => return r,
+                }
+            }
+            return Self::pread_full(buffered, head, offset);
+        }
+        Self::pread_full(&self.file, head, offset)
+    }
+
+    fn finish(&self) -> io::Result<()> {
+        if self.is_block {
+            return Ok(());
+        }
+        let now = self.file.metadata()?.len();
+        if now < self.file_size {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "file shrank while reading (from {} to {now} bytes)",
+                    self.file_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

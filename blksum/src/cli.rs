@@ -1,0 +1,118 @@
+//! Command-line arguments.
+
+use blkhash::{Algorithm, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE};
+use clap::Parser;
+
+/// Compute blkhash checksums of disk images: raw files, block devices and
+/// standard input.
+///
+/// The checksum is H(H(block 0) || ... || H(block n-1) || le64(size)), equal
+/// to blkhash 0.11's. Unallocated ranges are never read and all-zero blocks
+/// never digested, so sparse images hash in a fraction of the time of
+/// sha256sum.
+#[derive(Parser, Debug)]
+#[command(name = "blksum", version, about, max_term_width = 100)]
+pub struct Args {
+    /// Images to hash; none, or '-', reads standard input.
+    #[arg(value_name = "FILE")]
+    pub files: Vec<String>,
+
+    /// Digest, by its OpenSSL name (see --list-digests).
+    #[arg(short, long, value_name = "NAME", default_value = "sha256", value_parser = parse_digest)]
+    pub digest: Algorithm,
+
+    /// List the digests and exit.
+    #[arg(short, long)]
+    pub list_digests: bool,
+
+    /// Block size: a multiple of 512 from 512 to 64m (suffixes k, m).
+    #[arg(long, value_name = "SIZE", default_value = "64k", value_parser = parse_block_size)]
+    pub block_size: usize,
+
+    /// Digest threads [default: the number of cores]: digesting is
+    /// CPU-bound and reading mostly waits, so one per core keeps all busy.
+    #[arg(short, long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS as i64))]
+    pub threads: Option<u16>,
+
+    /// Use the page cache. By default files are read with direct I/O where
+    /// the file system allows it, as QEMU's cache=none: a large image does
+    /// not evict everything else from memory.
+    #[arg(long)]
+    pub cache: bool,
+
+    /// Bytes per read (suffixes k, m) [default: 1m, or the block size if larger].
+    #[arg(long, value_name = "SIZE", value_parser = parse_read_size)]
+    pub read_size: Option<usize>,
+
+    /// Reads in flight.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=128))]
+    pub queue_depth: u16,
+
+    /// Show progress on standard error (bytes, rate, time left).
+    #[arg(short, long)]
+    pub progress: bool,
+}
+
+fn parse_digest(s: &str) -> Result<Algorithm, String> {
+    s.parse()
+        .map_err(|e: blkhash::UnknownAlgorithm| e.to_string())
+}
+
+/// A size with an optional suffix k, m or g (powers of 1024; "KiB", "M"... accepted).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let num: u64 = num.parse().map_err(|_| format!("invalid size '{s}'"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        _ => return Err(format!("invalid size suffix in '{s}' (use k, m or g)")),
+    };
+    num.checked_mul(1 << shift)
+        .ok_or_else(|| format!("size '{s}' too large"))
+}
+
+fn parse_block_size(s: &str) -> Result<usize, String> {
+    let n = parse_size(s)?;
+    if n % 512 != 0 || !(MIN_BLOCK_SIZE as u64..=MAX_BLOCK_SIZE as u64).contains(&n) {
+        return Err(format!(
+            "block size must be a multiple of 512 from 512 to 64m, not {n}"
+        ));
+    }
+    Ok(n as usize)
+}
+
+fn parse_read_size(s: &str) -> Result<usize, String> {
+    let n = parse_size(s)?;
+    if n % 4096 != 0 || !(4096..=(256u64 << 20)).contains(&n) {
+        return Err(format!(
+            "read size must be a multiple of 4k from 4k to 256m, not {n}"
+        ));
+    }
+    Ok(n as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64k"), Ok(65536));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert!(parse_size("k").is_err());
+        assert!(parse_size("1x").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
+        assert!(parse_size("99999999999g").is_err());
+        assert_eq!(parse_block_size("64m"), Ok(64 << 20));
+        assert!(parse_block_size("1000").is_err());
+        assert!(parse_block_size("128m").is_err());
+        assert!(parse_block_size("0").is_err());
+        assert!(parse_read_size("1000").is_err());
+    }
+}

@@ -1,0 +1,291 @@
+//! The command as a user runs it: several inputs, standard input, errors,
+//! exit statuses, signals, a huge sparse file, a block device.
+
+mod common;
+
+use common::*;
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DATA: &str = "1m:r 1m:- 1m:0 1m:t 100000:r";
+
+fn sum_of(path: &std::path::Path, extra: &[&str]) -> String {
+    let mut args = extra.to_vec();
+    args.push(path.to_str().unwrap());
+    let out = run(&args, None);
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn several_inputs_in_order_with_stdin() {
+    let dir = tempfile::tempdir().unwrap();
+    // Sizes that are multiples of 512: a pipe and a path agree.
+    let a = image(dir.path(), "a.img", "1m:r 1m:- 1m:t 1536:B");
+    let b = image(dir.path(), "b.img", "64k:A 64k:-");
+    let (sa, sb) = (sum_of(&a, &[]), sum_of(&b, &[]));
+    assert_ne!(sa, sb);
+    let (pa, pb) = (a.to_str().unwrap(), b.to_str().unwrap());
+    // "-" is standard input, wherever it stands.
+    let out = run(&[pb, "-", pa], Some(&b));
+    assert!(out.status.success());
+    assert_eq!(stdout(&out), format!("{sb}  {pb}\n{sb}  -\n{sa}  {pa}\n"));
+    // No FILE: standard input.
+    let out = run(&[], Some(&a));
+    assert_eq!(stdout(&out), format!("{sa}  -\n"));
+    // Otherwise a pipe has the exact length, a file QEMU's (rounded up to 512).
+    let odd = image(dir.path(), "odd.img", "1000:r");
+    let piped = stdout(&run(&[], Some(&odd)));
+    assert_ne!(piped.split_whitespace().next().unwrap(), sum_of(&odd, &[]));
+}
+
+#[test]
+fn errors_name_the_input_and_the_others_are_still_hashed() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a.img", DATA);
+    let pa = a.to_str().unwrap();
+    let missing = dir.path().join("missing.img");
+    let pm = missing.to_str().unwrap();
+    let pd = dir.path().to_str().unwrap();
+    let out = run(&[pm, pa, pd], None);
+    assert_eq!(out.status.code(), Some(1));
+    let sa = sum_of(&a, &[]);
+    assert_eq!(stdout(&out), format!("{sa}  {pa}\n"));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("blksum: {pm}: No such file or directory")),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("blksum: {pd}: Is a directory")),
+        "{err}"
+    );
+}
+
+#[test]
+fn unreadable_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a.img", "4k:A");
+    let mut perms = std::fs::metadata(&a).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o000);
+    std::fs::set_permissions(&a, perms).unwrap();
+    // Root reads anything: run as nobody then, where setpriv can.
+    // SAFETY: getuid has no preconditions.
+    let root = unsafe { libc::getuid() } == 0;
+    let mut cmd = if root {
+        assert!(
+            have("setpriv"),
+            "setpriv (util-linux) is needed to drop root"
+        );
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        c.arg(env!("CARGO_BIN_EXE_blksum"));
+        c
+    } else {
+        blksum()
+    };
+    let out = cmd.arg(&a).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stdout(&out).is_empty());
+    assert!(
+        stderr(&out).contains(&format!("blksum: {}: Permission denied", a.display())),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for args in [
+        &["-d", "sha257", "x"][..],
+        &["--block-size", "1000", "x"],
+        &["--block-size", "128m", "x"],
+        &["--block-size", "lots", "x"],
+        &["-t", "0", "x"],
+        &["-t", "129", "x"],
+        &["--read-size", "100", "x"],
+        &["--no-such-option"],
+    ] {
+        let out = run(args, None);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(stdout(&out).is_empty());
+        assert!(!stderr(&out).is_empty());
+    }
+}
+
+#[test]
+fn options_do_not_change_the_checksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a.img", DATA);
+    let want = sum_of(&a, &[]);
+    for extra in [
+        &["--cache"][..],
+        &["-t", "1"],
+        &["-t", "7", "--queue-depth", "1"],
+        &["--read-size", "4k"],
+        &["--read-size", "8m", "--queue-depth", "16"],
+        &["--block-size", "64k", "--cache", "-p"],
+    ] {
+        assert_eq!(sum_of(&a, extra), want, "{extra:?}");
+    }
+    // Block sizes larger than a read still work.
+    let big = sum_of(&a, &["--block-size", "4m", "--read-size", "64k"]);
+    assert_eq!(big, sum_of(&a, &["--block-size", "4m"]));
+}
+
+#[test]
+fn list_digests_and_version() {
+    let out = run(&["--list-digests"], None);
+    assert!(out.status.success());
+    let names = stdout(&out);
+    for d in ["sha256", "blake3", "md5-sha1", "shake256", "null"] {
+        assert!(names.lines().any(|l| l == d), "{d}");
+    }
+    let out = run(&["--version"], None);
+    assert!(stdout(&out).starts_with("blksum "));
+    let out = run(&["--help"], None);
+    assert!(stdout(&out).contains("--block-size"));
+}
+
+#[test]
+fn null_digest_prints_an_empty_checksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a.img", DATA);
+    let out = run(&["-d", "null", a.to_str().unwrap()], None);
+    assert_eq!(stdout(&out), format!("  {}\n", a.display()));
+}
+
+#[test]
+fn names_with_newlines_and_backslashes_are_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a\\b\nc.img", "4k:A");
+    let out = run(&[a.to_str().unwrap()], None);
+    let line = stdout(&out);
+    assert!(line.starts_with('\\'), "{line:?}");
+    assert!(line.ends_with("a\\\\b\\nc.img\n"), "{line:?}");
+    assert_eq!(line.lines().count(), 1);
+}
+
+/// Run blksum; its status, output and peak resident memory in KiB.
+// wait4 reaps the child (std's wait cannot report its memory).
+#[allow(clippy::zombie_processes)]
+fn run_measured(args: &[&str]) -> (std::process::ExitStatus, String, i64) {
+    let child = blksum()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.unwrap(), &mut out).unwrap();
+    let mut status = 0;
+    // SAFETY: zeroed rusage is valid; wait4 fills it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(r, pid);
+    (
+        std::process::ExitStatus::from_raw(status),
+        out,
+        usage.ru_maxrss,
+    )
+}
+
+#[test]
+fn one_tib_sparse_file_in_seconds_with_small_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.img");
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(1 << 40).unwrap();
+    // A little data at both ends, so it is not all one hole.
+    f.write_all_at_helper(b"start", 0);
+    f.write_all_at_helper(b"end", (1 << 40) - 3);
+    let start = Instant::now();
+    let (status, out, rss_kib) = run_measured(&["-d", "blake3", path.to_str().unwrap()]);
+    let took = start.elapsed();
+    assert!(status.success());
+    assert_eq!(out.split_whitespace().count(), 2);
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(rss_kib < 64 * 1024, "peak RSS {rss_kib} KiB");
+}
+
+trait WriteAt {
+    fn write_all_at_helper(&self, data: &[u8], offset: u64);
+}
+
+impl WriteAt for std::fs::File {
+    fn write_all_at_helper(&self, data: &[u8], offset: u64) {
+        std::os::unix::fs::FileExt::write_all_at(self, data, offset).unwrap();
+    }
+}
+
+#[test]
+fn sparse_and_dense_files_with_equal_content_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let sparse = image(dir.path(), "s.img", "1m:A 3m:- 1m:B");
+    let dense = image(dir.path(), "d.img", "1m:A 3m:0 1m:B");
+    assert_eq!(sum_of(&sparse, &[]), sum_of(&dense, &[]));
+}
+
+#[test]
+fn interrupt_stops_promptly_without_a_checksum() {
+    for (sig, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let mut child = blksum()
+            .args(["-d", "sha3-512"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // An endless stream of data: only the signal ends the run.
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![0x5au8; 1 << 20];
+            while stdin.write_all(&chunk).is_ok() {}
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let start = Instant::now();
+        let out = child.wait_with_output().unwrap();
+        assert!(start.elapsed() < Duration::from_secs(5));
+        assert_eq!(out.status.code(), Some(code), "{}", stderr(&out));
+        assert!(stdout(&out).is_empty());
+        assert!(stderr(&out).contains("interrupted"));
+        writer.join().unwrap();
+    }
+}
+
+#[test]
+fn block_device_equals_its_file() {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 || !have("losetup") {
+        eprintln!("skipped: needs root and losetup");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a.img", "1m:r 2m:- 1m:t");
+    let out = Command::new("losetup")
+        .args(["--find", "--show", "--read-only"])
+        .arg(&a)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        eprintln!("skipped: losetup failed: {}", stderr(&out));
+        return;
+    }
+    let dev = stdout(&out).trim().to_string();
+    let got = run(&[&dev], None);
+    let got_cache = run(&["--cache", &dev], None);
+    let _ = Command::new("losetup").args(["-d", &dev]).status();
+    assert!(got.status.success(), "{}", stderr(&got));
+    let want = sum_of(&a, &[]);
+    assert_eq!(stdout(&got), format!("{want}  {dev}\n"));
+    assert_eq!(stdout(&got_cache), format!("{want}  {dev}\n"));
+}

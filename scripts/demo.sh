@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Build blksum and hash a real image: a 4 GiB sparse file with data written
+# at a few places, next to sha256sum's time on the same file.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+cargo build --release
+
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+img="$dir/demo.img"
+truncate -s 4G "$img"
+for gib in 0 1 3; do
+    dd if=/dev/urandom of="$img" bs=1M count=64 seek=$((gib * 1024)) conv=notrunc status=none
+done
+qemu-img info "$img" | grep -E "virtual size|disk size"
+
+echo "blksum:"
+time target/release/blksum "$img"
+echo "sha256sum:"
+time sha256sum "$img"

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Run every test: formatting, lints, unit, property, vector and command tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --release -- -D warnings
+cargo test --workspace --release
