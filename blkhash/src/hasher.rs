@@ -2,9 +2,11 @@
 
 use crate::algorithm::{Algorithm, Streaming};
 use crate::checksum::Checksum;
-use crate::pool::{Done, Job, JobBuf, Pool};
+use crate::pool::{Done, Fill, Job, JobBuf, Pool};
+use crate::zero::is_zero;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::io;
 
 /// Smallest and largest block sizes accepted (the reference's limits).
 pub const MIN_BLOCK_SIZE: usize = 512;
@@ -191,6 +193,13 @@ pub struct Hasher<B = Vec<u8>> {
     reclaimed: VecDeque<B>,
     observer: Option<Observer>,
     next_block: u64,
+    /// The first fill that failed: nothing after it joins the checksum.
+    failure: Option<Failure>,
+}
+
+enum Failure {
+    Pending(io::Error),
+    Reported,
 }
 
 impl Hasher<Vec<u8>> {
@@ -233,6 +242,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
             reclaimed: VecDeque::new(),
             observer: None,
             next_block: 0,
+            failure: None,
         })
     }
 
@@ -284,21 +294,38 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
         self.observer = Some(Box::new(f));
     }
 
-    /// Add bytes, copied into internal buffers.
+    /// Add bytes, copied into internal buffers. Whole blocks of zeros are
+    /// found here and not copied: they cost a scan, not a digest.
     pub fn update(&mut self, mut data: &[u8]) {
-        self.total_len += data.len() as u64;
+        let bs = self.block_size;
         while !data.is_empty() {
-            if self.staging.capacity() == 0 {
-                self.staging = self.free.pop().unwrap_or_default();
-                self.staging.clear();
-                self.staging.reserve_exact(self.staging_cap);
+            let partial = self.staging.len() % bs;
+            if partial == 0 && data.len() >= bs && is_zero(&data[..bs]) {
+                let mut n = bs;
+                while data.len() - n >= bs && is_zero(&data[n..n + bs]) {
+                    n += bs;
+                }
+                self.update_zeros(n as u64);
+                data = &data[n..];
+                continue;
             }
-            let n = (self.staging_cap - self.staging.len()).min(data.len());
-            self.staging.extend_from_slice(&data[..n]);
+            let n = (bs - partial).min(data.len());
+            self.stage(&data[..n]);
             data = &data[n..];
-            if self.staging.len() == self.staging_cap {
-                self.flush_staging();
-            }
+        }
+    }
+
+    /// Copy bytes into staging; they must fit in what is left of the block.
+    fn stage(&mut self, data: &[u8]) {
+        self.total_len += data.len() as u64;
+        if self.staging.capacity() == 0 {
+            self.staging = self.free.pop().unwrap_or_default();
+            self.staging.clear();
+            self.staging.reserve_exact(self.staging_cap);
+        }
+        self.staging.extend_from_slice(data);
+        if self.staging.len() == self.staging_cap {
+            self.flush_staging();
         }
     }
 
@@ -390,16 +417,87 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
         }
     }
 
-    /// Finish: the checksum of everything given.
-    pub fn finalize(mut self) -> Checksum {
+    /// Add `len` bytes that `fill` produces (reads, typically) on a worker
+    /// thread, into that worker's own page-aligned buffer, which it then
+    /// digests while the bytes are in its cache. Fills run in parallel and in
+    /// any order; their bytes join the checksum in call order.
+    ///
+    /// If a fill fails, nothing after it counts: this call, or
+    /// [`try_finalize`](Hasher::try_finalize), returns the error.
+    ///
+    /// ```
+    /// use blkhash::{Hasher, Options};
+    /// let mut h = Hasher::new(Options::new()).unwrap();
+    /// for i in 0..8u8 {
+    ///     h.submit_with(1 << 20, Box::new(move |buf| { buf.fill(i); Ok(()) })).unwrap();
+    /// }
+    /// let sum = h.try_finalize().unwrap();
+    ///
+    /// // A failed fill fails the checksum, even if the caller ignores the error.
+    /// for len in [65536, 4096] {
+    ///     let mut failing = Hasher::new(Options::new()).unwrap();
+    ///     let _ = failing.submit_with(len, Box::new(|_| Err(std::io::Error::other("disk on fire"))));
+    ///     assert!(failing.try_finalize().is_err());
+    /// }
+    /// ```
+    pub fn submit_with(&mut self, len: usize, fill: Fill) -> io::Result<()> {
+        self.check_failure()?;
+        if len == 0 {
+            return Ok(());
+        }
+        let bs = self.block_size;
+        if !self.staging.len().is_multiple_of(bs) || !len.is_multiple_of(bs) {
+            // Not on block boundaries: produce the bytes here and copy them.
+            let mut tmp = vec![0u8; len];
+            if let Err(e) = fill(&mut tmp) {
+                self.failure = Some(Failure::Reported);
+                return Err(e);
+            }
+            self.update(&tmp);
+            return Ok(());
+        }
+        self.flush_staging();
+        self.total_len += len as u64;
+        self.send(JobBuf::Fill(fill), 0, len);
+        self.check_failure()
+    }
+
+    /// Finish: the checksum of everything given, or the error of the first
+    /// fill that failed.
+    pub fn try_finalize(mut self) -> io::Result<Checksum> {
         self.flush_staging();
         while self.in_flight > 0 {
             self.collect(true);
         }
         self.advance();
+        match self.failure.take() {
+            Some(Failure::Pending(e)) => return Err(e),
+            Some(Failure::Reported) => return Err(io::Error::other("an earlier read failed")),
+            None => {}
+        }
         debug_assert!(self.order.is_empty());
         self.outer.update(&self.total_len.to_le_bytes());
-        Checksum::new(self.alg, self.outer.finalize())
+        Ok(Checksum::new(self.alg, self.outer.finalize()))
+    }
+
+    /// Finish: the checksum of everything given.
+    ///
+    /// Panics if a [`submit_with`](Hasher::submit_with) fill failed; use
+    /// [`try_finalize`](Hasher::try_finalize) with fills that can fail.
+    pub fn finalize(self) -> Checksum {
+        self.try_finalize()
+            .expect("a fill failed: use try_finalize to handle it")
+    }
+
+    fn check_failure(&mut self) -> io::Result<()> {
+        match self.failure.replace(Failure::Reported) {
+            Some(Failure::Pending(e)) => Err(e),
+            Some(Failure::Reported) => Err(io::Error::other("an earlier read failed")),
+            None => {
+                self.failure = None;
+                Ok(())
+            }
+        }
     }
 
     /// Send the staged bytes as a job (whole blocks, or the short last block at the end).
@@ -455,6 +553,9 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
                         return;
                     };
                     self.order.pop_front();
+                    if self.failure.is_some() {
+                        continue;
+                    }
                     self.feed_job(d);
                 }
             }
@@ -462,6 +563,9 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
     }
 
     fn feed_zeros(&mut self, n: u64) {
+        if self.failure.is_some() {
+            return;
+        }
         if let Some(obs) = self.observer.as_mut() {
             obs(BlockEvent::Zeros {
                 index: self.next_block,
@@ -482,7 +586,11 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
         }
     }
 
-    fn feed_job(&mut self, d: Done<B>) {
+    fn feed_job(&mut self, mut d: Done<B>) {
+        if let Some(e) = d.error.take() {
+            self.failure = Some(Failure::Pending(e));
+            return;
+        }
         self.outer.update(&d.digests);
         if let Some(obs) = self.observer.as_mut() {
             let mut i = 0;
@@ -504,12 +612,13 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
         }
         self.next_block += d.zero.len() as u64;
         match d.buf {
-            JobBuf::Internal(v) => {
+            Some(JobBuf::Internal(v)) => {
                 if self.free.len() < self.max_in_flight {
                     self.free.push(v);
                 }
             }
-            JobBuf::External(b) => self.reclaimed.push_back(b),
+            Some(JobBuf::External(b)) => self.reclaimed.push_back(b),
+            Some(JobBuf::Fill(_)) | None => {}
         }
     }
 }

@@ -37,6 +37,7 @@ pub use hasher::{
     BlockEvent, DEFAULT_BLOCK_SIZE, Hasher, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE, Options,
     OptionsError, default_threads,
 };
+pub use pool::Fill;
 pub use zero::is_zero;
 
 /// The checksum of `data` computed directly from the definition, with no

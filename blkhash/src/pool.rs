@@ -6,21 +6,19 @@
 use crate::algorithm::Algorithm;
 use crate::zero::is_zero;
 use crossbeam_channel::{Receiver, Sender};
+use std::io;
 use std::thread::JoinHandle;
 
-/// Bytes a job digests: an internal staging buffer or a caller's buffer.
+/// Produces a job's bytes on a worker: fills the whole slice, or fails.
+pub type Fill = Box<dyn FnOnce(&mut [u8]) -> io::Result<()> + Send>;
+
+/// Bytes a job digests: an internal staging buffer, a caller's buffer, or
+/// bytes a worker produces itself into its own buffer (a read, typically:
+/// done on the core that digests them, they are still in its cache).
 pub(crate) enum JobBuf<B> {
     Internal(Vec<u8>),
     External(B),
-}
-
-impl<B: AsRef<[u8]>> JobBuf<B> {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            JobBuf::Internal(v) => v,
-            JobBuf::External(b) => b.as_ref(),
-        }
-    }
+    Fill(Fill),
 }
 
 /// Digest the blocks of `buf[start..end]`; the last block may be short.
@@ -31,12 +29,14 @@ pub(crate) struct Job<B> {
     pub end: usize,
 }
 
-/// A finished job: its buffer back, one digest per block, and which blocks were all zeros.
+/// A finished job: its buffer back (none for a fill), one digest per block,
+/// which blocks were all zeros, or the fill's error.
 pub(crate) struct Done<B> {
     pub seq: u64,
-    pub buf: JobBuf<B>,
+    pub buf: Option<JobBuf<B>>,
     pub digests: Vec<u8>,
     pub zero: Vec<bool>,
+    pub error: Option<io::Error>,
 }
 
 pub(crate) struct Pool<B> {
@@ -94,36 +94,97 @@ fn worker<B: AsRef<[u8]>>(
     block_size: usize,
     zero_digest: &[u8],
 ) {
-    let out_len = alg.output_len();
-    for job in jobs {
-        let data = &job.buf.bytes()[job.start..job.end];
-        let blocks = data.len().div_ceil(block_size);
-        let mut digests = vec![0u8; blocks * out_len];
-        let mut zero = vec![false; blocks];
-        if alg != Algorithm::Null {
-            for ((block, out), z) in data
-                .chunks(block_size)
-                .zip(digests.chunks_exact_mut(out_len.max(1)))
-                .zip(zero.iter_mut())
-            {
-                // Only a full block of zeros has the constant digest; a short
-                // last block is digested as it is.
-                if block.len() == block_size && is_zero(block) {
-                    out.copy_from_slice(zero_digest);
-                    *z = true;
-                } else {
-                    alg.digest_into(block, out);
-                }
+    let mut scratch = Scratch::default();
+    for Job {
+        seq,
+        buf,
+        start,
+        end,
+    } in jobs
+    {
+        let digest = |data: &[u8]| digest_blocks(data, alg, block_size, zero_digest);
+        let (buf, result) = match buf {
+            JobBuf::Fill(fill) => {
+                let data = scratch.get(end - start);
+                (None, fill(data).map(|()| digest(data)))
             }
-        }
-        let result = Done {
-            seq: job.seq,
-            buf: job.buf,
-            digests,
-            zero,
+            JobBuf::Internal(v) => {
+                let r = digest(&v[start..end]);
+                (Some(JobBuf::Internal(v)), Ok(r))
+            }
+            JobBuf::External(b) => {
+                let r = digest(&b.as_ref()[start..end]);
+                (Some(JobBuf::External(b)), Ok(r))
+            }
         };
-        if done.send(result).is_err() {
+        let done_job = match result {
+            Ok((digests, zero)) => Done {
+                seq,
+                buf,
+                digests,
+                zero,
+                error: None,
+            },
+            Err(e) => Done {
+                seq,
+                buf,
+                digests: Vec::new(),
+                zero: Vec::new(),
+                error: Some(e),
+            },
+        };
+        if done.send(done_job).is_err() {
             return;
         }
+    }
+}
+
+/// Digest every block of `data` (the last may be short): the digests, and
+/// which blocks were all zeros.
+fn digest_blocks(
+    data: &[u8],
+    alg: Algorithm,
+    block_size: usize,
+    zero_digest: &[u8],
+) -> (Vec<u8>, Vec<bool>) {
+    let out_len = alg.output_len();
+    let blocks = data.len().div_ceil(block_size);
+    let mut digests = vec![0u8; blocks * out_len];
+    let mut zero = vec![false; blocks];
+    if alg != Algorithm::Null {
+        for ((block, out), z) in data
+            .chunks(block_size)
+            .zip(digests.chunks_exact_mut(out_len))
+            .zip(zero.iter_mut())
+        {
+            // Only a full block of zeros has the constant digest; a short
+            // last block is digested as it is.
+            if block.len() == block_size && is_zero(block) {
+                out.copy_from_slice(zero_digest);
+                *z = true;
+            } else {
+                alg.digest_into(block, out);
+            }
+        }
+    }
+    (digests, zero)
+}
+
+/// A worker's own buffer for fills, page-aligned so direct I/O can read
+/// into it, reused from job to job (it stays in the core's cache).
+#[derive(Default)]
+struct Scratch {
+    mem: Vec<u8>,
+}
+
+impl Scratch {
+    const ALIGN: usize = 4096;
+
+    fn get(&mut self, len: usize) -> &mut [u8] {
+        if self.mem.len() < len + Self::ALIGN {
+            self.mem = vec![0; len + Self::ALIGN];
+        }
+        let off = self.mem.as_ptr().align_offset(Self::ALIGN);
+        &mut self.mem[off..off + len]
     }
 }

@@ -12,6 +12,8 @@ enum Piece {
     ZeroData(usize),
     Zeros(u64),
     Submit(Vec<u8>),
+    /// Bytes produced by a fill on a worker.
+    Fill(Vec<u8>),
 }
 
 fn piece() -> impl Strategy<Value = Piece> {
@@ -20,6 +22,9 @@ fn piece() -> impl Strategy<Value = Piece> {
         (0usize..9000).prop_map(Piece::ZeroData),
         (0u64..20000).prop_map(Piece::Zeros),
         prop::collection::vec(any::<u8>(), 0..9000).prop_map(Piece::Submit),
+        // Multiples of the block size go to the workers, others are copied.
+        (0usize..6, any::<u8>(), any::<bool>())
+            .prop_map(|(n, b, odd)| { Piece::Fill(vec![b; n * 1024 + if odd { 100 } else { 0 }]) }),
     ]
 }
 
@@ -53,6 +58,11 @@ proptest! {
                 Piece::ZeroData(n) => { h.update(&vec![0; *n]); all.resize(all.len() + n, 0); }
                 Piece::Zeros(n) => { h.update_zeros(*n); all.resize(all.len() + *n as usize, 0); }
                 Piece::Submit(d) => { h.submit(d.clone()); all.extend_from_slice(d); }
+                Piece::Fill(d) => {
+                    let bytes = d.clone();
+                    h.submit_with(d.len(), Box::new(move |b| { b.copy_from_slice(&bytes); Ok(()) })).unwrap();
+                    all.extend_from_slice(d);
+                }
             }
             // Interleave reclaiming as a zero-copy caller would.
             while let Some(b) = h.reclaim() { drop(b); }
@@ -76,7 +86,7 @@ proptest! {
         let mut all = Vec::new();
         for p in &pieces {
             match p {
-                Piece::Data(d) | Piece::Submit(d) => { h.update(d); all.extend_from_slice(d); }
+                Piece::Data(d) | Piece::Submit(d) | Piece::Fill(d) => { h.update(d); all.extend_from_slice(d); }
                 Piece::ZeroData(n) => { h.update(&vec![0; *n]); all.resize(all.len() + n, 0); }
                 Piece::Zeros(n) => { h.update_zeros(*n); all.resize(all.len() + *n as usize, 0); }
             }
@@ -123,4 +133,28 @@ fn invalid_options() {
         assert!(Hasher::new(Options::new().threads(t)).is_err(), "{t}");
     }
     assert!(Hasher::new(Options::new().block_size(64 << 20).threads(128)).is_ok());
+}
+
+#[test]
+fn a_failed_fill_fails_the_checksum() {
+    for threads in [1, 2, 4] {
+        let mut h = Hasher::new(Options::new().block_size(4096).threads(threads)).unwrap();
+        let mut result = Ok(());
+        for i in 0..64u64 {
+            let fill: blkhash::Fill = if i == 40 {
+                Box::new(|_| Err(std::io::Error::other("read failed at chunk 40")))
+            } else {
+                Box::new(|b| {
+                    b.fill(1);
+                    Ok(())
+                })
+            };
+            result = result.and(h.submit_with(64 << 10, fill));
+            h.update_zeros(1 << 20);
+        }
+        // The error comes back from a later call or from try_finalize.
+        let end = h.try_finalize();
+        let err = result.err().or(end.err()).expect("an error");
+        assert!(err.to_string().contains("chunk 40"), "{err}");
+    }
 }

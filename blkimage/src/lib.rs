@@ -10,13 +10,15 @@
 //! ```
 
 mod buffer;
+pub mod qcow2;
 mod raw;
 mod reader;
 mod source;
 
 pub use buffer::{ALIGN, AlignedBuf};
+pub use qcow2::Qcow2;
 pub use raw::RawFile;
-pub use reader::{ReadOptions, Sink, Stats, interrupted, read_image, read_stream};
+pub use reader::{Fill, Sink, Stats, interrupted, read_image, read_stream};
 pub use source::{Extent, ExtentKind, Source};
 
 use std::fs::File;
@@ -24,11 +26,37 @@ use std::io::{self, Read};
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
+/// An image format, to force instead of probing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// The file's bytes as they are, whatever they hold.
+    Raw,
+    /// qcow2 (versions 2 and 3); an error if the file is not qcow2.
+    Qcow2,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Format, String> {
+        match s {
+            "raw" => Ok(Format::Raw),
+            "qcow2" => Ok(Format::Qcow2),
+            _ => Err(format!("unknown format '{s}' (raw or qcow2)")),
+        }
+    }
+}
+
 /// How to open inputs.
 #[derive(Clone, Debug, Default)]
 pub struct OpenOptions {
     /// Use the page cache (else direct I/O where the file system allows it).
     pub cache: bool,
+    /// The format; `None` probes the content (qcow2 magic and version 2 or
+    /// later: qcow2; else raw).
+    pub format: Option<Format>,
+    /// Refuse images that refer to other files: a qcow2 backing file or
+    /// external data file (an untrusted image can name any host file).
+    pub no_backing: bool,
 }
 
 /// An opened input.
@@ -40,15 +68,42 @@ pub enum Input {
 }
 
 /// Open `name`: `-` is standard input; a regular file or block device is an
-/// image; a FIFO or character device is a stream.
+/// image (qcow2 or raw, probed unless `opts.format` says); a FIFO or
+/// character device is a stream (always its raw bytes).
 pub fn open(name: &str, opts: &OpenOptions) -> io::Result<Input> {
+    let stream = |r: Box<dyn Read + Send>| {
+        if opts.format == Some(Format::Qcow2) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "qcow2 needs random access, not a stream",
+            ));
+        }
+        Ok(Input::Stream(r))
+    };
     if name == "-" {
-        return Ok(Input::Stream(Box::new(io::stdin())));
+        return stream(Box::new(io::stdin()));
     }
     let path = Path::new(name);
     let ft = std::fs::metadata(path)?.file_type();
     if ft.is_fifo() || ft.is_char_device() || ft.is_socket() {
-        return Ok(Input::Stream(Box::new(File::open(path)?)));
+        return stream(Box::new(File::open(path)?));
     }
-    Ok(Input::Image(Box::new(RawFile::open(path, !opts.cache)?)))
+    let file = RawFile::open(path, !opts.cache)?;
+    let is_qcow2 = match opts.format {
+        Some(Format::Raw) => false,
+        _ => qcow2::probe(&file)?,
+    };
+    if !is_qcow2 {
+        if opts.format == Some(Format::Qcow2) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "qcow2: not a qcow2 image",
+            ));
+        }
+        return Ok(Input::Image(Box::new(file)));
+    }
+    let mut chain = vec![std::fs::canonicalize(path)?];
+    Ok(Input::Image(Box::new(qcow2::open_file(
+        file, path, opts, &mut chain,
+    )?)))
 }

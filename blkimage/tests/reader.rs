@@ -1,11 +1,11 @@
 //! Raw files and the reader: extents, bytes in order, errors.
 
 use blkimage::{
-    AlignedBuf, Extent, ExtentKind, Input, OpenOptions, RawFile, ReadOptions, Sink, Source,
-    read_image,
+    AlignedBuf, Extent, ExtentKind, Fill, Input, OpenOptions, RawFile, Sink, Source, read_image,
 };
 use std::collections::VecDeque;
 use std::io;
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 /// Collects the bytes; gives buffers straight back.
@@ -17,13 +17,21 @@ struct Collect {
 }
 
 impl Sink for Collect {
-    fn data(&mut self, buf: AlignedBuf) {
+    fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
+        let mut buf = AlignedBuf::new(len);
+        fill(&mut buf.spare()[..len])?;
+        buf.set_len(len);
+        self.data(buf)
+    }
+    fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
         self.bytes.extend_from_slice(&buf);
         self.back.push_back(buf);
+        Ok(())
     }
-    fn zeros(&mut self, len: u64) {
+    fn zeros(&mut self, len: u64) -> io::Result<()> {
         self.zero_calls += 1;
         self.bytes.resize(self.bytes.len() + len as usize, 0);
+        Ok(())
     }
     fn reclaim(&mut self) -> Option<AlignedBuf> {
         self.back.pop_front()
@@ -33,9 +41,20 @@ impl Sink for Collect {
     }
 }
 
-fn read_all(src: &dyn Source, opts: &ReadOptions) -> io::Result<(Collect, blkimage::Stats)> {
+fn read_all(
+    src: impl Source + 'static,
+    read_size: usize,
+) -> io::Result<(Collect, blkimage::Stats)> {
+    let src: Arc<dyn Source> = Arc::new(src);
     let mut sink = Collect::default();
-    let stats = read_image(src, &mut sink, opts, &AtomicBool::new(false), &mut |_| {})?;
+    let stats = read_image(
+        src.clone(),
+        &mut sink,
+        read_size,
+        &AtomicBool::new(false),
+        &mut |_| {},
+    )?;
+    src.finish()?;
     Ok((sink, stats))
 }
 
@@ -48,14 +67,10 @@ fn holes_are_never_read_and_bytes_come_in_order() {
     let mut want = recipe.bytes();
     want.resize(want.len().next_multiple_of(512), 0);
     for cache in [false, true] {
-        for (read_size, queue_depth) in [(4096, 1), (64 << 10, 3), (1 << 20, 8)] {
+        for read_size in [4096, 64 << 10, 1 << 20] {
             let src = RawFile::open(&path, !cache).unwrap();
             assert_eq!(src.size(), want.len() as u64);
-            let opts = ReadOptions {
-                read_size,
-                queue_depth,
-            };
-            let (sink, stats) = read_all(&src, &opts).unwrap();
+            let (sink, stats) = read_all(src, read_size).unwrap();
             assert!(sink.bytes == want, "cache {cache} rs {read_size}");
             assert_eq!(stats.hole, (3 << 20) + 24, "the holes and the 512 padding");
             assert_eq!(stats.data, (1 << 20) + (64 << 10) + 1000);
@@ -107,9 +122,7 @@ fn a_file_that_shrinks_is_an_error() {
         .unwrap()
         .set_len(1 << 20)
         .unwrap();
-    let err = read_all(&src, &ReadOptions::default())
-        .err()
-        .expect("an error");
+    let err = read_all(src, 1 << 20).err().expect("an error");
     assert!(err.to_string().contains("shr"), "{err}");
     // Shrinking inside what was a hole is caught at the end too.
     testkit::Recipe::parse("1m:r 3m:-")
@@ -123,9 +136,7 @@ fn a_file_that_shrinks_is_an_error() {
         .unwrap()
         .set_len(2 << 20)
         .unwrap();
-    let err = read_all(&src, &ReadOptions::default())
-        .err()
-        .expect("an error");
+    let err = read_all(src, 1 << 20).err().expect("an error");
     assert!(err.to_string().contains("shrank"), "{err}");
 }
 
@@ -168,9 +179,7 @@ fn a_read_error_stops_the_run() {
         size: 64 << 20,
         bad_from: 10 << 20,
     };
-    let err = read_all(&src, &ReadOptions::default())
-        .err()
-        .expect("an error");
+    let err = read_all(src, 1 << 20).err().expect("an error");
     assert_eq!(err.raw_os_error(), Some(5));
 }
 

@@ -3,8 +3,8 @@
 use blkhash::{Algorithm, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE};
 use clap::Parser;
 
-/// Compute blkhash checksums of disk images: raw files, block devices and
-/// standard input.
+/// Compute blkhash checksums of disk images: raw and qcow2 files, block
+/// devices and standard input.
 ///
 /// The checksum is H(H(block 0) || ... || H(block n-1) || le64(size)), equal
 /// to blkhash 0.11's. Unallocated ranges are never read and all-zero blocks
@@ -34,23 +34,39 @@ pub struct Args {
     #[arg(short, long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS as i64))]
     pub threads: Option<u16>,
 
+    /// Image format: raw (the bytes as they are) or qcow2 [default: probed:
+    /// qcow2 if the file starts with the qcow2 magic and version 2 or later,
+    /// else raw]. Standard input and pipes are always raw.
+    #[arg(short, long, value_name = "FORMAT", value_parser = parse_format)]
+    pub format: Option<blkimage::Format>,
+
+    /// Refuse images that refer to other files: qcow2 backing files and
+    /// external data files. Use it for untrusted images: a qcow2 image can
+    /// name any host file as its backing file, and that file would be read.
+    #[arg(long)]
+    pub no_backing: bool,
+
     /// Use the page cache. By default files are read with direct I/O where
     /// the file system allows it, as QEMU's cache=none: a large image does
     /// not evict everything else from memory.
     #[arg(long)]
     pub cache: bool,
 
-    /// Bytes per read (suffixes k, m) [default: 1m, or the block size if larger].
+    /// Bytes per read (suffixes k, m), rounded up to whole blocks [default: 1m].
     #[arg(long, value_name = "SIZE", value_parser = parse_read_size)]
     pub read_size: Option<usize>,
 
-    /// Reads in flight.
+    /// Reads (and digest jobs) in flight.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=128))]
     pub queue_depth: u16,
 
     /// Show progress on standard error (bytes, rate, time left).
     #[arg(short, long)]
     pub progress: bool,
+}
+
+fn parse_format(s: &str) -> Result<blkimage::Format, String> {
+    s.parse()
 }
 
 fn parse_digest(s: &str) -> Result<Algorithm, String> {

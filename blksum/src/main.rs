@@ -4,7 +4,7 @@ mod cli;
 mod output;
 
 use blkhash::{Checksum, Hasher, Options};
-use blkimage::{AlignedBuf, Input, OpenOptions, ReadOptions, Sink};
+use blkimage::{AlignedBuf, Fill, Input, OpenOptions, Sink, Source};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{self, Write};
@@ -16,11 +16,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 struct HashSink(Hasher<AlignedBuf>);
 
 impl Sink for HashSink {
-    fn data(&mut self, buf: AlignedBuf) {
-        self.0.submit(buf);
+    fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
+        self.0.submit_with(len, fill)
     }
-    fn zeros(&mut self, len: u64) {
+    fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
+        self.0.submit(buf);
+        Ok(())
+    }
+    fn zeros(&mut self, len: u64) -> io::Result<()> {
         self.0.update_zeros(len);
+        Ok(())
     }
     fn reclaim(&mut self) -> Option<AlignedBuf> {
         self.0.reclaim()
@@ -33,7 +38,7 @@ impl Sink for HashSink {
 struct Run {
     hash: Options,
     open: OpenOptions,
-    read: ReadOptions,
+    read_size: usize,
     progress: bool,
     cancel: Arc<AtomicBool>,
 }
@@ -44,22 +49,34 @@ impl Run {
         let mut sink = HashSink(Hasher::with_buffers(self.hash.clone()).map_err(io::Error::other)?);
         let bar = self.progress_bar(name, &input);
         let mut progress = |n| bar.inc(n);
-        match input {
+        let checksum = match input {
             Input::Image(src) => {
-                blkimage::read_image(&*src, &mut sink, &self.read, &self.cancel, &mut progress)?;
+                let src: Arc<dyn Source> = Arc::from(src);
+                blkimage::read_image(
+                    src.clone(),
+                    &mut sink,
+                    self.read_size,
+                    &self.cancel,
+                    &mut progress,
+                )?;
+                let checksum = sink.0.try_finalize()?;
+                // Only now are all reads done: is the image still what we read?
+                src.finish()?;
+                checksum
             }
             Input::Stream(mut r) => {
                 blkimage::read_stream(
                     &mut r,
                     &mut sink,
-                    self.read.read_size,
+                    self.read_size,
                     &self.cancel,
                     &mut progress,
                 )?;
+                sink.0.try_finalize()?
             }
-        }
+        };
         bar.finish_and_clear();
-        Ok(sink.0.finalize())
+        Ok(checksum)
     }
 
     fn progress_bar(&self, name: &str, input: &Input) -> ProgressBar {
@@ -106,11 +123,13 @@ fn main() -> ExitCode {
     let hash = Options::new()
         .algorithm(args.digest)
         .block_size(args.block_size)
-        .threads(threads);
-    let read = ReadOptions {
-        read_size: args.read_size.unwrap_or(args.block_size.max(1 << 20)),
-        queue_depth: args.queue_depth.into(),
-    };
+        .threads(threads)
+        .queue_depth(args.queue_depth.into());
+    // Whole blocks per read: reads then go to the digest workers as they are.
+    let read_size = args
+        .read_size
+        .unwrap_or(1 << 20)
+        .next_multiple_of(args.block_size);
 
     // Ctrl-C and SIGTERM stop the run between reads; a second one kills at once.
     let cancel = Arc::new(AtomicBool::new(false));
@@ -123,8 +142,12 @@ fn main() -> ExitCode {
 
     let run = Run {
         hash,
-        open: OpenOptions { cache: args.cache },
-        read,
+        open: OpenOptions {
+            cache: args.cache,
+            format: args.format,
+            no_backing: args.no_backing,
+        },
+        read_size,
         progress: args.progress,
         cancel: cancel.clone(),
     };

@@ -1,6 +1,8 @@
 //! Helpers shared by the command tests.
 #![allow(dead_code)]
 
+pub mod qemu;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 

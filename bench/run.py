@@ -1,0 +1,809 @@
+#!/usr/bin/env python3
+"""blkhash benchmark driver: blksum against its peers, and the library alone.
+
+Builds the release binaries, makes test images in a work directory (reused
+when present), runs the commands of each case alternately (A B C A B C ...),
+and prints a Markdown report: median wall time, peak RSS, ratios, and the
+targets from our issue with PASS/FAIL.
+
+    python3 bench/run.py                 # everything
+    python3 bench/run.py --quick         # small images, one run: smoke test
+    python3 bench/run.py --only random,zero --runs 3
+    python3 bench/run.py --lib           # library benchmark only
+
+Environment:
+    BLKSUM_REF          the reference blksum binary (rows skipped if unset)
+    BLKHASH_BENCH_REF   the reference blkhash-bench binary (for --lib)
+
+Python 3 standard library only.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEASE = ROOT / "target" / "release"
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+CHUNK = MiB
+
+CASES = ["speed", "random", "holes", "zero", "empty", "lib"]
+ALL_CASES = CASES
+
+
+def parse_size(s):
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", s, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid size '{s}'")
+    shift = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m.group(2).lower()]
+    return int(m.group(1)) << shift
+
+
+def human(n):
+    for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+def short(n):
+    """A size for file names and command lines: 64m, 2g, 1t."""
+    for suffix, size in (("t", TiB), ("g", GiB), ("m", MiB), ("k", KiB)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
+
+
+def nproc():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------- report
+
+
+class Report:
+    """Lines printed as they come, and kept for --out."""
+
+    def __init__(self):
+        self.lines = []
+        self.targets = []  # (section, status, text)
+        self.problems = []  # failures and mismatches
+
+    def __call__(self, line=""):
+        self.lines.append(line)
+        print(line, flush=True)
+
+    def table(self, header, rows, align=None):
+        """align: one character per column, 'l' or 'r' (default: first left)."""
+        align = align or "l" + "r" * (len(header) - 1)
+        self("| " + " | ".join(header) + " |")
+        self("|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|")
+        for r in rows:
+            self("| " + " | ".join(str(c) for c in r) + " |")
+        self()
+
+    def code(self, text):
+        self("```")
+        for line in text.rstrip("\n").splitlines():
+            self(line)
+        self("```")
+        self()
+
+    def problem(self, text):
+        self.problems.append(text)
+        self(f"**!!! {text}**")
+        self()
+
+    def write(self, path):
+        Path(path).write_text("\n".join(self.lines) + "\n")
+
+
+def log(msg):
+    """Progress on stderr, not part of the report."""
+    print(f"# {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- running
+
+
+@dataclass
+class Sample:
+    seconds: float
+    rss_kib: int
+    rc: int
+    out: str
+    err: str
+
+
+def run_once(argv, timeout):
+    """Run argv with no input; wall time, peak RSS (wait4) and output."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        except OSError as e:
+            return Sample(0.0, 0, 127, "", str(e))
+        killed = []
+
+        def kill():
+            killed.append(True)
+            p.kill()
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        try:
+            _, status, ru = os.wait4(p.pid, 0)
+            t1 = time.perf_counter()
+            rc = os.waitstatus_to_exitcode(status)
+            rss = ru.ru_maxrss
+        except ChildProcessError:  # reaped by the timer's poll: lost rusage
+            t1 = time.perf_counter()
+            rc, rss = p.wait(), 0
+        finally:
+            timer.cancel()
+        p.returncode = rc
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode(errors="replace")
+        stderr = err.read().decode(errors="replace")
+        if killed:
+            stderr += f"\nkilled after {timeout} s"
+            rc = rc or -9
+        return Sample(t1 - t0, rss, rc, stdout, stderr)
+
+
+@dataclass
+class Cmd:
+    name: str
+    argv: list
+    ours: bool = False
+    # Commands with the same key must print the same checksum.
+    key: Optional[tuple] = None
+    samples: list = field(default_factory=list)
+
+    @property
+    def failed(self):
+        return not self.samples or any(s.rc != 0 for s in self.samples)
+
+    @property
+    def error(self):
+        for s in self.samples:
+            if s.rc != 0:
+                last = [l for l in s.err.strip().splitlines() if l.strip()]
+                why = last[-1] if last else ""
+                return f"exit {s.rc}: {why}"[:200]
+        return "not run"
+
+    @property
+    def median(self):
+        return None if self.failed else statistics.median(s.seconds for s in self.samples)
+
+    @property
+    def best(self):
+        return None if self.failed else min(s.seconds for s in self.samples)
+
+    @property
+    def rss_mib(self):
+        return max((s.rss_kib for s in self.samples), default=0) / 1024
+
+    @property
+    def checksums(self):
+        return {s.out.split()[0] if s.out.split() else "" for s in self.samples if s.rc == 0}
+
+
+def run_case(cmds, runs, timeout):
+    for r in range(runs):
+        for c in cmds:
+            log(f"run {r + 1}/{runs}: {c.name}")
+            c.samples.append(run_once(c.argv, timeout))
+
+
+def warm(path):
+    """Read a file once so that it is in the page cache."""
+    log(f"warming the page cache: {path}")
+    buf = bytearray(CHUNK)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
+# ---------------------------------------------------------------- images
+
+
+def allocated(st):
+    return st.st_blocks * 512
+
+
+def image_ok(kind, path, size):
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    if st.st_size != size:
+        return False
+    a = allocated(st)
+    if kind in ("random", "zero"):
+        return a >= size
+    if kind == "holes":
+        return 0.4 * size <= a <= 0.7 * size
+    if kind == "empty":
+        return a == 0
+    return False
+
+
+def make_image(kind, path, size, report):
+    """The image, made if missing or not as expected; None if it cannot be."""
+    if image_ok(kind, path, size):
+        log(f"reusing {path}")
+        return path
+    need = {"random": size, "zero": size, "holes": size // 2, "empty": 0}[kind]
+    free = shutil.disk_usage(path.parent).free
+    if need + GiB // 4 > free:
+        report.problem(f"FAILED: not enough space in {path.parent} for {path.name} "
+                       f"({human(need)} needed, {free / GiB:.1f} GiB free)")
+        return None
+    log(f"making {path} ({kind}, {human(size)})")
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            if kind == "random":
+                for _ in range(size // CHUNK):
+                    f.write(os.urandom(CHUNK))
+                f.write(os.urandom(size % CHUNK))
+            elif kind == "zero":
+                zeros = bytes(CHUNK)
+                for _ in range(size // CHUNK):
+                    f.write(zeros)
+                f.write(bytes(size % CHUNK))
+            elif kind == "holes":
+                # 1 MiB of data, 1 MiB hole, repeated.
+                for off in range(0, size, 2 * CHUNK):
+                    f.seek(off)
+                    f.write(os.urandom(min(CHUNK, size - off)))
+            f.truncate(size)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except OSError as e:
+        report.problem(f"FAILED: cannot make {path}: {e}")
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return None
+    return path
+
+
+# ---------------------------------------------------------------- the cases
+
+
+class Bench:
+    def __init__(self, args, report):
+        self.a = args
+        self.r = report
+        self.cores = nproc()
+        self.blksum = str(RELEASE / "blksum")
+        self.ref = os.environ.get("BLKSUM_REF") or None
+        self.bench_ref = os.environ.get("BLKHASH_BENCH_REF") or None
+        b3 = shutil.which("b3sum") or str(Path.home() / ".cargo" / "bin" / "b3sum")
+        self.b3sum = b3 if os.access(b3, os.X_OK) else None
+        self.sha256sum = shutil.which("sha256sum")
+        self.dd = shutil.which("dd")
+        self.threads = args.threads or self.cores
+        self.read_size = args.read_size or MiB
+        self.sha256_speed = None  # single thread, bytes/s, at 64k
+
+    # -- commands
+
+    def ours(self, digest, img, cache=True):
+        argv = [self.blksum, "-d", digest]
+        if cache:
+            argv.append("--cache")
+        if self.a.block_size:
+            argv += ["--block-size", short(self.a.block_size)]
+        if self.a.threads:
+            argv += ["-t", str(self.a.threads)]
+        if self.a.read_size:
+            argv += ["--read-size", short(self.a.read_size)]
+        argv.append(str(img))
+        mode = "cache" if cache else "direct"
+        return Cmd(f"blksum {digest} ({mode})", argv, ours=True, key=(digest, self.bs()))
+
+    def reference(self, digest, img, cache=True):
+        if not self.ref:
+            return None
+        argv = [self.ref, "-d", digest]
+        if cache:
+            argv.append("-c")
+        if self.a.block_size:
+            argv += [f"--block-size={short(self.a.block_size)}"]
+            if self.a.block_size >= MiB:
+                argv += [f"--read-size={short(self.a.block_size)}"]
+        if self.a.threads:
+            argv += ["-t", str(self.a.threads)]
+        argv.append(str(img))
+        mode = "-c" if cache else "direct"
+        return Cmd(f"ref {digest} ({mode})", argv, key=(digest, self.bs()))
+
+    def bs(self):
+        return self.a.block_size or 64 * KiB
+
+    def peer(self, which, img):
+        if which == "sha256sum":
+            return Cmd("sha256sum", [self.sha256sum, str(img)]) if self.sha256sum else None
+        if which == "b3sum":
+            return Cmd("b3sum", [self.b3sum, str(img)]) if self.b3sum else None
+        if which == "dd":
+            return Cmd("dd bs=1M", [self.dd, f"if={img}", "of=/dev/null", "bs=1M"]) if self.dd else None
+        raise ValueError(which)
+
+    # -- helpers
+
+    def build(self):
+        if self.a.no_build:
+            return True
+        for argv in (["cargo", "build", "--release"],
+                     ["cargo", "build", "--release", "-p", "blkhash", "--examples"]):
+            log(" ".join(argv))
+            p = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+            if p.returncode != 0:
+                self.r.problem(f"FAILED: {' '.join(argv)} (exit {p.returncode})")
+                self.r.code(p.stderr[-4000:])
+                return False
+        return True
+
+    def image(self, kind, size):
+        d = Path(self.a.dir)
+        d.mkdir(parents=True, exist_ok=True)
+        return make_image(kind, d / f"{kind}-{short(size)}.img", size, self.r)
+
+    def header(self):
+        r = self.r
+        cpu = "unknown"
+        try:
+            for line in open("/proc/cpuinfo"):
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        mem = "unknown"
+        try:
+            for line in open("/proc/meminfo"):
+                if line.startswith("MemTotal:"):
+                    mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+                    break
+        except OSError:
+            pass
+        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip() or "unknown"
+        r("# blkhash benchmark")
+        r()
+        r(f"- Date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M:%S %z')}")
+        r(f"- Host: nproc {self.cores}, CPU {cpu}, memory {mem}, "
+          f"kernel {platform.release()}")
+        r(f"- Commit: {commit}")
+        r(f"- blksum: {self.blksum} (threads {self.threads}, read size {human(self.read_size)}, "
+          f"block size {human(self.bs())})")
+        r(f"- Reference blksum: {self.ref or 'not set (BLKSUM_REF): rows skipped'}")
+        if self.a.lib:
+            r(f"- Reference blkhash-bench: "
+              f"{self.bench_ref or 'not set (BLKHASH_BENCH_REF): column skipped'}")
+        r(f"- b3sum: {self.b3sum or 'missing: `cargo install b3sum`; rows skipped'}")
+        mode = "quick (smoke test, numbers meaningless)" if self.a.quick else "full"
+        r(f"- Mode: {mode}; {self.a.runs} run(s) per command, alternating; median shown; "
+          f"images in {self.a.dir}; page cache warmed; `--cache`/`-c` unless marked direct")
+        r()
+        if not self.b3sum:
+            print("b3sum not found: install it with `cargo install b3sum`", file=sys.stderr)
+
+    def target(self, section, text, ok):
+        status = "SKIP" if ok is None else "PASS" if ok else "FAIL"
+        if not any(t[0] == section for t in self.r.targets):
+            self.r("Targets:")
+            self.r()
+        self.r(f"- [{status}] {text}")
+        self.r.targets.append((section, status, text))
+
+    def missing(self, key):
+        """Why a command of a case is missing."""
+        if key.startswith("ref"):
+            return "BLKSUM_REF not set"
+        return {"b3sum": "b3sum missing (`cargo install b3sum`)",
+                "sha256sum": "sha256sum missing", "dd": "dd missing"}.get(key, "not run")
+
+    def ratio_target(self, section, c, num_key, den_key, op, want, what):
+        """A target on t(num)/t(den), commands c[num_key] and c[den_key]."""
+        num, den = c[num_key], c[den_key]
+        if num is None or den is None:
+            why = self.missing(num_key if num is None else den_key)
+            self.target(section, f"{what} (target {op} {want}x): skipped, {why}", None)
+            return
+        label = f"{num.name}/{den.name}"
+        if num.failed or den.failed:
+            self.target(section, f"{what}: {label} (target {op} {want}x): "
+                        f"a command failed", False)
+            return
+        v = num.median / den.median
+        ok = v >= want if op == "≥" else v <= want
+        self.target(section, f"{what}: {label} = {v:.2f}x (target {op} {want}x)", ok)
+
+    def results(self, section, cmds, size):
+        """The table of a case, its checksum checks and its command lines."""
+        r = self.r
+        rows = []
+        for c in cmds:
+            if c.failed:
+                rows.append([c.name, "FAILED", "", "", f"{c.rss_mib:.1f}", c.error])
+                r.problems.append(f"FAILED: {section}: {c.name}: {c.error}")
+                continue
+            sums = sorted(x for x in c.checksums if x)
+            if not sums:
+                cs = ""
+            elif len(sums) == 1:
+                cs = sums[0][:16] + "…"
+            else:
+                cs = "VARIES: " + " ".join(x[:8] for x in sums)
+            gbs = size / c.median / 1e9
+            rows.append([c.name, f"{c.median:.3f}", f"{c.best:.3f}",
+                         f"{gbs:,.2f}", f"{c.rss_mib:.1f}", cs])
+        r.table(["command", "median s", "min s", "GB/s", "peak RSS MiB", "checksum"], rows,
+                "lrrrrl")
+        for c in cmds:
+            if c.key and not c.failed and len(c.checksums) > 1:
+                r.problem(f"MISMATCH: {section}: {c.name} printed different checksums "
+                          f"across runs: {' '.join(sorted(c.checksums))}")
+        keys = {}
+        for c in cmds:
+            if c.key and not c.failed:
+                keys.setdefault(c.key, []).append(c)
+        for key, group in keys.items():
+            sums = {s for c in group for s in c.checksums}
+            names = ", ".join(c.name for c in group)
+            if len(sums) > 1:
+                detail = "; ".join(f"{c.name}: {' '.join(sorted(c.checksums))}" for c in group)
+                r.problem(f"MISMATCH: {section}: {key[0]} block size {human(key[1])}: {detail}")
+            elif len(group) > 1:
+                r(f"Checksums agree ({names}): {next(iter(sums))}")
+                r()
+        r("Commands: " + "; ".join(f"{c.name}: `{' '.join(c.argv)}`" for c in cmds))
+        r()
+
+    def memory_target(self, section, cmds):
+        limit = 64 * MiB + self.threads * self.read_size
+        ours = [c for c in cmds if c.ours and c.samples]
+        if ours:
+            worst = max(ours, key=lambda c: c.rss_mib)
+            self.target(section, f"peak RSS of blksum = {worst.rss_mib:.1f} MiB ({worst.name}) "
+                        f"(target ≤ 64 MiB + {self.threads} threads × {human(self.read_size)} = "
+                        f"{limit / MiB:.0f} MiB)", worst.rss_mib * MiB <= limit)
+
+    def ratios(self, pairs):
+        """Informative time ratios: 'num/den = 3.1x'."""
+        out = []
+        for num, den in pairs:
+            if num and den and not num.failed and not den.failed:
+                out.append(f"{num.name}/{den.name} = {num.median / den.median:.2f}x")
+        if out:
+            self.r("Time ratios:")
+            self.r()
+            for line in out:
+                self.r(f"- {line}")
+            self.r()
+
+    # -- digest speed
+
+    def digest_speed(self, seconds, digests=(), sizes=()):
+        """The digest_speed example's output and its table in bytes/s."""
+        exe = RELEASE / "examples" / "digest_speed"
+        argv = [str(exe), str(seconds)]
+        for d in digests:
+            argv += ["--digest", d]
+        for size in sizes:
+            argv += ["--size", size]
+        p = run_once(argv, self.a.timeout)
+        if p.rc != 0:
+            self.r.problem(f"FAILED: {' '.join(argv)}: exit {p.rc}: {p.err.strip()[-200:]}")
+            return None, {}
+        table = {}
+        lines = p.out.strip().splitlines()
+        cols = lines[0].split()[1:] if lines else []
+        for line in lines[1:]:
+            parts = line.split()
+            table[parts[0]] = {c: float(v) * 1e6 for c, v in zip(cols, parts[1:])}
+        return p.out, table
+
+    def case_speed(self):
+        r = self.r
+        r("## Digest speed (single thread, MB/s, `digest_speed` example)")
+        r()
+        secs = 0.02 if self.a.quick else 0.2
+        out, _ = self.digest_speed(secs)
+        if out:
+            r.code(out)
+        self.measure_sha256()
+
+    def measure_sha256(self):
+        if self.sha256_speed:
+            return
+        # The best of a few measurements: a busy machine only makes it slower.
+        secs, tries = (0.2, 2) if self.a.quick else (1.0, 3)
+        speeds = []
+        for _ in range(tries):
+            _, table = self.digest_speed(secs, ["sha256"], ["64k"])
+            speed = table.get("sha256", {}).get("64k")
+            if speed:
+                speeds.append(speed)
+        if speeds:
+            speed = self.sha256_speed = max(speeds)
+            self.r(f"Single-thread SHA-256 at 64k (best of {len(speeds)} × {secs} s: "
+                   f"{', '.join(f'{x / 1e6:.0f}' for x in speeds)}): {speed / 1e6:.0f} MB/s; "
+                   f"× {self.cores} cores = {self.cores * speed / 1e6:.0f} MB/s")
+            self.r()
+
+    # -- image cases
+
+    def case_random(self):
+        size = 64 * MiB if self.a.quick else 2 * GiB
+        self.r(f"## Random data ({human(size)})")
+        self.r()
+        self.measure_sha256()
+        img = self.image("random", size)
+        if not img:
+            return
+        warm(img)
+        c = {
+            "ours": self.ours("sha256", img),
+            "ref": self.reference("sha256", img),
+            "sha256sum": self.peer("sha256sum", img),
+            "ours3": self.ours("blake3", img),
+            "ref3": self.reference("blake3", img),
+            "b3sum": self.peer("b3sum", img),
+            "dd": self.peer("dd", img),
+            "ours_direct": self.ours("sha256", img, cache=False),
+            "ref_direct": self.reference("sha256", img, cache=False),
+        }
+        cmds = [x for x in c.values() if x]
+        run_case(cmds, self.a.runs, self.a.timeout)
+        s = "random"
+        self.results(s, cmds, size)
+        self.ratios([(c["sha256sum"], c["ours"]), (c["ref"], c["ours"]), (c["ours"], c["dd"]),
+                     (c["b3sum"], c["ours3"]), (c["ref3"], c["ours3"]),
+                     (c["ref_direct"], c["ours_direct"]), (c["ours_direct"], c["ours"])])
+        self.ratio_target(s, c, "sha256sum", "ours", "≥", 6, "sha256: blksum ≥ 6× faster than sha256sum")
+        self.ratio_target(s, c, "ref", "ours", "≥", 1.8, "sha256: blksum ≥ 1.8× the reference")
+        ours = c["ours"]
+        what = "sha256: blksum ≥ 85% of cores × single-thread SHA-256"
+        if not self.sha256_speed:
+            self.target(s, f"{what}: no single-thread speed", None)
+        elif ours.failed:
+            self.target(s, f"{what}: blksum failed", False)
+        else:
+            limit = size / (self.cores * self.sha256_speed)
+            eff = limit / ours.median
+            self.target(s, f"{what}: limit {limit:.3f} s / blksum {ours.median:.3f} s = "
+                        f"{eff:.0%} (target ≥ 85%)", eff >= 0.85)
+        self.ratio_target(s, c, "ours3", "b3sum", "≤", 1.25, "blake3: blksum time ≤ 1.25× b3sum's")
+        self.memory_target(s, cmds)
+        self.r()
+
+    def case_holes(self):
+        size = 64 * MiB if self.a.quick else 2 * GiB
+        self.r(f"## Half data, half holes ({human(size)}: 1 MiB data, 1 MiB hole, ...)")
+        self.r()
+        img = self.image("holes", size)
+        if not img:
+            return
+        warm(img)
+        c = {
+            "ours": self.ours("sha256", img),
+            "ref": self.reference("sha256", img),
+            "sha256sum": self.peer("sha256sum", img),
+        }
+        cmds = [x for x in c.values() if x]
+        run_case(cmds, self.a.runs, self.a.timeout)
+        self.results("holes", cmds, size)
+        self.ratios([(c["ref"], c["ours"]), (c["sha256sum"], c["ours"])])
+        self.memory_target("holes", cmds)
+        self.r()
+
+    def case_zero(self):
+        size = 64 * MiB if self.a.quick else 2 * GiB
+        self.r(f"## Written zeros ({human(size)})")
+        self.r()
+        img = self.image("zero", size)
+        if not img:
+            return
+        warm(img)
+        c = {
+            "ours": self.ours("sha256", img),
+            "ref": self.reference("sha256", img),
+            "dd": self.peer("dd", img),
+        }
+        cmds = [x for x in c.values() if x]
+        run_case(cmds, self.a.runs, self.a.timeout)
+        s = "zero"
+        self.results(s, cmds, size)
+        self.ratios([(c["ref"], c["ours"]), (c["ours"], c["dd"])])
+        self.ratio_target(s, c, "ref", "ours", "≥", 4, "sha256: blksum ≥ 4× the reference")
+        self.ratio_target(s, c, "ours", "dd", "≤", 2, "sha256: blksum time ≤ 2× dd's")
+        self.memory_target(s, cmds)
+        self.r()
+
+    def case_empty(self):
+        size = 16 * GiB if self.a.quick else TiB
+        self.r(f"## Empty sparse image ({human(size)}; sha256sum and b3sum skipped)")
+        self.r()
+        img = self.image("empty", size)
+        if not img:
+            return
+        c = {
+            "ours": self.ours("sha256", img),
+            "ref": self.reference("sha256", img),
+            "ours3": self.ours("blake3", img),
+            "ref3": self.reference("blake3", img),
+        }
+        cmds = [x for x in c.values() if x]
+        run_case(cmds, self.a.runs, self.a.timeout)
+        s = "empty"
+        self.results(s, cmds, size)
+        self.ratios([(c["ref"], c["ours"]), (c["ref3"], c["ours3"])])
+        self.ratio_target(s, c, "ref", "ours", "≥", 1.5, "sha256: blksum ≥ 1.5× the reference")
+        self.ratio_target(s, c, "ref3", "ours3", "≥", 5, "blake3: blksum ≥ 5× the reference")
+        self.memory_target(s, cmds)
+        self.r()
+
+    # -- library benchmark
+
+    def case_lib(self):
+        r = self.r
+        secs = self.a.lib_seconds
+        threads = [int(t) for t in self.a.lib_threads.split(",")]
+        bs = short(self.bs())
+        rs = short(self.read_size)
+        r(f"## Library benchmark ({secs} s each, block size {bs}, buffers of {rs}, holes of 16g)")
+        r()
+        r("Ours: `blkhash_bench` example (data: `submit`/`reclaim` zero-copy; zero: `update`; "
+          "hole: `update_zeros`). Reference: `blkhash-bench` (data with `-a`, its zero-copy "
+          "path). Throughput in GB/s.")
+        r()
+        ours_exe = str(RELEASE / "examples" / "blkhash_bench")
+        rows = []
+        for inp in ("data", "zero", "hole"):
+            for digest in ("sha256", "blake3"):
+                for t in threads:
+                    log(f"lib: {inp} {digest} threads {t}")
+                    argv = [ours_exe, "--input", inp, "--digest", digest, "--threads", str(t),
+                            "--seconds", str(secs), "--block-size", bs, "--read-size", rs,
+                            "--hole-size", "16g"]
+                    ours = self.lib_run(argv, "gbs", 1.0)
+                    ref = None
+                    if self.bench_ref:
+                        argv = [self.bench_ref, "-i", inp, "-d", digest, "-T", str(secs),
+                                "-t", str(t), "-b", bs, "-r", rs, "-z", "16g"]
+                        if inp == "data":
+                            argv.append("-a")
+                        ref = self.lib_run(argv, "throughput", 1e-9)
+                    row = [inp, digest, t, fmt_gbs(ours)]
+                    if self.bench_ref:
+                        row.append(fmt_gbs(ref))
+                        row.append(f"{ours / ref:.2f}x" if isinstance(ours, float)
+                                   and isinstance(ref, float) and ref > 0 else "")
+                    rows.append(row)
+        header = ["input", "digest", "threads", "ours GB/s"]
+        if self.bench_ref:
+            header += ["ref GB/s", "ours/ref"]
+        r.table(header, rows)
+
+    def lib_run(self, argv, key, scale):
+        """Throughput from a JSON-printing benchmark, or an error string."""
+        p = run_once(argv, self.a.timeout)
+        if p.rc != 0:
+            msg = f"{Path(argv[0]).name}: exit {p.rc}: {p.err.strip()[-200:]}"
+            self.r.problems.append(f"FAILED: lib: {' '.join(argv)}: {msg}")
+            return "FAILED"
+        try:
+            return float(json.loads(p.out)[key]) * scale
+        except (ValueError, KeyError, TypeError) as e:
+            self.r.problems.append(f"FAILED: lib: {' '.join(argv)}: bad output: {e}")
+            return "FAILED"
+
+
+def fmt_gbs(v):
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return v or ""
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="cases: " + ", ".join(ALL_CASES))
+    ap.add_argument("--dir", default="/var/tmp/blkhash-bench",
+                    help="work directory for the images (default %(default)s)")
+    ap.add_argument("--runs", type=int, help="runs per command (default 5; 1 with --quick)")
+    ap.add_argument("--quick", action="store_true",
+                    help="64 MiB images instead of 2 GiB, 16 GiB instead of 1 TiB, one run")
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only these cases (comma-separated, repeatable)")
+    ap.add_argument("--lib", action="store_true",
+                    help="run the library benchmark only (same as --only lib)")
+    ap.add_argument("--lib-seconds", type=int,
+                    help="seconds per library benchmark (integer; default 3, 1 with --quick)")
+    ap.add_argument("--lib-threads", default="1,2",
+                    help="thread counts for the library benchmark (default %(default)s)")
+    ap.add_argument("--out", help="also write the Markdown report to this file")
+    ap.add_argument("--no-build", action="store_true", help="do not run cargo build")
+    ap.add_argument("--threads", type=int, help="pass -t N to both blksums (default: theirs)")
+    ap.add_argument("--read-size", type=parse_size,
+                    help="pass --read-size to our blksum (default: its 1 MiB)")
+    ap.add_argument("--block-size", type=parse_size,
+                    help="pass --block-size to both blksums (default: their 64 KiB)")
+    ap.add_argument("--timeout", type=float, default=1800,
+                    help="seconds before a command is killed (default %(default)s)")
+    a = ap.parse_args()
+
+    only = [c.strip() for o in a.only for c in o.split(",") if c.strip()]
+    if a.lib:
+        only.append("lib")
+    for c in only:
+        if c not in ALL_CASES:
+            ap.error(f"unknown case '{c}' (cases: {', '.join(ALL_CASES)})")
+    cases = [c for c in ALL_CASES if c in only] if only else CASES
+    a.lib = "lib" in cases
+    if a.runs is None:
+        a.runs = 1 if a.quick else 5
+    if a.runs < 1:
+        ap.error("--runs must be at least 1")
+    if a.lib_seconds is None:
+        a.lib_seconds = 1 if a.quick else 3
+    if a.lib_seconds < 1:
+        ap.error("--lib-seconds must be at least 1")
+
+    report = Report()
+    bench = Bench(a, report)
+    bench.header()
+    ok = bench.build()
+    try:
+        if ok:
+            for c in cases:
+                getattr(bench, f"case_{c}")()
+    except KeyboardInterrupt:
+        report.problem("INTERRUPTED")
+    if report.targets:
+        report("## Targets")
+        report()
+        for section, status, text in report.targets:
+            report(f"- [{status}] {section}: {text}")
+        report()
+    if report.problems:
+        report("## Problems")
+        report()
+        for p in report.problems:
+            report(f"- **!!! {p}**" if p.startswith("MISMATCH") else f"- **{p}**")
+        report()
+    if a.out:
+        report.write(a.out)
+        log(f"report written to {a.out}")
+    return 1 if report.problems or not ok else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

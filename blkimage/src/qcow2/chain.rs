@@ -1,0 +1,163 @@
+//! Opening a qcow2 file with what it refers to: its external data file and
+//! its backing chain (qcow2 or raw images, to a bounded depth, without loops).
+
+use super::header::Header;
+use super::storage::{ImageFile, Storage};
+use super::{Qcow2, invalid, probe, unsupported};
+use crate::raw::RawFile;
+use crate::source::Source;
+use crate::{Format, OpenOptions};
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The deepest backing chain opened: the top image and 63 backing images.
+/// (QEMU itself sets no fixed limit; a chain this deep is a mistake or an attack.)
+pub const MAX_CHAIN_DEPTH: usize = 64;
+
+/// `name` (from the image at `base`) as a path: relative names resolve
+/// against the directory of `base`, as QEMU does.
+fn resolve(base: &Path, name: &[u8]) -> PathBuf {
+    let name = Path::new(OsStr::from_bytes(name));
+    if name.is_absolute() {
+        name.to_path_buf()
+    } else {
+        base.parent().unwrap_or(Path::new("")).join(name)
+    }
+}
+
+fn show(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+/// Open the qcow2 image in `file` (at `path`, already probed) with its data
+/// file and backing chain. `chain` holds the canonical paths of the images
+/// above it, for loop detection and the depth limit.
+pub(crate) fn open_file(
+    file: RawFile,
+    path: &Path,
+    opts: &OpenOptions,
+    chain: &mut Vec<PathBuf>,
+) -> io::Result<Qcow2> {
+    let file: Arc<dyn Storage> = Arc::new(ImageFile::new(file, path)?);
+    let header = Header::parse(&*file)?;
+
+    let data: Option<Arc<dyn Storage>> = if header.external_data {
+        let name = header
+            .data_file
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| invalid("external data file bit set, but no data file named".into()))?;
+        if opts.no_backing {
+            return Err(unsupported(format!(
+                "the image uses the external data file '{}' (files an image refers to are refused)",
+                show(name)
+            )));
+        }
+        let p = resolve(path, name);
+        let ctx = |e: io::Error| {
+            io::Error::new(
+                e.kind(),
+                format!("qcow2: external data file '{}': {e}", p.display()),
+            )
+        };
+        let ft = std::fs::metadata(&p).map_err(ctx)?.file_type();
+        if !(ft.is_file() || ft.is_block_device()) {
+            return Err(ctx(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file or block device",
+            )));
+        }
+        let raw = RawFile::open(&p, !opts.cache).map_err(ctx)?;
+        Some(Arc::new(ImageFile::new(raw, &p).map_err(ctx)?))
+    } else {
+        None
+    };
+
+    let backing = match &header.backing_file {
+        None => None,
+        Some(name) => {
+            if opts.no_backing {
+                return Err(unsupported(format!(
+                    "the image has the backing file '{}' (backing files are refused)",
+                    show(name)
+                )));
+            }
+            let p = resolve(path, name);
+            Some(open_backing(
+                &p,
+                header.backing_format.as_deref(),
+                opts,
+                chain,
+            )?)
+        }
+    };
+    Qcow2::new(header, file, data, backing)
+}
+
+fn open_backing(
+    path: &Path,
+    format: Option<&str>,
+    opts: &OpenOptions,
+    chain: &mut Vec<PathBuf>,
+) -> io::Result<Box<dyn Source>> {
+    let ctx = |e: io::Error| {
+        io::Error::new(
+            e.kind(),
+            format!("qcow2: backing file '{}': {e}", path.display()),
+        )
+    };
+    let canon = std::fs::canonicalize(path).map_err(ctx)?;
+    let ft = std::fs::metadata(&canon).map_err(ctx)?.file_type();
+    if ft.is_dir() {
+        return Err(ctx(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "is a directory",
+        )));
+    }
+    if !ft.is_file() {
+        return Err(ctx(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    if chain.contains(&canon) {
+        return Err(invalid(format!(
+            "backing chain loops: '{}' is its own backing file",
+            canon.display()
+        )));
+    }
+    if chain.len() >= MAX_CHAIN_DEPTH {
+        return Err(invalid(format!(
+            "backing chain deeper than {MAX_CHAIN_DEPTH} images"
+        )));
+    }
+    let format = match format {
+        None => None,
+        Some("qcow2") => Some(Format::Qcow2),
+        Some("raw") => Some(Format::Raw),
+        Some(f) => {
+            return Err(ctx(unsupported(format!(
+                "backing format '{f}' is not supported (qcow2 or raw)"
+            ))));
+        }
+    };
+    let file = RawFile::open(path, !opts.cache).map_err(ctx)?;
+    let is_qcow2 = match format {
+        Some(Format::Raw) => false,
+        _ => probe(&file)?,
+    };
+    if !is_qcow2 {
+        if format == Some(Format::Qcow2) {
+            return Err(ctx(invalid("not a qcow2 image".into())));
+        }
+        return Ok(Box::new(file));
+    }
+    chain.push(canon);
+    let image = open_file(file, path, opts, chain);
+    chain.pop();
+    Ok(Box::new(image?))
+}

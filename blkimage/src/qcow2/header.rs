@@ -1,0 +1,409 @@
+//! The qcow2 header and its extensions, parsed and validated.
+//!
+//! Everything the reader relies on is checked here, with overflow-checked
+//! arithmetic, so the mapping code can trust the geometry: the cluster size,
+//! the L1 table's place and size, and the virtual size it covers.
+
+use super::storage::Storage;
+use super::{invalid, unsupported};
+use std::io;
+
+/// "QFI\xfb".
+pub const MAGIC: [u8; 4] = *b"QFI\xfb";
+
+/// QEMU's limit on the active L1 table: 32 MiB.
+pub const MAX_L1_BYTES: u64 = 32 << 20;
+
+pub const MIN_CLUSTER_BITS: u32 = 9;
+pub const MAX_CLUSTER_BITS: u32 = 21;
+
+/// Incompatible feature bits.
+const INCOMPAT_DIRTY: u64 = 1 << 0;
+const INCOMPAT_CORRUPT: u64 = 1 << 1;
+const INCOMPAT_DATA_FILE: u64 = 1 << 2;
+const INCOMPAT_COMPRESSION: u64 = 1 << 3;
+const INCOMPAT_EXTL2: u64 = 1 << 4;
+const INCOMPAT_KNOWN: u64 =
+    INCOMPAT_DIRTY | INCOMPAT_CORRUPT | INCOMPAT_DATA_FILE | INCOMPAT_COMPRESSION | INCOMPAT_EXTL2;
+
+/// Autoclear bit: the external data file is a consistent raw image.
+const AUTOCLEAR_DATA_FILE_RAW: u64 = 1 << 1;
+
+/// Header extension types.
+const EXT_END: u32 = 0;
+const EXT_BACKING_FORMAT: u32 = 0xe279_2aca;
+const EXT_FEATURE_NAMES: u32 = 0x6803_f857;
+const EXT_DATA_FILE: u32 = 0x4441_5441;
+
+const V2_HEADER_LEN: u32 = 72;
+const V3_HEADER_LEN: u32 = 104;
+
+/// How compressed clusters are compressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    /// Raw deflate (the default).
+    Zlib,
+    Zstd,
+}
+
+/// What the reader needs from the header, validated.
+#[derive(Clone, Debug)]
+pub struct Header {
+    pub version: u32,
+    pub cluster_bits: u32,
+    /// Virtual size in bytes.
+    pub size: u64,
+    pub l1_size: u32,
+    pub l1_offset: u64,
+    pub compression: Compression,
+    pub extended_l2: bool,
+    pub external_data: bool,
+    pub data_file_raw: bool,
+    pub dirty: bool,
+    pub nb_snapshots: u32,
+    /// The backing file name, as stored (not resolved); `None` without one.
+    pub backing_file: Option<Vec<u8>>,
+    /// From the backing format extension.
+    pub backing_format: Option<String>,
+    /// From the external data file name extension.
+    pub data_file: Option<Vec<u8>>,
+}
+
+/// True if `head` (the first bytes of a file) start a qcow2 header of version 2 or later.
+pub fn probe(head: &[u8]) -> bool {
+    head.len() >= 8 && head[..4] == MAGIC && be32(head, 4) >= 2
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl Header {
+    pub fn cluster_size(&self) -> u64 {
+        1 << self.cluster_bits
+    }
+
+    /// log2 of the number of entries in an L2 table.
+    pub fn l2_bits(&self) -> u32 {
+        self.cluster_bits - if self.extended_l2 { 4 } else { 3 }
+    }
+
+    /// Read and validate the header of the image in `file`.
+    pub fn parse(file: &dyn Storage) -> io::Result<Header> {
+        let file_len = file.len();
+        if file_len < u64::from(V2_HEADER_LEN) {
+            return Err(invalid(format!(
+                "file too short for a header ({file_len} bytes)"
+            )));
+        }
+        let mut fixed = [0u8; V3_HEADER_LEN as usize];
+        let fixed_len = file_len.min(V3_HEADER_LEN.into()) as usize;
+        file.read_exact_at(&mut fixed[..fixed_len], 0)?;
+        if fixed[..4] != MAGIC {
+            return Err(invalid("not a qcow2 image (bad magic)".into()));
+        }
+        let version = be32(&fixed, 4);
+        if !(2..=3).contains(&version) {
+            return Err(unsupported(format!("unsupported version {version}")));
+        }
+        if version == 3 && file_len < u64::from(V3_HEADER_LEN) {
+            return Err(invalid(format!(
+                "file too short for a version 3 header ({file_len} bytes)"
+            )));
+        }
+        let cluster_bits = be32(&fixed, 20);
+        if !(MIN_CLUSTER_BITS..=MAX_CLUSTER_BITS).contains(&cluster_bits) {
+            return Err(invalid(format!(
+                "cluster_bits {cluster_bits} out of range ({MIN_CLUSTER_BITS} to {MAX_CLUSTER_BITS})"
+            )));
+        }
+        let cluster_size = 1u64 << cluster_bits;
+
+        let crypt_method = be32(&fixed, 32);
+        match crypt_method {
+            0 => {}
+            1 => {
+                return Err(unsupported(
+                    "encrypted images (AES) are not supported".into(),
+                ));
+            }
+            2 => {
+                return Err(unsupported(
+                    "encrypted images (LUKS) are not supported".into(),
+                ));
+            }
+            m => return Err(unsupported(format!("unknown encryption method {m}"))),
+        }
+
+        let (header_len, incompatible, autoclear, refcount_order) = if version == 2 {
+            (V2_HEADER_LEN, 0, 0, 4)
+        } else {
+            (
+                be32(&fixed, 100),
+                be64(&fixed, 72),
+                be64(&fixed, 88),
+                be32(&fixed, 96),
+            )
+        };
+        if version == 3 && (header_len < V3_HEADER_LEN || header_len % 8 != 0) {
+            return Err(invalid(format!(
+                "header_length {header_len} is not a multiple of 8 of at least {V3_HEADER_LEN}"
+            )));
+        }
+        if u64::from(header_len) > cluster_size {
+            return Err(invalid(format!(
+                "header_length {header_len} exceeds the cluster size {cluster_size}"
+            )));
+        }
+        if refcount_order > 6 {
+            return Err(invalid(format!(
+                "refcount_order {refcount_order} exceeds 6"
+            )));
+        }
+
+        // The first cluster holds the header, its extensions and the
+        // backing file name: read it (or the whole file if shorter).
+        let first_len = file_len.min(cluster_size) as usize;
+        if (header_len as usize) > first_len {
+            return Err(invalid(format!(
+                "file too short for its header_length {header_len}"
+            )));
+        }
+        let mut first = vec![0u8; first_len];
+        file.read_exact_at(&mut first, 0)?;
+
+        let backing_offset = be64(&first, 8);
+        let backing_len = be32(&first, 16);
+        let size = be64(&first, 24);
+        let l1_size = be32(&first, 36);
+        let l1_offset = be64(&first, 40);
+        let refcount_table_offset = be64(&first, 48);
+        let nb_snapshots = be32(&first, 60);
+        let snapshots_offset = be64(&first, 64);
+
+        // Extensions come first so that unknown-feature errors can name the feature.
+        let ext_end = if backing_offset != 0 {
+            backing_offset.min(first_len as u64) as usize
+        } else {
+            first_len
+        };
+        let exts = parse_extensions(&first, header_len as usize, ext_end)?;
+
+        if incompatible & INCOMPAT_CORRUPT != 0 {
+            return Err(unsupported(
+                "the image is marked corrupt (repair it with qemu-img check -r all)".into(),
+            ));
+        }
+        let unknown = incompatible & !INCOMPAT_KNOWN;
+        if unknown != 0 {
+            let names: Vec<String> = (0..64)
+                .filter(|b| unknown & (1 << b) != 0)
+                .map(|b| match exts.feature_name(0, b) {
+                    Some(n) => format!("bit {b} ({n})"),
+                    None => format!("bit {b}"),
+                })
+                .collect();
+            return Err(unsupported(format!(
+                "unknown incompatible features: {}",
+                names.join(", ")
+            )));
+        }
+        let external_data = incompatible & INCOMPAT_DATA_FILE != 0;
+        let extended_l2 = incompatible & INCOMPAT_EXTL2 != 0;
+        if extended_l2 && cluster_bits < 14 {
+            return Err(invalid(format!(
+                "extended L2 entries need clusters of at least 16 KiB, not {cluster_size} bytes"
+            )));
+        }
+
+        let compression_type = if header_len > V3_HEADER_LEN {
+            first[104]
+        } else {
+            0
+        };
+        let compression = if incompatible & INCOMPAT_COMPRESSION != 0 {
+            match compression_type {
+                0 => {
+                    return Err(invalid(
+                        "compression type bit set with the zlib compression type".into(),
+                    ));
+                }
+                1 => Compression::Zstd,
+                t => return Err(unsupported(format!("unknown compression type {t}"))),
+            }
+        } else if compression_type != 0 {
+            return Err(invalid(format!(
+                "compression type {compression_type} without the compression type bit"
+            )));
+        } else {
+            Compression::Zlib
+        };
+
+        let aligned = |o: u64| o & (cluster_size - 1) == 0;
+        if !aligned(l1_offset) {
+            return Err(invalid(format!(
+                "L1 table offset {l1_offset:#x} is not aligned to the cluster size"
+            )));
+        }
+        if !aligned(refcount_table_offset) {
+            return Err(invalid(format!(
+                "refcount table offset {refcount_table_offset:#x} is not aligned to the cluster size"
+            )));
+        }
+        if nb_snapshots != 0 && !aligned(snapshots_offset) {
+            return Err(invalid(format!(
+                "snapshot table offset {snapshots_offset:#x} is not aligned to the cluster size"
+            )));
+        }
+
+        // The L1 table: QEMU's limit, inside the file, and covering the size.
+        let l1_bytes = u64::from(l1_size) * 8;
+        if l1_bytes > MAX_L1_BYTES {
+            return Err(invalid(format!(
+                "L1 table of {l1_size} entries is larger than QEMU allows (32 MiB)"
+            )));
+        }
+        if l1_size > 0 {
+            if l1_offset == 0 {
+                return Err(invalid("L1 table at offset 0 overlaps the header".into()));
+            }
+            match l1_offset.checked_add(l1_bytes) {
+                Some(end) if end <= file_len => {}
+                _ => {
+                    return Err(invalid(format!(
+                        "L1 table at offset {l1_offset:#x} ({l1_size} entries) is beyond the end of the file"
+                    )));
+                }
+            }
+        }
+        let l2_bits = cluster_bits - if extended_l2 { 4 } else { 3 };
+        let l1_coverage = 1u128 << (cluster_bits + l2_bits);
+        if u128::from(size) > u128::from(l1_size) * l1_coverage {
+            return Err(invalid(format!(
+                "L1 table of {l1_size} entries is too small for the virtual size {size}"
+            )));
+        }
+
+        // The backing file name: at most 1023 bytes, inside the first cluster.
+        let backing_file = if backing_offset != 0 {
+            if backing_len > 1023 {
+                return Err(invalid(format!(
+                    "backing file name too long ({backing_len} bytes)"
+                )));
+            }
+            let end = backing_offset
+                .checked_add(backing_len.into())
+                .filter(|&e| e <= first_len as u64)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "backing file name at offset {backing_offset:#x} is outside the first cluster or the file"
+                    ))
+                })?;
+            let name = &first[backing_offset as usize..end as usize];
+            // As QEMU, which keeps it as a C string: a NUL ends the name.
+            let name = name.split(|&b| b == 0).next().unwrap_or_default();
+            (!name.is_empty()).then(|| name.to_vec())
+        } else {
+            None
+        };
+
+        let data_file_raw = external_data && autoclear & AUTOCLEAR_DATA_FILE_RAW != 0;
+        if data_file_raw && backing_file.is_some() {
+            return Err(invalid(
+                "a raw external data file (data_file_raw) conflicts with a backing file".into(),
+            ));
+        }
+
+        Ok(Header {
+            version,
+            cluster_bits,
+            size,
+            l1_size,
+            l1_offset,
+            compression,
+            extended_l2,
+            external_data,
+            data_file_raw,
+            dirty: incompatible & INCOMPAT_DIRTY != 0,
+            nb_snapshots,
+            backing_file,
+            backing_format: exts.backing_format,
+            data_file: external_data.then_some(exts.data_file).flatten(),
+        })
+    }
+}
+
+#[derive(Default)]
+struct Extensions {
+    backing_format: Option<String>,
+    data_file: Option<Vec<u8>>,
+    /// (type, bit, name) of the feature name table.
+    feature_names: Vec<(u8, u8, String)>,
+}
+
+impl Extensions {
+    fn feature_name(&self, kind: u8, bit: u8) -> Option<&str> {
+        self.feature_names
+            .iter()
+            .find(|(k, b, _)| *k == kind && *b == bit)
+            .map(|(_, _, n)| n.as_str())
+    }
+}
+
+/// The header extensions in `first[start..end]`.
+fn parse_extensions(first: &[u8], start: usize, end: usize) -> io::Result<Extensions> {
+    let mut exts = Extensions::default();
+    let mut at = start;
+    // Each extension takes at least 8 bytes: this ends.
+    while at + 8 <= end {
+        let kind = be32(first, at);
+        let len = be32(first, at + 4) as usize;
+        if kind == EXT_END {
+            break;
+        }
+        let data_start = at + 8;
+        let data_end = data_start
+            .checked_add(len)
+            .filter(|&e| e <= end)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "header extension {kind:#x} at offset {at:#x} ({len} bytes) overruns the header area"
+                ))
+            })?;
+        let data = &first[data_start..data_end];
+        match kind {
+            EXT_BACKING_FORMAT => {
+                if exts.backing_format.is_some() {
+                    return Err(invalid("two backing format extensions".into()));
+                }
+                let name = String::from_utf8_lossy(data);
+                exts.backing_format = Some(name.trim_end_matches('\0').to_string());
+            }
+            EXT_DATA_FILE => {
+                if exts.data_file.is_some() {
+                    return Err(invalid("two external data file name extensions".into()));
+                }
+                let name = data.split(|&b| b == 0).next().unwrap_or_default();
+                exts.data_file = Some(name.to_vec());
+            }
+            EXT_FEATURE_NAMES => {
+                for entry in data.chunks_exact(48) {
+                    let name = &entry[2..];
+                    let name = name.split(|&b| b == 0).next().unwrap_or_default();
+                    exts.feature_names.push((
+                        entry[0],
+                        entry[1],
+                        String::from_utf8_lossy(name).into_owned(),
+                    ));
+                }
+            }
+            _ => {}
+        }
+        at = data_start + len.next_multiple_of(8);
+    }
+    Ok(exts)
+}

@@ -1,0 +1,293 @@
+//! qcow2 images (versions 2 and 3), read natively.
+//!
+//! Supported: clusters of 512 B to 2 MiB; zero clusters (with or without a
+//! preallocated offset); compressed clusters (zlib or zstd), inflated in
+//! [`Source::read_at`], so on the reader's threads; extended L2 entries
+//! (subclusters); external data files (with or without `data_file_raw`);
+//! backing chains of qcow2 or raw images. Internal snapshots are ignored:
+//! the active layer is what is read. The dirty bit is ignored (reading does
+//! not need the refcounts).
+//!
+//! Refused with a message: encryption (AES, LUKS), unknown incompatible
+//! features, the corrupt bit. Every offset taken from the image is checked
+//! (alignment, inside the file, no overflow) before use, memory stays
+//! bounded (L2 tables go through a bounded cache; the L1 table is at most 32
+//! MiB, as QEMU allows, and inside the file), and every loop advances.
+
+mod chain;
+mod compressed;
+mod header;
+mod l2cache;
+mod mapping;
+mod storage;
+
+pub use chain::MAX_CHAIN_DEPTH;
+pub use header::{Compression, Header};
+pub use storage::{ImageFile, Storage};
+
+use crate::source::{Extent, ExtentKind, Source};
+use mapping::{Map, Mapper};
+use std::io;
+use std::sync::Arc;
+
+pub(crate) use chain::open_file;
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("qcow2: {msg}"))
+}
+
+fn unsupported(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, format!("qcow2: {msg}"))
+}
+
+/// True if `file` starts with a qcow2 header (the magic and version 2 or later).
+pub fn probe(file: &dyn Source) -> io::Result<bool> {
+    let mut head = [0u8; 8];
+    if file.size() < head.len() as u64 {
+        return Ok(false);
+    }
+    file.read_at(&mut head, 0)?;
+    Ok(header::probe(&head))
+}
+
+/// Extents calls that load an L2 table or ask the backing image: at most
+/// this many per call (once something was found), to keep calls short.
+const MAX_WORK_PER_EXTENTS: usize = 64;
+
+/// A qcow2 image, as a [`Source`].
+pub struct Qcow2 {
+    header: Header,
+    file: Arc<dyn Storage>,
+    /// The external data file, if any.
+    data: Option<Arc<dyn Storage>>,
+    mapper: Mapper,
+    backing: Option<Box<dyn Source>>,
+}
+
+impl Qcow2 {
+    /// A qcow2 image in `file` that refers to no other file: an image with a
+    /// backing file or an external data file is an error. For images in
+    /// memory (tests, fuzzing); [`crate::open`] opens files and their chains.
+    pub fn from_storage(file: Arc<dyn Storage>) -> io::Result<Qcow2> {
+        let header = Header::parse(&*file)?;
+        if header.backing_file.is_some() {
+            return Err(unsupported("the image has a backing file".into()));
+        }
+        if header.external_data {
+            return Err(unsupported("the image has an external data file".into()));
+        }
+        Qcow2::new(header, file, None, None)
+    }
+
+    /// An image from its validated header, its file, its data file (if
+    /// the header asks for one) and its backing image.
+    fn new(
+        header: Header,
+        file: Arc<dyn Storage>,
+        data: Option<Arc<dyn Storage>>,
+        backing: Option<Box<dyn Source>>,
+    ) -> io::Result<Qcow2> {
+        let data_len = data.as_ref().map_or(file.len(), |d| d.len());
+        let mapper = Mapper::new(&header, &*file, data_len)?;
+        Ok(Qcow2 {
+            header,
+            file,
+            data,
+            mapper,
+            backing,
+        })
+    }
+
+    /// The validated header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The backing image, if any.
+    pub fn backing(&self) -> Option<&dyn Source> {
+        self.backing.as_deref()
+    }
+
+    fn data_file(&self) -> &dyn Storage {
+        match &self.data {
+            Some(d) => &**d,
+            None => &*self.file,
+        }
+    }
+
+    fn backing_size(&self) -> u64 {
+        self.backing.as_ref().map_or(0, |b| b.size())
+    }
+
+    /// Bytes of the backing image (zeros past its end, or without one).
+    fn read_backing(&self, out: &mut [u8], g: u64) -> io::Result<()> {
+        let blen = match &self.backing {
+            Some(b) if g < b.size() => {
+                let blen = (out.len() as u64).min(b.size() - g) as usize;
+                b.read_at(&mut out[..blen], g)?;
+                blen
+            }
+            _ => 0,
+        };
+        out[blen..].fill(0);
+        Ok(())
+    }
+
+    fn read_compressed(
+        &self,
+        out: &mut [u8],
+        g: u64,
+        host: u64,
+        len: u64,
+        cluster: u64,
+    ) -> io::Result<()> {
+        let cs = self.header.cluster_size() as usize;
+        // At most two clusters (the descriptor's sector count is bounded).
+        let mut input = vec![0u8; len as usize];
+        self.file.read_exact_at(&mut input, host)?;
+        let at = (g - cluster) as usize;
+        let err = |e: io::Error| {
+            io::Error::new(
+                e.kind(),
+                format!("{e} (host offset {host:#x}, guest offset {cluster:#x})"),
+            )
+        };
+        if at == 0 && out.len() == cs {
+            return compressed::decompress(self.header.compression, &input, out).map_err(err);
+        }
+        let mut whole = vec![0u8; cs];
+        compressed::decompress(self.header.compression, &input, &mut whole).map_err(err)?;
+        out.copy_from_slice(&whole[at..at + out.len()]);
+        Ok(())
+    }
+}
+
+/// Extents, merged by kind.
+struct Extents(Vec<Extent>);
+
+impl Extents {
+    fn push(&mut self, offset: u64, len: u64, kind: ExtentKind) {
+        if let Some(last) = self.0.last_mut()
+            && last.kind == kind
+            && last.end() == offset
+        {
+            last.len += len;
+            return;
+        }
+        self.0.push(Extent { offset, len, kind });
+    }
+}
+
+impl Source for Qcow2 {
+    fn format(&self) -> &str {
+        "qcow2"
+    }
+
+    fn size(&self) -> u64 {
+        self.header.size
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        let end = offset.saturating_add(len);
+        let mut out = Extents(Vec::new());
+        let mut pos = offset;
+        let mut work = 0;
+        let mut last_l1 = None;
+        // Stop once the first extent is complete (a different kind follows),
+        // or enough work was done: callers come back for the rest.
+        while pos < end && out.0.len() < 2 {
+            if !out.0.is_empty() && work >= MAX_WORK_PER_EXTENTS {
+                break;
+            }
+            if self.mapper.has_table(pos) && last_l1 != Some(self.mapper.l1_index(pos)) {
+                last_l1 = Some(self.mapper.l1_index(pos));
+                work += 1;
+            }
+            let (map, mut n) = self.mapper.map(&*self.file, pos, end - pos)?;
+            match map {
+                Map::Data { .. } | Map::Compressed { .. } => out.push(pos, n, ExtentKind::Data),
+                Map::Zero => out.push(pos, n, ExtentKind::Zero),
+                Map::Unallocated => {
+                    // Take the whole unallocated run, then ask the backing once.
+                    while pos + n < end && work < MAX_WORK_PER_EXTENTS {
+                        let next = pos + n;
+                        if self.mapper.has_table(next)
+                            && last_l1 != Some(self.mapper.l1_index(next))
+                        {
+                            last_l1 = Some(self.mapper.l1_index(next));
+                            work += 1;
+                        }
+                        match self.mapper.map(&*self.file, next, end - next)? {
+                            (Map::Unallocated, m) => n += m,
+                            _ => break,
+                        }
+                    }
+                    let bsize = self.backing_size();
+                    match &self.backing {
+                        Some(b) if pos < bsize => {
+                            work += 1;
+                            let blen = n.min(bsize - pos);
+                            let mut p = pos;
+                            for e in b.extents(pos, blen)? {
+                                if e.offset != p || e.len == 0 || e.end() > pos + blen {
+                                    return Err(io::Error::other(format!(
+                                        "backing image returned a bad extent {e:?} at offset {p}"
+                                    )));
+                                }
+                                out.push(e.offset, e.len, e.kind);
+                                p = e.end();
+                            }
+                            if p == pos {
+                                return Err(io::Error::other(format!(
+                                    "backing image returned no extent at offset {pos}"
+                                )));
+                            }
+                            if p < pos + blen {
+                                break; // the backing gave a prefix: come back for the rest
+                            }
+                            if blen < n {
+                                // Past the end of a shorter backing: zeros.
+                                out.push(pos + blen, n - blen, ExtentKind::Hole);
+                            }
+                        }
+                        _ => out.push(pos, n, ExtentKind::Hole),
+                    }
+                }
+            }
+            pos += n;
+        }
+        Ok(out.0)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let g = offset
+                .checked_add(done as u64)
+                .ok_or_else(|| invalid("read past the largest offset".into()))?;
+            let (map, n) = self.mapper.map(&*self.file, g, (buf.len() - done) as u64)?;
+            let out = &mut buf[done..done + n as usize];
+            match map {
+                Map::Data { host } => self.data_file().read_exact_at(out, host)?,
+                Map::Zero => out.fill(0),
+                Map::Unallocated => self.read_backing(out, g)?,
+                Map::Compressed { host, len, cluster } => {
+                    self.read_compressed(out, g, host, len, cluster)?
+                }
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+
+    fn finish(&self) -> io::Result<()> {
+        self.file.finish()?;
+        if let Some(d) = &self.data {
+            d.finish()?;
+        }
+        if let Some(b) = &self.backing {
+            b.finish()?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,59 @@
+//! A qcow2 image in memory (no backing file, no data file): open it, walk
+//! its extents, read some of its data. Errors are fine; panics, hangs and
+//! unbounded allocations are not.
+
+#![no_main]
+
+use blkimage::{ExtentKind, Qcow2, Source};
+use libfuzzer_sys::fuzz_target;
+use std::sync::Arc;
+
+/// Bytes read per input, at most.
+const READ_BUDGET: u64 = 4 << 20;
+/// extents() calls per input, at most.
+const EXTENT_CALLS: usize = 2000;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(q) = Qcow2::from_storage(Arc::new(data.to_vec())) else {
+        return;
+    };
+    let size = q.size();
+    let mut buf = vec![0u8; 256 << 10];
+    let mut budget = READ_BUDGET;
+    let mut pos = 0u64;
+    for _ in 0..EXTENT_CALLS {
+        if pos >= size {
+            break;
+        }
+        let Ok(exts) = q.extents(pos, size - pos) else {
+            break;
+        };
+        // The Source contract: a non-empty, contiguous prefix.
+        assert!(!exts.is_empty());
+        let mut p = pos;
+        for e in &exts {
+            assert_eq!(e.offset, p);
+            assert!(e.len > 0);
+            p = e.end();
+        }
+        assert!(p <= size);
+        let e = exts[0];
+        if e.kind == ExtentKind::Data && budget > 0 {
+            let n = e.len.min(buf.len() as u64).min(budget);
+            budget -= n;
+            // An odd start inside the extent, too.
+            let _ = q.read_at(&mut buf[..n as usize], e.offset);
+            if n > 1 {
+                let _ = q.read_at(&mut buf[..(n / 2) as usize], e.offset + n / 3);
+            }
+        }
+        pos = e.end();
+    }
+    // Reads ignore extents: any range must work or fail cleanly.
+    if size > 0 {
+        let n = size.min(4096) as usize;
+        let _ = q.read_at(&mut buf[..n], size - n as u64);
+        let _ = q.read_at(&mut buf[..n], size / 2 - (size / 2).min(n as u64 / 2));
+    }
+    let _ = q.finish();
+});

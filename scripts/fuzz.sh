@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Run each fuzz target for SECONDS (default 60): scripts/fuzz.sh [SECONDS]
+# Needs a nightly toolchain (rustup toolchain install nightly) and
+# cargo-fuzz (installed here if missing). Seeds come from qemu-img when it
+# is installed (scripts/setup.sh installs it). Crashes land in
+# fuzz/artifacts/TARGET/ and make this script fail.
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+
+seconds=${1:-60}
+targets=(qcow2)
+
+# cargo fuzz needs nightly flags (sanitizers); without a nightly toolchain,
+# let the stable compiler accept them.
+toolchain=(+nightly)
+if ! cargo +nightly --version >/dev/null 2>&1; then
+    toolchain=()
+    export RUSTC_BOOTSTRAP=1
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    cargo install --locked cargo-fuzz
+fi
+
+# Small valid images as seeds (512-byte clusters keep them a few KiB).
+seeds() {
+    local dir=$1 tmp
+    command -v qemu-img >/dev/null && command -v qemu-io >/dev/null || return 0
+    tmp=$(mktemp -d)
+    local n=0
+    add() { # NAME CREATE-OPTIONS
+        local img=$tmp/$1.qcow2
+        qemu-img create -q -f qcow2 -o "$2" "$img" 256k
+        qemu-io -f qcow2 -c 'write -P 0x11 0 3k' -c 'write -z 8k 2k' \
+            -c 'write -P 0x22 100k 1k' "$img" >/dev/null
+        cp "$img" "$dir/seed-$1"
+        n=$((n + 1))
+    }
+    add v2 compat=0.10,cluster_size=512
+    add v3 compat=1.1,cluster_size=512
+    add v3-4k cluster_size=4k
+    add extl2 extended_l2=on,cluster_size=16k
+    qemu-img create -q -f raw "$tmp/src.raw" 64k
+    qemu-io -f raw -c 'write -P 0x33 0 6k' -c 'write -P 0x44 10k 1k' "$tmp/src.raw" >/dev/null
+    for ct in zlib zstd; do
+        qemu-img convert -c -O qcow2 -o "compression_type=$ct,cluster_size=512" \
+            "$tmp/src.raw" "$dir/seed-compressed-$ct"
+    done
+    rm -rf "$tmp"
+}
+
+for t in "${targets[@]}"; do
+    corpus=corpus/$t
+    mkdir -p "$corpus"
+    if [ -z "$(ls -A "$corpus")" ]; then
+        seeds "$corpus"
+    fi
+    cargo "${toolchain[@]}" fuzz run -O "$t" "$corpus" -- \
+        -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10
+done
