@@ -10,10 +10,14 @@ targets from our issue with PASS/FAIL.
     python3 bench/run.py --quick         # small images, one run: smoke test
     python3 bench/run.py --only random,zero --runs 3
     python3 bench/run.py --lib           # library benchmark only
+    python3 bench/run.py --only qcow2,compressed
 
 Environment:
     BLKSUM_REF          the reference blksum binary (rows skipped if unset)
     BLKHASH_BENCH_REF   the reference blkhash-bench binary (for --lib)
+
+The qcow2 cases need qemu-img (images are converted from raw ones) and the
+mkimage binary of the workspace (target/release/mkimage).
 
 Python 3 standard library only.
 """
@@ -37,10 +41,11 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASE = ROOT / "target" / "release"
+MKIMAGE = RELEASE / "mkimage"
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
-CASES = ["speed", "random", "holes", "zero", "empty", "lib"]
+CASES = ["speed", "random", "holes", "zero", "empty", "qcow2", "compressed", "lib"]
 ALL_CASES = CASES
 
 
@@ -238,7 +243,7 @@ def image_ok(kind, path, size):
     if st.st_size != size:
         return False
     a = allocated(st)
-    if kind in ("random", "zero"):
+    if kind in ("random", "zero", "text"):
         return a >= size
     if kind == "holes":
         return 0.4 * size <= a <= 0.7 * size
@@ -252,7 +257,7 @@ def make_image(kind, path, size, report):
     if image_ok(kind, path, size):
         log(f"reusing {path}")
         return path
-    need = {"random": size, "zero": size, "holes": size // 2, "empty": 0}[kind]
+    need = {"random": size, "zero": size, "text": size, "holes": size // 2, "empty": 0}[kind]
     free = shutil.disk_usage(path.parent).free
     if need + GiB // 4 > free:
         report.problem(f"FAILED: not enough space in {path.parent} for {path.name} "
@@ -260,6 +265,9 @@ def make_image(kind, path, size, report):
         return None
     log(f"making {path} ({kind}, {human(size)})")
     tmp = path.with_name(path.name + ".tmp")
+    if kind == "text":
+        # Compressible text lines: our mkimage's recipe `SIZE:t`.
+        return make_with([str(MKIMAGE), f"{short(size)}:t", str(tmp)], tmp, path, report)
     try:
         with open(tmp, "wb") as f:
             if kind == "random":
@@ -290,6 +298,104 @@ def make_image(kind, path, size, report):
     return path
 
 
+def make_with(argv, tmp, path, report, timeout=3600):
+    """Run argv, which writes tmp; fsync it and rename it to path."""
+    try:
+        tmp.unlink()
+    except FileNotFoundError:
+        pass
+    log(" ".join(argv))
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, timeout=timeout)
+        err, rc = p.stderr, p.returncode
+    except OSError as e:
+        err, rc = str(e), 127
+    except subprocess.TimeoutExpired:
+        err, rc = f"killed after {timeout} s", -9
+    if rc == 0:
+        try:
+            # Written back now, not while the commands are timed.
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+            log(f"made {path} in {time.perf_counter() - t0:.1f} s")
+            return path
+        except OSError as e:
+            err, rc = str(e), 1
+    last = [l for l in err.strip().splitlines() if l.strip()]
+    report.problem(f"FAILED: cannot make {path}: `{' '.join(argv)}`: exit {rc}: "
+                   f"{last[-1] if last else ''}"[:300])
+    try:
+        tmp.unlink()
+    except OSError:
+        pass
+    return None
+
+
+def qemu_img_info(path):
+    """`qemu-img info` of a file as a dict, or None."""
+    try:
+        p = subprocess.run(["qemu-img", "info", "--output=json", "-U", str(path)],
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        return json.loads(p.stdout) if p.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def qcow2_ok(path, src, size, compression):
+    """A qcow2 image converted from src, newer than src, as expected."""
+    try:
+        st, sst = os.stat(path), os.stat(src)
+    except FileNotFoundError:
+        return False
+    if st.st_mtime_ns < sst.st_mtime_ns:
+        return False
+    info = qemu_img_info(path)
+    if not info or info.get("format") != "qcow2" or info.get("virtual-size") != size \
+            or info.get("cluster-size") != 64 * KiB:
+        return False
+    data = info.get("format-specific", {}).get("data", {})
+    if compression:
+        # Text compresses to a small fraction; an uncompressed copy would not.
+        return data.get("compression-type", "zlib") == compression and allocated(st) < size // 2
+    # Half of the clusters allocated, like the raw image.
+    return 0.4 * size <= allocated(st) <= 0.7 * size
+
+
+def make_qcow2(src, path, size, compression, report):
+    """qemu-img convert src (raw) to path (qcow2, 64 KiB clusters), compressed with
+    compression ("zlib", "zstd") or not (None); reused when present and newer than src."""
+    if qcow2_ok(path, src, size, compression):
+        log(f"reusing {path}")
+        return path
+    need = size // 4 if compression else size // 2
+    free = shutil.disk_usage(path.parent).free
+    if need + GiB // 4 > free:
+        report.problem(f"FAILED: not enough space in {path.parent} for {path.name} "
+                       f"({human(need)} needed, {free / GiB:.1f} GiB free)")
+        return None
+    argv = ["qemu-img", "convert", "-f", "raw", "-O", "qcow2"]
+    if compression:
+        argv.append("-c")
+        if compression != "zlib":  # the default
+            argv += ["-o", f"compression_type={compression}"]
+    tmp = path.with_name(path.name + ".tmp")
+    log(f"making {path} ({compression or 'uncompressed'} qcow2 of {src.name}); "
+        f"this can take a minute")
+    if not make_with(argv + [str(src), str(tmp)], tmp, path, report):
+        return None
+    if not qcow2_ok(path, src, size, compression):
+        report.problem(f"FAILED: {path} is not as expected after `{' '.join(argv)}` "
+                       f"(qemu-img info: {qemu_img_info(path)})"[:500])
+        return None
+    return path
+
+
 # ---------------------------------------------------------------- the cases
 
 
@@ -311,21 +417,26 @@ class Bench:
 
     # -- commands
 
-    def ours(self, digest, img, cache=True):
+    def ours(self, digest, img, cache=True, label=None, threads=None):
+        """label: the image in the command's name ("qcow2"); threads: -t, shown in the
+        name (default: --threads, not shown)."""
         argv = [self.blksum, "-d", digest]
         if cache:
             argv.append("--cache")
         if self.a.block_size:
             argv += ["--block-size", short(self.a.block_size)]
-        if self.a.threads:
-            argv += ["-t", str(self.a.threads)]
+        if threads or self.a.threads:
+            argv += ["-t", str(threads or self.a.threads)]
         if self.a.read_size:
             argv += ["--read-size", short(self.a.read_size)]
         argv.append(str(img))
         mode = "cache" if cache else "direct"
-        return Cmd(f"blksum {digest} ({mode})", argv, ours=True, key=(digest, self.bs()))
+        if threads:
+            mode += f", -t {threads}"
+        what = f"{digest} {label}" if label else digest
+        return Cmd(f"blksum {what} ({mode})", argv, ours=True, key=(digest, self.bs()))
 
-    def reference(self, digest, img, cache=True):
+    def reference(self, digest, img, cache=True, label=None):
         if not self.ref:
             return None
         argv = [self.ref, "-d", digest]
@@ -339,7 +450,8 @@ class Bench:
             argv += ["-t", str(self.a.threads)]
         argv.append(str(img))
         mode = "-c" if cache else "direct"
-        return Cmd(f"ref {digest} ({mode})", argv, key=(digest, self.bs()))
+        what = f"{digest} {label}" if label else digest
+        return Cmd(f"ref {what} ({mode})", argv, key=(digest, self.bs()))
 
     def bs(self):
         return self.a.block_size or 64 * KiB
@@ -372,7 +484,19 @@ class Bench:
     def image(self, kind, size):
         d = Path(self.a.dir)
         d.mkdir(parents=True, exist_ok=True)
+        if kind == "text" and not MKIMAGE.exists():
+            self.r.problem(f"FAILED: {MKIMAGE} missing (cargo build --release)")
+            return None
         return make_image(kind, d / f"{kind}-{short(size)}.img", size, self.r)
+
+    def qcow2_image(self, src, size, compression=None):
+        """A qcow2 copy of the raw image src: src's name with .qcow2 (uncompressed) or
+        .zlib.qcow2, .zstd.qcow2."""
+        if not shutil.which("qemu-img"):
+            self.r.problem("FAILED: qemu-img not found: the qcow2 images cannot be made")
+            return None
+        ext = f".{compression}.qcow2" if compression else ".qcow2"
+        return make_qcow2(src, src.with_suffix(ext), size, compression, self.r)
 
     def header(self):
         r = self.r
@@ -407,6 +531,13 @@ class Bench:
             r(f"- Reference blkhash-bench: "
               f"{self.bench_ref or 'not set (BLKHASH_BENCH_REF): column skipped'}")
         r(f"- b3sum: {self.b3sum or 'missing: `cargo install b3sum`; rows skipped'}")
+        if {"qcow2", "compressed"} & set(self.a.cases):
+            qi = shutil.which("qemu-img")
+            ver = ""
+            if qi:
+                out = subprocess.run([qi, "--version"], capture_output=True, text=True).stdout
+                ver = f" ({out.splitlines()[0]})" if out.strip() else ""
+            r(f"- qemu-img: {qi or 'missing: qcow2 cases fail'}{ver}")
         mode = "quick (smoke test, numbers meaningless)" if self.a.quick else "full"
         r(f"- Mode: {mode}; {self.a.runs} run(s) per command, alternating; median shown; "
           f"images in {self.a.dir}; page cache warmed; `--cache`/`-c` unless marked direct")
@@ -670,6 +801,94 @@ class Bench:
         self.memory_target(s, cmds)
         self.r()
 
+    # -- qcow2 cases
+
+    def case_qcow2(self):
+        size = 64 * MiB if self.a.quick else 2 * GiB
+        self.r(f"## qcow2, half allocated ({human(size)}: the half data, half holes image "
+               f"converted with `qemu-img convert -O qcow2`, 64 KiB clusters)")
+        self.r()
+        raw = self.image("holes", size)
+        if not raw:
+            return
+        img = self.qcow2_image(raw, size)
+        if not img:
+            return
+        warm(raw)
+        warm(img)
+        c = {
+            "ours_raw": self.ours("sha256", raw, label="raw"),
+            "ours": self.ours("sha256", img, label="qcow2"),
+            "ref": self.reference("sha256", img, label="qcow2"),
+        }
+        cmds = [x for x in c.values() if x]
+        run_case(cmds, self.a.runs, self.a.timeout)
+        s = "qcow2"
+        self.results(s, cmds, size)
+        self.ratios([(c["ref"], c["ours"]), (c["ours"], c["ours_raw"])])
+        self.ratio_target(s, c, "ref", "ours", "≥", 2,
+                          "sha256: blksum ≥ 2× the reference on the qcow2 image")
+        self.ratio_target(s, c, "ours", "ours_raw", "≤", 1.2,
+                          "sha256: blksum time on the qcow2 image ≤ 1.2× on the raw image")
+        self.memory_target(s, cmds)
+        self.r()
+
+    def case_compressed(self):
+        size = 64 * MiB if self.a.quick else 2 * GiB
+        self.r(f"## Compressed qcow2 ({human(size)} of text lines, mkimage `{short(size)}:t`, "
+               f"converted with `qemu-img convert -c -O qcow2`, zlib and zstd)")
+        self.r()
+        raw = self.image("text", size)
+        if not raw:
+            return
+        imgs = {}
+        for comp in ("zlib", "zstd"):
+            imgs[comp] = self.qcow2_image(raw, size, comp)
+        if not all(imgs.values()):
+            return
+        for path in [raw, *imgs.values()]:
+            warm(path)
+        c = {"ours_raw": self.ours("sha256", raw, label="raw")}
+        # Decompression scaling: -t 1 against -t 2 (reads and decompression run on the
+        # digest workers). The command with the default thread count is reused for the
+        # one with the same count.
+        scaling = (1, 2)
+        for comp, img in imgs.items():
+            main_t = self.threads if self.threads in scaling else None
+            c[f"ours_{comp}"] = self.ours("sha256", img, label=comp, threads=main_t)
+            c[f"ref_{comp}"] = self.reference("sha256", img, label=comp)
+            for t in scaling:
+                c[f"{comp}_t{t}"] = (c[f"ours_{comp}"] if t == main_t else
+                                     self.ours("sha256", img, label=comp, threads=t))
+        cmds = []
+        for x in c.values():
+            if x and x not in cmds:
+                cmds.append(x)
+        run_case(cmds, self.a.runs, self.a.timeout)
+        s = "compressed"
+        self.results(s, cmds, size)
+        pairs = []
+        for comp in imgs:
+            pairs += [(c[f"ref_{comp}"], c[f"ours_{comp}"]), (c[f"ours_{comp}"], c["ours_raw"]),
+                      (c[f"{comp}_t1"], c[f"{comp}_t2"])]
+        self.ratios(pairs)
+        speedups = []
+        for comp in imgs:
+            t1, t2 = c[f"{comp}_t1"], c[f"{comp}_t2"]
+            if t1.failed or t2.failed:
+                speedups.append(f"{comp}: a command failed")
+            else:
+                speedups.append(f"{comp} {t1.median / t2.median:.2f}x "
+                                f"({t1.median:.3f} s / {t2.median:.3f} s)")
+        self.r("Decompression scaling, speedup t1/t2 (median time with `-t 1` / with `-t 2`; "
+               f"2.00x is linear; {self.cores} cores): " + "; ".join(speedups))
+        self.r()
+        for comp in imgs:
+            self.ratio_target(s, c, f"ref_{comp}", f"ours_{comp}", "≥", 1.5,
+                              f"sha256: blksum ≥ 1.5× the reference on the {comp} image")
+        self.memory_target(s, cmds)
+        self.r()
+
     # -- library benchmark
 
     def case_lib(self):
@@ -767,6 +986,7 @@ def main():
         if c not in ALL_CASES:
             ap.error(f"unknown case '{c}' (cases: {', '.join(ALL_CASES)})")
     cases = [c for c in ALL_CASES if c in only] if only else CASES
+    a.cases = cases
     a.lib = "lib" in cases
     if a.runs is None:
         a.runs = 1 if a.quick else 5

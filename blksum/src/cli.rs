@@ -63,6 +63,57 @@ pub struct Args {
     /// Show progress on standard error (bytes, rate, time left).
     #[arg(short, long)]
     pub progress: bool,
+
+    /// Hash up to N inputs at once; output stays in argument order
+    /// [default: 1: each input already uses every core, so more only helps
+    /// inputs that wait on I/O, like many small files or slow servers].
+    #[arg(short, long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub jobs: u16,
+
+    /// Write BSD-style lines that name the digest and block size:
+    /// "blkhash/DIGEST[/BLOCK] (NAME) = HEX". --check of such a file needs
+    /// no options.
+    #[arg(long, conflicts_with_all = ["check", "json"])]
+    pub tag: bool,
+
+    /// Write one JSON document for the run: per input its name, format,
+    /// virtual size, digest, block size, checksum, and data, zero and
+    /// unallocated bytes (or its error).
+    #[arg(long, conflicts_with = "check")]
+    pub json: bool,
+
+    /// Read checksum lines from the FILEs (or standard input) and check the
+    /// images they name. Untagged lines use --digest and --block-size.
+    #[arg(short, long)]
+    pub check: bool,
+
+    /// With --check: don't print OK for each verified image.
+    #[arg(long, requires = "check")]
+    pub quiet: bool,
+
+    /// With --check: print nothing; the exit status tells.
+    #[arg(long, requires = "check")]
+    pub status: bool,
+
+    /// With --check: warn about improperly formatted checksum lines.
+    #[arg(short, long, requires = "check")]
+    pub warn: bool,
+
+    /// With --check: fail for improperly formatted checksum lines.
+    #[arg(long, requires = "check")]
+    pub strict: bool,
+
+    /// With --check: don't fail or report status for missing images.
+    #[arg(long, requires = "check")]
+    pub ignore_missing: bool,
+
+    /// Print a shell completion script and exit.
+    #[arg(long, value_name = "SHELL", exclusive = true)]
+    pub completions: Option<clap_complete::Shell>,
+
+    /// Print the manual page (roff) and exit.
+    #[arg(long, exclusive = true)]
+    pub man: bool,
 }
 
 fn parse_format(s: &str) -> Result<blkimage::Format, String> {

@@ -1,135 +1,53 @@
 //! blksum: wires inputs to the blkhash construction and prints checksums.
+//! No format or protocol logic lives here: that is blkimage's.
 
+mod check;
 mod cli;
+mod hashing;
+mod lines;
 mod output;
+mod report;
 
-use blkhash::{Checksum, Hasher, Options};
-use blkimage::{AlignedBuf, Fill, Input, OpenOptions, Sink, Source};
-use clap::Parser;
-use indicatif::{ProgressBar, ProgressStyle};
-use std::io::{self, Write};
+use clap::{CommandFactory, Parser};
+use hashing::{Hashing, Progress, Report};
+use std::collections::BTreeMap;
+use std::io::{self, BufReader, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-/// The reader's sink: the hasher, taking buffers without copying them.
-struct HashSink(Hasher<AlignedBuf>);
-
-impl Sink for HashSink {
-    fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
-        self.0.submit_with(len, fill)
-    }
-    fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
-        self.0.submit(buf);
-        Ok(())
-    }
-    fn zeros(&mut self, len: u64) -> io::Result<()> {
-        self.0.update_zeros(len);
-        Ok(())
-    }
-    fn reclaim(&mut self) -> Option<AlignedBuf> {
-        self.0.reclaim()
-    }
-    fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
-        self.0.reclaim_wait()
-    }
-}
-
-struct Run {
-    hash: Options,
-    open: OpenOptions,
-    read_size: usize,
-    progress: bool,
-    cancel: Arc<AtomicBool>,
-}
-
-impl Run {
-    fn checksum(&self, name: &str) -> io::Result<Checksum> {
-        let input = blkimage::open(name, &self.open)?;
-        let mut sink = HashSink(Hasher::with_buffers(self.hash.clone()).map_err(io::Error::other)?);
-        let bar = self.progress_bar(name, &input);
-        let mut progress = |n| bar.inc(n);
-        let checksum = match input {
-            Input::Image(src) => {
-                let src: Arc<dyn Source> = Arc::from(src);
-                blkimage::read_image(
-                    src.clone(),
-                    &mut sink,
-                    self.read_size,
-                    &self.cancel,
-                    &mut progress,
-                )?;
-                let checksum = sink.0.try_finalize()?;
-                // Only now are all reads done: is the image still what we read?
-                src.finish()?;
-                checksum
-            }
-            Input::Stream(mut r) => {
-                blkimage::read_stream(
-                    &mut r,
-                    &mut sink,
-                    self.read_size,
-                    &self.cancel,
-                    &mut progress,
-                )?;
-                sink.0.try_finalize()?
-            }
-        };
-        bar.finish_and_clear();
-        Ok(checksum)
-    }
-
-    fn progress_bar(&self, name: &str, input: &Input) -> ProgressBar {
-        if !self.progress {
-            return ProgressBar::hidden();
-        }
-        let bar = match input {
-            Input::Image(src) => ProgressBar::new(src.size()).with_style(
-                ProgressStyle::with_template(
-                    "{prefix} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
-                )
-                .unwrap()
-                .progress_chars("=> "),
-            ),
-            Input::Stream(_) => ProgressBar::new_spinner().with_style(
-                ProgressStyle::with_template("{prefix} {spinner} {bytes} {binary_bytes_per_sec}")
-                    .unwrap(),
-            ),
-        };
-        bar.with_prefix(name.to_string())
-    }
-}
-
-fn list_digests() {
-    for a in blkhash::ALGORITHMS {
-        println!("{a}");
-    }
-}
-
-/// Exit status for a run stopped by this signal, as a shell reports it.
-fn signal_status(sig: usize) -> u8 {
-    (128 + sig).min(255) as u8
+/// Why a run stopped early.
+enum Stop {
+    /// Ctrl-C or SIGTERM.
+    Signal,
+    /// Standard output is gone (a closed pipe): nothing more to say.
+    Output,
 }
 
 fn main() -> ExitCode {
     let args = cli::Args::parse();
     if args.list_digests {
-        list_digests();
+        for a in blkhash::ALGORITHMS {
+            println!("{a}");
+        }
         return ExitCode::SUCCESS;
     }
-    let threads = args
-        .threads
-        .map_or_else(blkhash::default_threads, usize::from);
-    let hash = Options::new()
-        .algorithm(args.digest)
-        .block_size(args.block_size)
-        .threads(threads)
-        .queue_depth(args.queue_depth.into());
-    // Whole blocks per read: reads then go to the digest workers as they are.
-    let read_size = args
-        .read_size
-        .unwrap_or(1 << 20)
-        .next_multiple_of(args.block_size);
+    if let Some(shell) = args.completions {
+        clap_complete::generate(
+            shell,
+            &mut cli::Args::command(),
+            "blksum",
+            &mut io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
+    if args.man {
+        let man = clap_mangen::Man::new(cli::Args::command());
+        return match man.render(&mut io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::FAILURE,
+        };
+    }
 
     // Ctrl-C and SIGTERM stop the run between reads; a second one kills at once.
     let cancel = Arc::new(AtomicBool::new(false));
@@ -140,43 +58,185 @@ fn main() -> ExitCode {
         let _ = signal_hook::flag::register_usize(sig, signal.clone(), sig as usize);
     }
 
-    let run = Run {
-        hash,
-        open: OpenOptions {
+    let hashing = Hashing {
+        open: blkimage::OpenOptions {
             cache: args.cache,
             format: args.format,
             no_backing: args.no_backing,
         },
-        read_size,
-        progress: args.progress,
+        threads: args
+            .threads
+            .map_or_else(blkhash::default_threads, usize::from),
+        queue_depth: args.queue_depth.into(),
+        read_size: args.read_size.unwrap_or(1 << 20),
         cancel: cancel.clone(),
+        progress: Progress::new(args.progress),
     };
     let files = if args.files.is_empty() {
         vec!["-".to_string()]
     } else {
-        args.files
+        args.files.clone()
     };
-    let mut status = ExitCode::SUCCESS;
-    let stdout = io::stdout();
-    for name in &files {
-        match run.checksum(name) {
-            Ok(sum) => {
-                let line = output::checksum_line(&sum.to_hex(), name);
-                let mut out = stdout.lock();
-                if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
-                    // Standard output is gone (a closed pipe): nothing more to say.
-                    return ExitCode::FAILURE;
-                }
+    let result = if args.check {
+        check_lists(&args, &hashing, &files)
+    } else {
+        hash_inputs(&args, &hashing, &files)
+    };
+    hashing.progress.finish();
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(Stop::Signal) => {
+            // As a shell reports a run killed by the signal.
+            ExitCode::from((128 + signal.load(Ordering::Relaxed)).min(255) as u8)
+        }
+        Err(Stop::Output) => ExitCode::FAILURE,
+    }
+}
+
+/// Hash every input, `--jobs` at a time, printing results in argument order.
+/// Ok(true) if every input was hashed.
+fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[String]) -> Result<bool, Stop> {
+    let (alg, bs) = (args.digest, args.block_size);
+    let mut all_ok = true;
+    let mut json = Vec::new();
+    let mut emit = |name: &str, result: io::Result<Report>| -> Result<(), Stop> {
+        if args.json {
+            json.push(report::input(name, &result));
+        }
+        match result {
+            Ok(r) if !args.json => {
+                let tag = args.tag.then_some((alg, bs));
+                let line = lines::format_line(&r.checksum.to_hex(), name, tag);
+                let mut out = io::stdout().lock();
+                writeln!(out, "{line}")
+                    .and_then(|_| out.flush())
+                    .map_err(|_| Stop::Output)?;
             }
-            Err(_) if cancel.load(Ordering::Relaxed) => {
+            Ok(_) => {}
+            Err(_) if hashing.cancel.load(Ordering::Relaxed) => {
                 eprintln!("blksum: {name}: interrupted");
-                return ExitCode::from(signal_status(signal.load(Ordering::Relaxed)));
+                return Err(Stop::Signal);
             }
             Err(e) => {
+                all_ok = false;
                 eprintln!("blksum: {name}: {}", output::reason(&e));
-                status = ExitCode::FAILURE;
+            }
+        }
+        Ok(())
+    };
+    in_order(
+        files,
+        args.jobs.into(),
+        |name| hashing.checksum(name, alg, bs),
+        &mut emit,
+    )?;
+    if args.json {
+        let doc = report::document(json);
+        let mut out = io::stdout().lock();
+        writeln!(out, "{doc:#}")
+            .and_then(|_| out.flush())
+            .map_err(|_| Stop::Output)?;
+    }
+    Ok(all_ok)
+}
+
+/// Run `work` on every item with up to `jobs` threads, and hand each result
+/// to `emit` in item order, as soon as all before it are emitted.
+fn in_order<T: Send>(
+    items: &[String],
+    jobs: usize,
+    work: impl Fn(&str) -> T + Sync,
+    emit: &mut dyn FnMut(&str, T) -> Result<(), Stop>,
+) -> Result<(), Stop> {
+    if jobs <= 1 {
+        for name in items {
+            emit(name, work(name))?;
+        }
+        return Ok(());
+    }
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..jobs.min(items.len()) {
+            let tx = tx.clone();
+            let (next, stop, work) = (&next, &stop, &work);
+            s.spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= items.len() || stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    if tx.send((i, work(&items[i]))).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let mut waiting = BTreeMap::new();
+        let mut first = 0;
+        for (i, result) in rx {
+            waiting.insert(i, result);
+            while let Some(result) = waiting.remove(&first) {
+                if let Err(e) = emit(&items[first], result) {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+                first += 1;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `--check`: verify every checksum file. Ok(true) if all verified.
+fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[String]) -> Result<bool, Stop> {
+    let opts = check::CheckOptions {
+        algorithm: args.digest,
+        block_size: args.block_size,
+        quiet: args.quiet,
+        status: args.status,
+        warn: args.warn,
+        strict: args.strict,
+        ignore_missing: args.ignore_missing,
+    };
+    let mut all_ok = true;
+    for list in lists {
+        let input: Box<dyn io::Read> = if list == "-" {
+            Box::new(io::stdin())
+        } else {
+            match std::fs::File::open(list) {
+                Ok(f) => Box::new(f),
+                Err(e) => {
+                    eprintln!("blksum: {list}: {}", output::reason(&e));
+                    all_ok = false;
+                    continue;
+                }
+            }
+        };
+        let mut compute = |name: &str, alg, bs| hashing.checksum(name, alg, bs).map(|r| r.checksum);
+        let result = check::check_file(
+            list,
+            &mut BufReader::new(input),
+            &opts,
+            &mut compute,
+            &mut io::stdout().lock(),
+            &mut io::stderr().lock(),
+        );
+        match result {
+            Ok(ok) => all_ok &= ok,
+            Err(_) if hashing.cancel.load(Ordering::Relaxed) => {
+                eprintln!("blksum: {list}: interrupted");
+                return Err(Stop::Signal);
+            }
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(Stop::Output),
+            Err(e) => {
+                eprintln!("blksum: {list}: {}", output::reason(&e));
+                all_ok = false;
             }
         }
     }
-    status
+    Ok(all_ok)
 }

@@ -1,0 +1,292 @@
+//! Verification workflows as a user runs them: --check round trips, changed
+//! and missing images, broken checksum files, --tag, --json, --jobs.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::Command;
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+}
+
+fn sums_file(dir: &Path, args: &[&str]) -> std::path::PathBuf {
+    let out = run(args, None);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let path = dir.join(format!("sums-{}", rand_suffix()));
+    write(&path, &stdout(&out));
+    path
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+#[test]
+fn round_trip_then_a_change_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = image(dir.path(), "a.img", "1m:r 1m:- 1m:t");
+    let qcow2 = dir.path().join("a.qcow2");
+    let st = Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "qcow2"])
+        .arg(&raw)
+        .arg(&qcow2)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let (pr, pq) = (raw.to_str().unwrap(), qcow2.to_str().unwrap());
+    let sums = sums_file(dir.path(), &[pr, pq]);
+    let ps = sums.to_str().unwrap();
+
+    let out = run(&["-c", ps], None);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), format!("{pr}: OK\n{pq}: OK\n"));
+
+    // A guest write, the way a user changes an image.
+    let st = Command::new("qemu-io")
+        .args(["-f", "qcow2", "-c", "write -P 0x42 1536k 4k"])
+        .arg(&qcow2)
+        .output()
+        .unwrap();
+    assert!(st.status.success());
+    let out = run(&["-c", ps], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stdout(&out), format!("{pr}: OK\n{pq}: FAILED\n"));
+    assert!(stderr(&out).contains("WARNING: 1 computed checksum did NOT match"));
+
+    let out = run(&["-c", "--quiet", ps], None);
+    assert_eq!(stdout(&out), format!("{pq}: FAILED\n"));
+    let out = run(&["-c", "--status", ps], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stdout(&out), "");
+    assert_eq!(stderr(&out), "");
+
+    // The checksum file from standard input.
+    let out = run(&["-c"], Some(&sums));
+    assert_eq!(stdout(&out), format!("{pr}: OK\n{pq}: FAILED\n"));
+}
+
+#[test]
+fn missing_images() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a.img", "64k:A");
+    let pa = a.to_str().unwrap();
+    let sums = sums_file(dir.path(), &[pa]);
+    let text = std::fs::read_to_string(&sums).unwrap();
+    let hex = text.split_whitespace().next().unwrap();
+    let gone = dir.path().join("gone.img");
+    let pg = gone.to_str().unwrap();
+    write(&sums, &format!("{text}{hex}  {pg}\n"));
+    let ps = sums.to_str().unwrap();
+    let out = run(&["-c", ps], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stdout(&out),
+        format!("{pa}: OK\n{pg}: FAILED open or read\n")
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("blksum: {pg}: No such file or directory")),
+        "{err}"
+    );
+    assert!(
+        err.contains("WARNING: 1 listed file could not be read"),
+        "{err}"
+    );
+
+    let out = run(&["-c", "--ignore-missing", ps], None);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), format!("{pa}: OK\n"));
+
+    write(&sums, &format!("{hex}  {pg}\n"));
+    let out = run(&["-c", "--ignore-missing", ps], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no file was verified"));
+}
+
+#[test]
+fn tagged_lines_carry_digest_and_block_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a.img", "1m:r 1m:-");
+    let pa = a.to_str().unwrap();
+    let out = run(&["--tag", "-d", "blake3", "--block-size", "4k", pa], None);
+    let line = stdout(&out);
+    assert!(
+        line.starts_with(&format!("blkhash/blake3/4k ({pa}) = ")),
+        "{line}"
+    );
+    let default = stdout(&run(&["--tag", pa], None));
+    assert!(
+        default.starts_with(&format!("blkhash/sha256 ({pa}) = ")),
+        "{default}"
+    );
+    // Checked with no options at all, mixed with an untagged sha256 line.
+    let untagged = stdout(&run(&[pa], None));
+    let sums = dir.path().join("sums");
+    write(&sums, &format!("{line}{default}{untagged}"));
+    let out = run(&["-c", sums.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), format!("{pa}: OK\n").repeat(3));
+    // An untagged line checked with the wrong digest fails.
+    let out = run(&["-c", "-d", "sha512-256", sums.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn broken_checksum_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a.img", "64k:A");
+    let pa = a.to_str().unwrap();
+    let good = stdout(&run(&[pa], None));
+    let sums = dir.path().join("sums");
+    let ps = sums.to_str().unwrap();
+
+    // Half garbage: the good line verifies, the rest is counted.
+    write(&sums, &format!("# a comment\n{good}not a line\n\n"));
+    let out = run(&["-c", ps], None);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("WARNING: 3 lines are improperly formatted"));
+    let out = run(&["-c", "--warn", ps], None);
+    assert!(stderr(&out).contains(&format!("{ps}: 1: improperly formatted")));
+    assert!(stderr(&out).contains(&format!("{ps}: 3: improperly formatted")));
+    let out = run(&["-c", "--strict", ps], None);
+    assert_eq!(out.status.code(), Some(1));
+
+    // All garbage.
+    write(&sums, "hello\nworld\n");
+    let out = run(&["-c", ps], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no properly formatted checksum lines found"));
+
+    // A disk image passed by mistake (as a reference user typing -c for
+    // --cache would): refused at once, not read to the end.
+    let big = dir.path().join("big.img");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len(64 << 30).unwrap();
+    let start = std::time::Instant::now();
+    let out = run(&["-c", big.to_str().unwrap()], None);
+    assert!(start.elapsed().as_secs() < 5);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("not a checksum file"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stdout(&out), "");
+}
+
+#[test]
+fn odd_names_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = [
+        "with space.img",
+        "back\\slash.img",
+        "new\nline.img",
+        "  lead.img",
+    ];
+    let paths: Vec<String> = names
+        .iter()
+        .map(|n| image(dir.path(), n, "4k:Z").to_str().unwrap().to_string())
+        .collect();
+    let args: Vec<&str> = paths.iter().map(|s| s.as_str()).collect();
+    for tag in [false, true] {
+        let mut a = args.clone();
+        if tag {
+            a.insert(0, "--tag");
+        }
+        let sums = sums_file(dir.path(), &a);
+        let out = run(&["-c", sums.to_str().unwrap()], None);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(stdout(&out).matches(": OK\n").count(), names.len());
+        // Escaped as coreutils does: a leading backslash, then \n for the newline.
+        let shown = stdout(&out);
+        assert!(
+            shown
+                .lines()
+                .any(|l| l.starts_with('\\') && l.ends_with("new\\nline.img: OK")),
+            "{shown}"
+        );
+    }
+}
+
+#[test]
+fn json_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a.img", "1m:r 2m:- 1m:0");
+    let pa = a.to_str().unwrap();
+    let missing = dir.path().join("missing.img");
+    let pm = missing.to_str().unwrap();
+    let out = run(&["--json", "-d", "blake3", pa, pm, "-"], Some(&a));
+    assert_eq!(out.status.code(), Some(1));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let inputs = doc["inputs"].as_array().unwrap();
+    assert_eq!(inputs.len(), 3);
+    let file = &inputs[0];
+    assert_eq!(file["name"], pa);
+    assert_eq!(file["format"], "raw");
+    assert_eq!(file["virtual_size"], 4 << 20);
+    assert_eq!(file["digest"], "blake3");
+    assert_eq!(file["block_size"], 65536);
+    assert_eq!(
+        file["data_bytes"],
+        2 << 20,
+        "the written zeros are data in a raw file"
+    );
+    assert_eq!(file["unallocated_bytes"], 2 << 20);
+    assert_eq!(file["zero_bytes"], 0);
+    let want = stdout(&run(&["-d", "blake3", pa], None));
+    assert_eq!(file["checksum"], want.split_whitespace().next().unwrap());
+    assert_eq!(inputs[1]["name"], pm);
+    assert_eq!(inputs[1]["error"], "No such file or directory");
+    assert_eq!(inputs[2]["format"], "stream");
+    assert_eq!(inputs[2]["data_bytes"], 4 << 20);
+}
+
+#[test]
+fn jobs_keep_order_and_checksums() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut paths = Vec::new();
+    for (i, recipe) in ["8m:r", "4k:A", "2m:t 6m:-", "64k:B", "1m:0", "3m:r"]
+        .iter()
+        .enumerate()
+    {
+        paths.push(
+            image(dir.path(), &format!("{i}.img"), recipe)
+                .to_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    paths.insert(2, dir.path().join("missing").to_str().unwrap().to_string());
+    let args: Vec<&str> = paths.iter().map(|s| s.as_str()).collect();
+    let one = run(&args, None);
+    for jobs in ["2", "4", "16"] {
+        let mut a = vec!["--jobs", jobs];
+        a.extend(&args);
+        let many = run(&a, None);
+        assert_eq!(stdout(&many), stdout(&one), "--jobs {jobs}");
+        assert_eq!(many.status.code(), Some(1));
+        assert_eq!(stderr(&many), stderr(&one));
+    }
+}
+
+#[test]
+fn man_page_and_completions() {
+    let out = run(&["--man"], None);
+    assert!(out.status.success());
+    assert!(
+        stdout(&out).contains(".TH blksum"),
+        "{}",
+        &stdout(&out)[..200]
+    );
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run(&["--completions", shell], None);
+        assert!(out.status.success(), "{shell}");
+        assert!(stdout(&out).contains("--block-size"), "{shell}");
+    }
+    let out = run(&["--completions", "bash", "x.img"], None);
+    assert_eq!(out.status.code(), Some(2));
+}
