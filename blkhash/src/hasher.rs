@@ -16,6 +16,9 @@ pub const MAX_THREADS: usize = 128;
 /// The default block size: 64 KiB.
 pub const DEFAULT_BLOCK_SIZE: usize = 64 << 10;
 
+/// Jobs in flight by default: with 1 MiB jobs, workers always find one
+/// queued, and memory stays at a few MiB.
+const DEFAULT_QUEUE_DEPTH: usize = 16;
 /// Bytes of data an internal staging buffer gathers before it becomes a job.
 const STAGING_SIZE: usize = 1 << 20;
 /// Bytes of repeated zero-block digests given to the outer digest per update:
@@ -89,7 +92,8 @@ impl Options {
         self.threads = n;
         self
     }
-    /// Jobs in flight before `update` waits for the oldest (default: 2 per thread).
+    /// Jobs queued or running before a call waits for half of them to
+    /// finish (default 16: enough that workers never wait for the caller).
     pub fn queue_depth(mut self, n: usize) -> Self {
         self.queue_depth = Some(n.max(1));
         self
@@ -221,7 +225,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
         alg.digest_into(&vec![0u8; bs], &mut zero_digest);
         let zero_run = zero_digest.repeat((ZERO_RUN_BYTES / out_len.max(1)).max(1));
         let staging_cap = (STAGING_SIZE / bs).max(1) * bs;
-        let max_in_flight = opts.queue_depth.unwrap_or(2 * opts.threads).max(2);
+        let max_in_flight = opts.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH).max(2);
         Ok(Hasher {
             alg,
             block_size: bs,
@@ -511,8 +515,13 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
     }
 
     fn send(&mut self, buf: JobBuf<B>, start: usize, end: usize) {
-        while self.in_flight >= self.max_in_flight {
-            self.collect(true);
+        if self.in_flight >= self.max_in_flight {
+            // Wait until half the queue is done, not just one job: the caller
+            // then wakes once per several jobs instead of once per job, which
+            // matters when the workers keep every core busy.
+            while self.in_flight > self.max_in_flight / 2 {
+                self.collect(true);
+            }
         }
         let seq = self.next_seq;
         self.next_seq += 1;

@@ -56,8 +56,8 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = parse_read_size)]
     pub read_size: Option<usize>,
 
-    /// Reads (and digest jobs) in flight.
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=128))]
+    /// Reads and digest jobs queued ahead of the digest workers.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=128))]
     pub queue_depth: u16,
 
     /// Show progress on standard error (bytes, rate, time left).
