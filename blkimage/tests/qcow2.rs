@@ -634,3 +634,86 @@ fn in_memory() {
     assert_eq!(read_by_extents(&q, 4096), d.expected("m.qcow2"));
     assert_eq!(q.header().cluster_bits, 16);
 }
+
+/// The bytes under an image, counting what is read.
+struct Counting {
+    bytes: Vec<u8>,
+    read: std::sync::atomic::AtomicU64,
+}
+
+impl blkimage::qcow2::Storage for Counting {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.bytes.read_exact_at(buf, offset)
+    }
+}
+
+/// Discards the bytes, running every read.
+struct Discard;
+
+impl blkimage::Sink for Discard {
+    fn read(&mut self, len: usize, fill: blkimage::Fill) -> io::Result<()> {
+        fill(&mut vec![0; len])
+    }
+    fn data(&mut self, _: blkimage::AlignedBuf) -> io::Result<()> {
+        Ok(())
+    }
+    fn zeros(&mut self, _: u64) -> io::Result<()> {
+        Ok(())
+    }
+    fn reclaim(&mut self) -> Option<blkimage::AlignedBuf> {
+        None
+    }
+    fn reclaim_wait(&mut self) -> Option<blkimage::AlignedBuf> {
+        None
+    }
+}
+
+#[test]
+fn zero_and_unallocated_ranges_are_never_read() {
+    let d = Dir::new();
+    // Every cluster allocated in the file (preallocation=full), then most of
+    // them zeroed: zero clusters that keep their host offsets. Reading the
+    // guest must not touch them.
+    d.img(&[
+        "create",
+        "-f",
+        "qcow2",
+        "-o",
+        "preallocation=full",
+        "p.qcow2",
+        "64m",
+    ]);
+    d.io(
+        "p.qcow2",
+        "qcow2",
+        &["write -P 7 0 64m", "write -z 0 40m", "write -P 9 62m 1m"],
+    );
+    let bytes = std::fs::read(d.path("p.qcow2")).unwrap();
+    assert!(bytes.len() >= 64 << 20, "preallocated");
+    let storage = Arc::new(Counting {
+        bytes,
+        read: Default::default(),
+    });
+    let src: Arc<dyn Source> = Arc::new(Qcow2::from_storage(storage.clone()).unwrap());
+    let stats = blkimage::read_image(
+        src,
+        &mut Discard,
+        1 << 20,
+        &std::sync::atomic::AtomicBool::new(false),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(stats.zero, 40 << 20);
+    assert_eq!(stats.data, 24 << 20);
+    let read = storage.read.load(std::sync::atomic::Ordering::Relaxed);
+    // The 24 MiB of data, plus the header and the tables (a few KiB).
+    assert!(
+        read >= 24 << 20 && read < (24 << 20) + (1 << 20),
+        "read {read} bytes"
+    );
+}
