@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
 seconds=${1:-60}
-targets=(qcow2)
+targets=(qcow2 nbd_reply blkmap)
 
 # cargo fuzz needs nightly flags (sanitizers); without a nightly toolchain,
 # let the stable compiler accept them.
@@ -48,11 +48,35 @@ seeds() {
     rm -rf "$tmp"
 }
 
+# Small block maps as seeds: of qemu-made images, written by blkmap
+# (built in the main workspace if needed).
+map_seeds() {
+    local dir=$1 tmp blkmap=../target/release/blkmap
+    command -v qemu-img >/dev/null && command -v qemu-io >/dev/null || return 0
+    if [ ! -x "$blkmap" ]; then
+        cargo build --release -p blktools --manifest-path ../Cargo.toml --bin blkmap
+    fi
+    tmp=$(mktemp -d)
+    qemu-img create -q -f qcow2 "$tmp/a.qcow2" 64k
+    qemu-io -f qcow2 -c 'write -P 0x11 0 3k' -c 'write -z 8k 2k' \
+        -c 'write -P 0x22 40k 1k' "$tmp/a.qcow2" >/dev/null
+    qemu-img create -q -f raw "$tmp/b.raw" 10000
+    qemu-io -f raw -c 'write -P 0x33 0 1k' "$tmp/b.raw" >/dev/null
+    "$blkmap" --block-size 512 "$tmp/a.qcow2" "$dir/seed-512" >/dev/null
+    "$blkmap" --block-size 4k -d blake3 "$tmp/a.qcow2" "$dir/seed-blake3" >/dev/null
+    "$blkmap" --block-size 512 -d md5 "$tmp/b.raw" "$dir/seed-short-last" >/dev/null
+    "$blkmap" "$tmp/b.raw" "$dir/seed-64k" >/dev/null
+    rm -rf "$tmp"
+}
+
 for t in "${targets[@]}"; do
     corpus=corpus/$t
     mkdir -p "$corpus"
     if [ -z "$(ls -A "$corpus")" ]; then
-        seeds "$corpus"
+        case $t in
+            blkmap) map_seeds "$corpus" ;;
+            *) seeds "$corpus" ;;
+        esac
     fi
     cargo "${toolchain[@]}" fuzz run -O "$t" "$corpus" -- \
         -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10

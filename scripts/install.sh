@@ -5,10 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 prefix=${1:-/usr/local}
-cargo build --release -p blksum
+cargo build --release -p blksum -p blktools
 bin=target/release/blksum
 
-install -D -m 755 "$bin" "$prefix/bin/blksum"
+for b in blksum blkmap blkdiff blksync; do
+    install -D -m 755 "target/release/$b" "$prefix/bin/$b"
+done
 mkdir -p "$prefix/share/man/man1" \
     "$prefix/share/bash-completion/completions" \
     "$prefix/share/zsh/site-functions" \
@@ -17,4 +19,4 @@ mkdir -p "$prefix/share/man/man1" \
 "$bin" --completions bash > "$prefix/share/bash-completion/completions/blksum"
 "$bin" --completions zsh > "$prefix/share/zsh/site-functions/_blksum"
 "$bin" --completions fish > "$prefix/share/fish/vendor_completions.d/blksum.fish"
-echo "installed $prefix/bin/blksum, its manual page and completions"
+echo "installed blksum (with its manual page and completions), blkmap, blkdiff, blksync in $prefix/bin"

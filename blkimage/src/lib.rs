@@ -10,6 +10,7 @@
 //! ```
 
 mod buffer;
+pub mod nbd;
 pub mod qcow2;
 mod raw;
 mod reader;
@@ -33,6 +34,9 @@ pub enum Format {
     Raw,
     /// qcow2 (versions 2 and 3); an error if the file is not qcow2.
     Qcow2,
+    /// Another format QEMU reads (a name from [`nbd::qemu::FORMATS`]):
+    /// served by a private qemu-nbd and read over NBD.
+    Qemu(&'static str),
 }
 
 impl std::str::FromStr for Format {
@@ -41,7 +45,13 @@ impl std::str::FromStr for Format {
         match s {
             "raw" => Ok(Format::Raw),
             "qcow2" => Ok(Format::Qcow2),
-            _ => Err(format!("unknown format '{s}' (raw or qcow2)")),
+            _ => match nbd::qemu::FORMATS.iter().find(|f| **f == s) {
+                Some(f) => Ok(Format::Qemu(f)),
+                None => Err(format!(
+                    "unknown format '{s}' (raw, qcow2, {})",
+                    nbd::qemu::FORMATS.join(", ")
+                )),
+            },
         }
     }
 }
@@ -57,6 +67,8 @@ pub struct OpenOptions {
     /// Refuse images that refer to other files: a qcow2 backing file or
     /// external data file (an untrusted image can name any host file).
     pub no_backing: bool,
+    /// NBD connections: timeout, connections, TLS certificates.
+    pub nbd: nbd::NbdOptions,
 }
 
 /// An opened input.
@@ -67,12 +79,23 @@ pub enum Input {
     Stream(Box<dyn Read + Send>),
 }
 
-/// Open `name`: `-` is standard input; a regular file or block device is an
-/// image (qcow2 or raw, probed unless `opts.format` says); a FIFO or
-/// character device is a stream (always its raw bytes).
+/// Open `name`: `-` is standard input; an NBD URL (`nbd://`, `nbd+unix://`,
+/// `nbds://`, `nbds+unix://`) is its export's raw bytes; a regular file or
+/// block device is an image (qcow2 or raw, or another format QEMU reads,
+/// probed unless `opts.format` says); a FIFO or character device is a
+/// stream (always its raw bytes).
 pub fn open(name: &str, opts: &OpenOptions) -> io::Result<Input> {
+    if nbd::is_url(name) {
+        if matches!(opts.format, Some(f) if f != Format::Raw) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an NBD export is read as raw bytes (only -f raw applies)",
+            ));
+        }
+        return Ok(Input::Image(Box::new(nbd::open_url(name, &opts.nbd)?)));
+    }
     let stream = |r: Box<dyn Read + Send>| {
-        if opts.format == Some(Format::Qcow2) {
+        if matches!(opts.format, Some(f) if f != Format::Raw) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "qcow2 needs random access, not a stream",
@@ -89,6 +112,19 @@ pub fn open(name: &str, opts: &OpenOptions) -> io::Result<Input> {
         return stream(Box::new(File::open(path)?));
     }
     let file = RawFile::open(path, !opts.cache)?;
+    let other = match opts.format {
+        Some(Format::Qemu(f)) => Some(f),
+        None if !ft.is_block_device() => {
+            nbd::probe_format(&File::open(path)?, std::fs::metadata(path)?.len())?
+        }
+        _ => None,
+    };
+    if let Some(f) = other {
+        drop(file);
+        return Ok(Input::Image(Box::new(nbd::QemuExport::open(
+            path, f, opts.cache, &opts.nbd,
+        )?)));
+    }
     let is_qcow2 = match opts.format {
         Some(Format::Raw) => false,
         _ => qcow2::probe(&file)?,

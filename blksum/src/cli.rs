@@ -34,9 +34,12 @@ pub struct Args {
     #[arg(short, long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS as i64))]
     pub threads: Option<u16>,
 
-    /// Image format: raw (the bytes as they are) or qcow2 [default: probed:
-    /// qcow2 if the file starts with the qcow2 magic and version 2 or later,
-    /// else raw]. Standard input and pipes are always raw.
+    /// Image format: raw (the bytes as they are), qcow2, or one QEMU reads
+    /// through a private qemu-nbd: vmdk, vdi, vhdx, vpc, qed, parallels, dmg,
+    /// qcow, bochs, cloop [default: probed from the magic bytes: qcow2 if the
+    /// file starts with the qcow2 magic and version 2 or later, one of the
+    /// others by its signature, else raw]. Standard input, pipes and NBD
+    /// URLs are always raw.
     #[arg(short, long, value_name = "FORMAT", value_parser = parse_format)]
     pub format: Option<blkimage::Format>,
 
@@ -52,6 +55,17 @@ pub struct Args {
     #[arg(long)]
     pub cache: bool,
 
+    /// NBD: seconds a server may stay silent, while a request waits, before
+    /// the input fails (also the connect timeout) [default: no limit].
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
+    pub timeout: Option<std::time::Duration>,
+
+    /// NBD over TLS (nbds://, nbds+unix://): the directory with ca-cert.pem,
+    /// and client-cert.pem and client-key.pem for a client certificate, when
+    /// the URL has no tls-certificates=DIR [default: the system's CAs].
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<std::path::PathBuf>,
+
     /// Bytes per read (suffixes k, m), rounded up to whole blocks [default: 1m].
     #[arg(long, value_name = "SIZE", value_parser = parse_read_size)]
     pub read_size: Option<usize>,
@@ -64,9 +78,9 @@ pub struct Args {
     #[arg(short, long)]
     pub progress: bool,
 
-    /// Hash up to N inputs at once; output stays in argument order
-    /// [default: 1: each input already uses every core, so more only helps
-    /// inputs that wait on I/O, like many small files or slow servers].
+    /// Hash up to N inputs at once; output stays in argument order. Each
+    /// input already uses every core: more jobs only help inputs that wait
+    /// on I/O, like many small files or slow servers.
     #[arg(short, long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub jobs: u16,
 
@@ -118,6 +132,15 @@ pub struct Args {
 
 fn parse_format(s: &str) -> Result<blkimage::Format, String> {
     s.parse()
+}
+
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t > 0.0 && t <= 1e6 => Ok(std::time::Duration::from_secs_f64(t)),
+        _ => Err(format!(
+            "timeout must be seconds from 0 to 1000000, not '{s}'"
+        )),
+    }
 }
 
 fn parse_digest(s: &str) -> Result<Algorithm, String> {

@@ -63,6 +63,11 @@ fn main() -> ExitCode {
             cache: args.cache,
             format: args.format,
             no_backing: args.no_backing,
+            nbd: blkimage::nbd::NbdOptions {
+                timeout: args.timeout,
+                tls_certificates: args.tls_certificates.clone(),
+                ..Default::default()
+            },
         },
         threads: args
             .threads

@@ -1,6 +1,7 @@
 //! Helpers shared by the command tests.
 #![allow(dead_code)]
 
+pub mod nbd;
 pub mod qemu;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,468 @@
+//! One NBD connection in the transmission phase: requests are sent by the
+//! calling threads, replies are read by a reader thread that dispatches them
+//! to their waiters by cookie, writing read data straight into the waiting
+//! caller's buffer. Many requests can be in flight at once.
+//!
+//! Any protocol violation, a dropped connection or a timeout kills the
+//! connection: every waiter gets the error, nothing hangs.
+
+use super::handshake::Export;
+use super::protocol::*;
+use super::transport::Split;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, BufRead, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A block status descriptor: its length and base:allocation flags.
+pub type Status = (u32, u32);
+
+enum Op {
+    Read {
+        /// The caller's buffer, valid until the request is done or the
+        /// connection is dead (the caller waits for one or the other).
+        ptr: *mut u8,
+        offset: u64,
+        len: u32,
+        /// Ranges covered by content chunks (start -> end).
+        covered: BTreeMap<u64, u64>,
+    },
+    Status {
+        offset: u64,
+        result: Option<Vec<Status>>,
+    },
+}
+
+// SAFETY: the pointer is only written by the reader thread while its owner
+// waits (see `Op::Read`).
+unsafe impl Send for Op {}
+
+struct Pending {
+    op: Op,
+    done: bool,
+    error: Option<String>,
+}
+
+struct State {
+    pending: HashMap<u64, Pending>,
+    /// Why the connection is gone, once it is.
+    dead: Option<(io::ErrorKind, String)>,
+    last_activity: Instant,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    cond: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A connection in transmission.
+pub struct Connection {
+    pub export: Export,
+    writer: Mutex<Box<dyn Write + Send>>,
+    shutdown: Arc<dyn Fn() + Send + Sync>,
+    shared: Arc<Shared>,
+    reader: Option<JoinHandle<()>>,
+    cookie: AtomicU64,
+}
+
+/// A request sent, to wait for.
+pub struct Ticket(u64);
+
+impl Connection {
+    /// Start the transmission phase on a negotiated transport.
+    pub fn new(split: Split, export: Export, timeout: Option<Duration>) -> Connection {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                pending: HashMap::new(),
+                dead: None,
+                last_activity: Instant::now(),
+            }),
+            cond: Condvar::new(),
+        });
+        let shutdown = split.shutdown.clone();
+        let reader = {
+            let shared = shared.clone();
+            let export = export.clone();
+            let mut r = split.reader;
+            let shutdown = split.shutdown.clone();
+            std::thread::Builder::new()
+                .name("nbd-reader".into())
+                .spawn(move || {
+                    let e = read_loop(&mut *r, &shared, &export, timeout)
+                        .err()
+                        .unwrap_or_else(|| io::Error::other("connection closed"));
+                    shutdown();
+                    let mut st = shared.lock();
+                    st.dead = Some((e.kind(), e.to_string()));
+                    drop(st);
+                    shared.cond.notify_all();
+                })
+                .expect("spawn the NBD reader thread")
+        };
+        Connection {
+            export,
+            writer: Mutex::new(split.writer),
+            shutdown,
+            shared,
+            reader: Some(reader),
+            cookie: AtomicU64::new(1),
+        }
+    }
+
+    fn send(&self, cookie: u64, op: Op, cmd: u16, offset: u64, len: u32) -> io::Result<Ticket> {
+        {
+            let mut st = self.shared.lock();
+            if let Some((kind, msg)) = &st.dead {
+                return Err(io::Error::new(*kind, msg.clone()));
+            }
+            st.last_activity = Instant::now();
+            st.pending.insert(
+                cookie,
+                Pending {
+                    op,
+                    done: false,
+                    error: None,
+                },
+            );
+        }
+        let req = request(cmd, 0, cookie, offset, len);
+        let sent = {
+            let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            w.write_all(&req).and_then(|_| w.flush())
+        };
+        if let Err(e) = sent {
+            // The reader may still hold this request: kill the connection,
+            // so that it gives every waiter up.
+            (self.shutdown)();
+            let _ = self.wait(Ticket(cookie));
+            return Err(e);
+        }
+        Ok(Ticket(cookie))
+    }
+
+    /// Send a read of `buf.len()` bytes at `offset` into `buf`.
+    ///
+    /// # Safety
+    /// `buf` must stay valid and untouched until [`Connection::wait`]
+    /// returns for the ticket (or this call fails).
+    pub unsafe fn start_read(&self, buf: &mut [u8], offset: u64) -> io::Result<Ticket> {
+        let cookie = self.cookie.fetch_add(1, Ordering::Relaxed);
+        let len = buf.len() as u32;
+        let op = Op::Read {
+            ptr: buf.as_mut_ptr(),
+            offset,
+            len,
+            covered: BTreeMap::new(),
+        };
+        self.send(cookie, op, CMD_READ, offset, len)
+    }
+
+    /// Block status of `[offset, offset + len)`: descriptors from `offset`.
+    pub fn block_status(&self, offset: u64, len: u32) -> io::Result<Vec<Status>> {
+        let cookie = self.cookie.fetch_add(1, Ordering::Relaxed);
+        let op = Op::Status {
+            offset,
+            result: None,
+        };
+        let t = self.send(cookie, op, CMD_BLOCK_STATUS, offset, len)?;
+        match self.wait(t)? {
+            Some(v) => Ok(v),
+            None => Err(malformed("block status without a status chunk")),
+        }
+    }
+
+    /// Wait for a request: its error, or block status descriptors.
+    pub fn wait(&self, t: Ticket) -> io::Result<Option<Vec<Status>>> {
+        let mut st = self.shared.lock();
+        loop {
+            if st.pending.get(&t.0).is_some_and(|p| p.done) {
+                let p = st.pending.remove(&t.0).unwrap();
+                if let Some(e) = p.error {
+                    return Err(io::Error::other(e));
+                }
+                return Ok(match p.op {
+                    Op::Status { result, .. } => result,
+                    Op::Read { .. } => None,
+                });
+            }
+            if let Some((kind, msg)) = &st.dead {
+                let e = io::Error::new(*kind, msg.clone());
+                st.pending.remove(&t.0);
+                return Err(e);
+            }
+            st = self.shared.cond.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // A clean goodbye if the connection is still healthy.
+        if self.shared.lock().dead.is_none() {
+            let req = request(CMD_DISC, 0, 0, 0, 0);
+            let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = w.write_all(&req).and_then(|_| w.flush());
+        }
+        (self.shutdown)();
+        if let Some(h) = self.reader.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+fn timed_out(timeout: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "the server did not answer for {} seconds",
+            timeout.as_secs_f64()
+        ),
+    )
+}
+
+/// Read replies until the connection fails (the error says why).
+fn read_loop(
+    r: &mut dyn BufRead,
+    shared: &Shared,
+    export: &Export,
+    timeout: Option<Duration>,
+) -> io::Result<()> {
+    loop {
+        // Wait for the next reply without consuming anything, so that an
+        // idle connection survives its read timeout.
+        match r.fill_buf() {
+            Ok([]) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the server closed the connection",
+                ));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if is_timeout(&e) => {
+                let st = shared.lock();
+                let limit = timeout.unwrap_or(Duration::MAX);
+                if st.pending.is_empty() || st.last_activity.elapsed() < limit {
+                    continue;
+                }
+                return Err(timed_out(limit));
+            }
+            Err(e) => return Err(e),
+        }
+        let header = read_reply_header(r, export.structured).map_err(|e| {
+            if is_timeout(&e) {
+                timed_out(timeout.unwrap_or_default())
+            } else {
+                e
+            }
+        })?;
+        shared.lock().last_activity = Instant::now();
+        handle_reply(r, shared, export, header).map_err(|e| {
+            if is_timeout(&e) {
+                timed_out(timeout.unwrap_or_default())
+            } else {
+                e
+            }
+        })?;
+        shared.cond.notify_all();
+    }
+}
+
+fn unknown_cookie(cookie: u64) -> io::Error {
+    malformed(format!("reply to unknown request {cookie}"))
+}
+
+/// Handle one reply (its header read), reading its payload.
+fn handle_reply(
+    r: &mut dyn BufRead,
+    shared: &Shared,
+    export: &Export,
+    header: ReplyHeader,
+) -> io::Result<()> {
+    let cookie = header.cookie();
+    // What the request is, copied out so the lock is not held while reading.
+    let (is_read, ptr, offset, len) = {
+        let st = shared.lock();
+        match st.pending.get(&cookie) {
+            Some(p) if !p.done => match &p.op {
+                Op::Read {
+                    ptr, offset, len, ..
+                } => (true, *ptr as usize, *offset, *len),
+                Op::Status { offset, .. } => (false, 0, *offset, 0),
+            },
+            _ => return Err(unknown_cookie(cookie)),
+        }
+    };
+    let finish = |error: Option<String>| {
+        let mut st = shared.lock();
+        if let Some(p) = st.pending.get_mut(&cookie) {
+            p.done = true;
+            if p.error.is_none() {
+                p.error = error;
+            }
+        }
+    };
+    match header {
+        ReplyHeader::Simple { error, .. } => {
+            if error != 0 {
+                finish(Some(error_name(error)));
+            } else if is_read {
+                if export.structured {
+                    return Err(malformed("simple reply to a read"));
+                }
+                // SAFETY: the waiter keeps `len` bytes at `ptr` valid (Op::Read).
+                let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len as usize) };
+                read_full(r, buf)?;
+                finish(None);
+            } else {
+                return Err(malformed("simple reply without error to block status"));
+            }
+        }
+        ReplyHeader::Chunk {
+            flags,
+            kind,
+            len: plen,
+            ..
+        } => {
+            let mut err = None;
+            if kind == REPLY_TYPE_OFFSET_DATA {
+                if !is_read {
+                    return Err(malformed("data chunk in a block status reply"));
+                }
+                if plen < 9 {
+                    return Err(malformed("short data chunk"));
+                }
+                let mut o = [0u8; 8];
+                read_full(r, &mut o)?;
+                let at = u64::from_be_bytes(o);
+                let n = plen - 8;
+                let rel = claim(shared, cookie, offset, len, at, n)?;
+                // SAFETY: as above; `claim` checked the range is inside the request.
+                let buf = unsafe {
+                    std::slice::from_raw_parts_mut((ptr as *mut u8).add(rel), n as usize)
+                };
+                read_full(r, buf)?;
+            } else {
+                match read_chunk(r, kind, plen)? {
+                    Chunk::None => {
+                        if flags & REPLY_FLAG_DONE == 0 {
+                            return Err(malformed("NONE chunk without the done flag"));
+                        }
+                    }
+                    Chunk::Hole { offset: at, len: n } => {
+                        if !is_read {
+                            return Err(malformed("hole chunk in a block status reply"));
+                        }
+                        let rel = claim(shared, cookie, offset, len, at, n)?;
+                        // SAFETY: as above.
+                        unsafe { std::ptr::write_bytes((ptr as *mut u8).add(rel), 0, n as usize) };
+                    }
+                    Chunk::BlockStatus { context, extents } => {
+                        if is_read {
+                            return Err(malformed("block status chunk in a read reply"));
+                        }
+                        if Some(context) != export.allocation {
+                            return Err(malformed(format!("unknown metadata context {context}")));
+                        }
+                        let mut st = shared.lock();
+                        let p = st.pending.get_mut(&cookie).unwrap();
+                        if let Op::Status { result, .. } = &mut p.op {
+                            if result.is_some() {
+                                return Err(malformed("two block status chunks"));
+                            }
+                            *result = Some(extents);
+                        }
+                    }
+                    Chunk::Error {
+                        code,
+                        message,
+                        offset: at,
+                    } => {
+                        let mut e = error_name(code);
+                        if let Some(at) = at {
+                            e = format!("{e} at offset {at}");
+                        }
+                        if !message.is_empty() {
+                            e = format!("{e}: {message}");
+                        }
+                        err = Some(e);
+                    }
+                }
+            }
+            if let Some(e) = err {
+                let mut st = shared.lock();
+                if let Some(p) = st.pending.get_mut(&cookie)
+                    && p.error.is_none()
+                {
+                    p.error = Some(e);
+                }
+            }
+            if flags & REPLY_FLAG_DONE != 0 {
+                let mut st = shared.lock();
+                let p = st.pending.get_mut(&cookie).unwrap();
+                if p.error.is_none()
+                    && let Op::Read { covered, .. } = &p.op
+                {
+                    let total: u64 = covered.iter().map(|(s, e)| e - s).sum();
+                    if total != len as u64 {
+                        return Err(malformed(format!(
+                            "read reply covers {total} of {len} bytes"
+                        )));
+                    }
+                }
+                p.done = true;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Record that a content chunk covers `[at, at + n)` of a read of `len`
+/// bytes at `offset`: it must lie inside the request and overlap nothing
+/// covered before. Returns its offset in the buffer.
+fn claim(
+    shared: &Shared,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+    at: u64,
+    n: u32,
+) -> io::Result<usize> {
+    let end = at
+        .checked_add(n as u64)
+        .ok_or_else(|| malformed("chunk offset overflows"))?;
+    if at < offset || end > offset + len as u64 {
+        return Err(malformed(format!(
+            "chunk [{at}, {end}) outside the request [{offset}, {})",
+            offset + len as u64
+        )));
+    }
+    let mut st = shared.lock();
+    let p = st
+        .pending
+        .get_mut(&cookie)
+        .ok_or_else(|| unknown_cookie(cookie))?;
+    if let Op::Read { covered, .. } = &mut p.op {
+        let before = covered.range(..end).next_back();
+        if before.is_some_and(|(_, &e)| e > at) {
+            return Err(malformed("overlapping chunks"));
+        }
+        covered.insert(at, end);
+    }
+    Ok((at - offset) as usize)
+}

@@ -1,0 +1,229 @@
+//! Image formats read through QEMU: a private `qemu-nbd --read-only` on a
+//! unix socket in a private temporary directory, read with the NBD client.
+//! The server is stopped (killed and waited for) and the directory removed
+//! when the export is dropped: after a checksum, an error or an interrupt.
+
+use super::source::{Nbd, NbdOptions};
+use super::url::{Address, NbdUrl};
+use crate::source::{Extent, Source};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The formats handed to qemu-nbd (QEMU's driver names).
+pub const FORMATS: &[&str] = &[
+    "vmdk",
+    "vdi",
+    "vhdx",
+    "vpc",
+    "qed",
+    "parallels",
+    "dmg",
+    "qcow",
+    "bochs",
+    "cloop",
+];
+
+/// How long qemu-nbd may take to listen.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn at(file: &File, offset: u64, n: usize) -> Option<Vec<u8>> {
+    let mut b = vec![0u8; n];
+    file.read_exact_at(&mut b, offset).ok()?;
+    Some(b)
+}
+
+/// The QEMU format of `file` from its magic bytes, if it is one of
+/// [`FORMATS`] (raw and qcow2 are not: blkimage reads those itself).
+/// LUKS is reported as "luks" (it needs a secret).
+pub fn probe_format(file: &File, size: u64) -> io::Result<Option<&'static str>> {
+    let head = at(file, 0, 512.min(size as usize)).unwrap_or_default();
+    let starts = |m: &[u8]| head.starts_with(m);
+    let fmt = if starts(b"KDMV") || starts(b"# Disk DescriptorFile") {
+        Some("vmdk")
+    } else if head.len() >= 0x44 && head[0x40..0x44] == [0x7f, 0x10, 0xda, 0xbe] {
+        Some("vdi")
+    } else if starts(b"vhdxfile") {
+        Some("vhdx")
+    } else if starts(b"conectix") {
+        Some("vpc")
+    } else if starts(b"QED\0") {
+        Some("qed")
+    } else if starts(b"WithoutFreeSpace") || starts(b"WithouFreSpacExt") {
+        Some("parallels")
+    } else if starts(b"LUKS\xba\xbe") {
+        Some("luks")
+    } else if starts(b"QFI\xfb") && head.get(4..8) == Some(&[0, 0, 0, 1]) {
+        Some("qcow")
+    } else if starts(b"Bochs Virtual HD Image") {
+        Some("bochs")
+    } else if starts(b"#!/bin/sh\n#V2.0 Format\n") {
+        Some("cloop")
+    } else if size >= 1024 && size.is_multiple_of(512) {
+        // Trailers: a fixed VHD's footer, a dmg's koly block.
+        match at(file, size - 512, 8).as_deref() {
+            Some(b"conectix") => Some("vpc"),
+            Some(t) if t.starts_with(b"koly") => Some("dmg"),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    Ok(fmt)
+}
+
+/// A running qemu-nbd and its private directory.
+struct Server {
+    child: Child,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(d) = self.dir.take() {
+            let _ = d.close();
+        }
+    }
+}
+
+/// An image served by a private qemu-nbd, as a [`Source`].
+pub struct QemuExport {
+    // Dropped in this order: disconnect, then stop the server.
+    nbd: Nbd,
+    _server: Server,
+}
+
+impl QemuExport {
+    /// Serve `path` in `format` with qemu-nbd and connect to it. `cache`:
+    /// qemu-nbd's --cache=writeback, else --cache=none (direct I/O).
+    pub fn open(
+        path: &Path,
+        format: &str,
+        cache: bool,
+        opts: &NbdOptions,
+    ) -> io::Result<QemuExport> {
+        if format == "luks" {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "LUKS images need a secret, which blksum cannot pass yet",
+            ));
+        }
+        let dir = tempfile::Builder::new().prefix("blksum-").tempdir()?;
+        let sock = dir.path().join("nbd.sock");
+        let log = dir.path().join("qemu-nbd.log");
+        let path = std::path::absolute(path)?;
+        let mut cmd = Command::new("qemu-nbd");
+        cmd.arg("--read-only")
+            .arg(format!("--format={format}"))
+            .arg(format!("--socket={}", sock.display()))
+            .arg(format!(
+                "--cache={}",
+                if cache { "writeback" } else { "none" }
+            ))
+            .arg(format!("--shared={}", opts.connections.max(1)))
+            .arg("--")
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log)?);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                // Not in our process group: a terminal's Ctrl-C is ours to
+                // handle; and if we die, the server goes too.
+                libc::setpgid(0, 0);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                io::Error::new(
+                    e.kind(),
+                    format!("{format} images are read with qemu-nbd: install qemu-utils"),
+                )
+            } else {
+                io::Error::new(e.kind(), format!("cannot run qemu-nbd: {e}"))
+            }
+        })?;
+        let mut server = Server {
+            child,
+            dir: Some(dir),
+        };
+        let url = NbdUrl {
+            address: Address::Unix(sock.clone()),
+            export: String::new(),
+            tls: false,
+            tls_certificates: None,
+        };
+        let failed = |status: std::process::ExitStatus| {
+            let msg = std::fs::read_to_string(&log).unwrap_or_default();
+            io::Error::other(format!("qemu-nbd failed ({status}): {}", msg.trim()))
+        };
+        let start = Instant::now();
+        loop {
+            if let Some(status) = server.child.try_wait()? {
+                return Err(failed(status));
+            }
+            if sock.exists() {
+                match Nbd::connect(&url, opts) {
+                    Ok(mut nbd) => {
+                        nbd.set_format(format);
+                        return Ok(QemuExport {
+                            nbd,
+                            _server: server,
+                        });
+                    }
+                    Err(e)
+                        if !matches!(
+                            e.kind(),
+                            io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+                        ) || start.elapsed() > START_TIMEOUT =>
+                    {
+                        // qemu-nbd may listen before it fails to open the
+                        // image: its own message says more than ours.
+                        for _ in 0..200 {
+                            if let Some(status) = server.child.try_wait()? {
+                                return Err(failed(status));
+                            }
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        return Err(e);
+                    }
+                    Err(_) => {}
+                }
+            }
+            if start.elapsed() > START_TIMEOUT {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "qemu-nbd did not start listening",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Source for QemuExport {
+    fn format(&self) -> &str {
+        self.nbd.format()
+    }
+    fn size(&self) -> u64 {
+        self.nbd.size()
+    }
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        self.nbd.extents(offset, len)
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.nbd.read_at(buf, offset)
+    }
+    fn finish(&self) -> io::Result<()> {
+        self.nbd.finish()
+    }
+}

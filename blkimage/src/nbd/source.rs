@@ -1,0 +1,249 @@
+//! An NBD export as a [`Source`]: reads split into several requests in
+//! flight (over several connections when the server allows multi-conn),
+//! block status mapping holes and zeros so they are never transferred.
+
+use super::connection::{Connection, Ticket};
+use super::handshake::{self, Export, Greeting};
+use super::protocol::{FLAG_CAN_MULTI_CONN, STATE_HOLE, STATE_ZERO};
+use super::transport::{Socket, Split};
+use super::url::{Address, NbdUrl};
+use crate::source::{Extent, ExtentKind, Source};
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// How to connect.
+#[derive(Clone, Debug)]
+pub struct NbdOptions {
+    /// Socket read and write timeout: a server silent this long is an error.
+    pub timeout: Option<Duration>,
+    /// Connections at most, used when the server offers multi-conn.
+    pub connections: usize,
+    /// TLS certificates directory (when the URL does not name one).
+    pub tls_certificates: Option<PathBuf>,
+}
+
+impl Default for NbdOptions {
+    fn default() -> NbdOptions {
+        NbdOptions {
+            timeout: None,
+            connections: 4,
+            tls_certificates: None,
+        }
+    }
+}
+
+/// Bytes per read request at most (less if the server says so): several
+/// requests per read keep the server busy.
+const REQUEST_SIZE: u32 = 256 << 10;
+/// Block status is asked for ranges this large (a multiple of any minimum
+/// block size); the server may answer for less.
+const STATUS_SIZE: u64 = 0xffff_0000;
+
+/// An NBD export.
+pub struct Nbd {
+    format: String,
+    conns: Vec<Connection>,
+    next: AtomicUsize,
+    export: Export,
+    request_size: usize,
+}
+
+fn describe(addr: &Address) -> String {
+    match addr {
+        Address::Tcp { host, port } => format!("{host}:{port}"),
+        Address::Unix(p) => p.display().to_string(),
+    }
+}
+
+/// One connection, negotiated and in transmission.
+fn connect_one(url: &NbdUrl, opts: &NbdOptions) -> io::Result<Connection> {
+    let mut sock = Socket::connect(&url.address, opts.timeout).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot connect to {}: {e}", describe(&url.address)),
+        )
+    })?;
+    let greeting = handshake::greet(&mut sock)?;
+    if url.tls {
+        let Greeting::Newstyle { fixed: true, .. } = greeting else {
+            return Err(io::Error::other("the server cannot do TLS (old handshake)"));
+        };
+        handshake::starttls(&mut sock)?;
+        let certs = url
+            .tls_certificates
+            .clone()
+            .or_else(|| opts.tls_certificates.clone());
+        let host = match &url.address {
+            Address::Tcp { host, .. } => host.clone(),
+            Address::Unix(_) => "localhost".to_string(),
+        };
+        let mut tls = super::tls::connect(sock, &host, certs.as_deref())?;
+        let export = handshake::negotiate(&mut tls, greeting, &url.export)?;
+        let split = super::tls::split(tls)?;
+        return Ok(Connection::new(split, export, opts.timeout));
+    }
+    let export = handshake::negotiate(&mut sock, greeting, &url.export)?;
+    Ok(Connection::new(Split::plain(sock)?, export, opts.timeout))
+}
+
+impl Nbd {
+    /// Connect to `url` (several connections if the server allows it).
+    pub fn connect(url: &NbdUrl, opts: &NbdOptions) -> io::Result<Nbd> {
+        let first = connect_one(url, opts)?;
+        let export = first.export.clone();
+        let mut conns = vec![first];
+        if export.flags & FLAG_CAN_MULTI_CONN != 0 {
+            while conns.len() < opts.connections.max(1) {
+                // More connections only help: a server that refuses them
+                // (qemu-nbd's --shared) leaves us with fewer.
+                match connect_one(url, opts) {
+                    Ok(c) if c.export.size == export.size => conns.push(c),
+                    _ => break,
+                }
+            }
+        }
+        let min = export.min_block.max(1);
+        let request_size = (REQUEST_SIZE.min(export.max_payload) / min * min).max(min) as usize;
+        Ok(Nbd {
+            format: "raw".into(),
+            conns,
+            next: AtomicUsize::new(0),
+            export,
+            request_size,
+        })
+    }
+
+    /// Report `format` (the image format a qemu-nbd export serves).
+    pub fn set_format(&mut self, format: &str) {
+        self.format = format.to_string();
+    }
+
+    /// Connections in use.
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// The server's block size constraints: minimum, preferred, maximum payload.
+    pub fn block_sizes(&self) -> (u32, u32, u32) {
+        let e = &self.export;
+        (e.min_block, e.preferred_block, e.max_payload)
+    }
+
+    /// True if the server maps holes and zeros (base:allocation).
+    pub fn has_block_status(&self) -> bool {
+        self.export.allocation.is_some()
+    }
+
+    fn conn(&self) -> &Connection {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
+        &self.conns[i]
+    }
+
+    /// Read an aligned range: requests in flight together, then waited for.
+    fn read_aligned(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut tickets: Vec<(&Connection, Ticket)> = Vec::new();
+        let mut first_err = None;
+        for (i, piece) in buf.chunks_mut(self.request_size).enumerate() {
+            let c = self.conn();
+            let at = offset + (i * self.request_size) as u64;
+            // SAFETY: every ticket is waited for below before `buf` is released.
+            match unsafe { c.start_read(piece, at) } {
+                Ok(t) => tickets.push((c, t)),
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+        }
+        for (c, t) in tickets {
+            if let Err(e) = c.wait(t) {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Source for Nbd {
+    fn format(&self) -> &str {
+        &self.format
+    }
+
+    fn size(&self) -> u64 {
+        self.export.size
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        let data = |len| Extent {
+            offset,
+            len,
+            kind: ExtentKind::Data,
+        };
+        if self.export.allocation.is_none() {
+            return Ok(vec![data(len)]);
+        }
+        let ask = len.min(STATUS_SIZE) as u32;
+        let descs = self.conn().block_status(offset, ask)?;
+        let mut out: Vec<Extent> = Vec::new();
+        let mut pos = offset;
+        let end = offset + ask as u64;
+        for (n, flags) in descs {
+            if pos >= end {
+                break;
+            }
+            let n = (n as u64).min(end - pos);
+            let kind = if flags & STATE_ZERO == 0 {
+                ExtentKind::Data
+            } else if flags & STATE_HOLE != 0 {
+                ExtentKind::Hole
+            } else {
+                ExtentKind::Zero
+            };
+            match out.last_mut() {
+                Some(last) if last.kind == kind => last.len += n,
+                _ => out.push(Extent {
+                    offset: pos,
+                    len: n,
+                    kind,
+                }),
+            }
+            pos += n;
+        }
+        if out.is_empty() {
+            return Err(super::protocol::malformed("empty block status"));
+        }
+        Ok(out)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= self.export.size)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "read past the end of the export",
+                )
+            })?;
+        let min = self.export.min_block.max(1) as u64;
+        if offset.is_multiple_of(min) && (end.is_multiple_of(min) || end == self.export.size) {
+            return self.read_aligned(buf, offset);
+        }
+        // The server wants aligned requests: read around and copy.
+        let start = offset / min * min;
+        let stop = end.next_multiple_of(min).min(self.export.size);
+        let mut tmp = vec![0u8; (stop - start) as usize];
+        self.read_aligned(&mut tmp, start)?;
+        let at = (offset - start) as usize;
+        buf.copy_from_slice(&tmp[at..at + buf.len()]);
+        Ok(())
+    }
+}

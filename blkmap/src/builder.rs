@@ -1,0 +1,142 @@
+//! Building a map while hashing, from the hasher's block events.
+
+use crate::{Body, Map, MapError, check_params, zero_digest};
+use blkhash::{Algorithm, BlockEvent, Hasher};
+use std::io;
+use std::sync::{Arc, Mutex};
+
+struct State {
+    body: Body,
+    zero_digest: Vec<u8>,
+    digest_len: usize,
+    /// The first event that did not follow the last one.
+    error: Option<String>,
+}
+
+impl State {
+    fn event(&mut self, e: BlockEvent<'_>) {
+        if self.error.is_some() {
+            return;
+        }
+        let (index, count) = match e {
+            BlockEvent::Data { index, .. } => (index, 1),
+            BlockEvent::Zeros { index, count } => (index, count),
+        };
+        if index != self.body.blocks {
+            self.error = Some(format!(
+                "block event for block {index} where block {} was expected",
+                self.body.blocks
+            ));
+            return;
+        }
+        match e {
+            BlockEvent::Zeros { .. } => self.body.push_zeros(count),
+            BlockEvent::Data { digest, .. } if digest.len() != self.digest_len => {
+                self.error = Some(format!(
+                    "a block digest of {} bytes, not {}",
+                    digest.len(),
+                    self.digest_len
+                ));
+            }
+            // A full block of zeros that was read and digested: a zero
+            // block all the same (a short block never has this digest).
+            BlockEvent::Data { digest, .. } if digest == self.zero_digest => {
+                self.body.push_zeros(1)
+            }
+            BlockEvent::Data { digest, .. } => self.body.push_data(digest),
+        }
+    }
+}
+
+/// Collects a hasher's block events into a [`Map`].
+///
+/// The hasher owns its observer, which must be `Send + 'static`: the
+/// builder and the observer share the map being built.
+///
+/// ```
+/// use blkhash::{Hasher, Options};
+/// use blkmap::MapBuilder;
+/// let mut h = Hasher::new(Options::new().block_size(512)).unwrap();
+/// let builder = MapBuilder::attach(&mut h).unwrap();
+/// h.update(&[1u8; 512]);
+/// h.update_zeros(1024);
+/// h.update(&[2u8; 100]);
+/// let map = builder.finalize(h).unwrap();
+/// assert_eq!((map.blocks(), map.data_blocks(), map.zero_blocks()), (4, 2, 2));
+/// ```
+pub struct MapBuilder {
+    algorithm: Algorithm,
+    block_size: usize,
+    state: Arc<Mutex<State>>,
+}
+
+impl MapBuilder {
+    /// A builder for blocks of `block_size` bytes digested with `algorithm`
+    /// (not `null`, which computes no digests).
+    pub fn new(algorithm: Algorithm, block_size: usize) -> Result<MapBuilder, MapError> {
+        check_params(algorithm, block_size)?;
+        Ok(MapBuilder {
+            algorithm,
+            block_size,
+            state: Arc::new(Mutex::new(State {
+                body: Body::default(),
+                zero_digest: zero_digest(algorithm, block_size),
+                digest_len: algorithm.output_len(),
+                error: None,
+            })),
+        })
+    }
+
+    /// A builder for `hasher`, set as its observer. Attach it before giving
+    /// the hasher any data.
+    pub fn attach<B: AsRef<[u8]> + Send + 'static>(
+        hasher: &mut Hasher<B>,
+    ) -> Result<MapBuilder, MapError> {
+        let b = MapBuilder::new(hasher.algorithm(), hasher.block_size())?;
+        hasher.set_observer(b.observer());
+        Ok(b)
+    }
+
+    /// An observer to give [`Hasher::set_observer`] (what
+    /// [`attach`](MapBuilder::attach) does).
+    pub fn observer(&self) -> impl FnMut(BlockEvent<'_>) + Send + 'static {
+        let state = self.state.clone();
+        move |e| {
+            state
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .event(e)
+        }
+    }
+
+    /// The map, once the hasher has finished: `size` bytes with this
+    /// `checksum`. Checks the events covered every block, in order, and
+    /// that the checksum derived from them is `checksum`.
+    pub fn finish(self, size: u64, checksum: &[u8]) -> Result<Map, MapError> {
+        let body = {
+            let mut st = self
+                .state
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(e) = st.error.take() {
+                return Err(MapError::Invalid(e));
+            }
+            std::mem::take(&mut st.body)
+        };
+        Map::assemble(
+            self.algorithm,
+            self.block_size,
+            size,
+            checksum.to_vec(),
+            body,
+        )
+    }
+
+    /// Finish `hasher` (which this builder observes) and return the map,
+    /// which holds the checksum. A failed read in the hasher is an error.
+    pub fn finalize<B: AsRef<[u8]> + Send + 'static>(self, hasher: Hasher<B>) -> io::Result<Map> {
+        let size = hasher.len();
+        let checksum = hasher.try_finalize()?;
+        Ok(self.finish(size, checksum.as_bytes())?)
+    }
+}

@@ -1,0 +1,410 @@
+//! Block maps: the block digests of a blkhash checksum, kept.
+//!
+//! A [`Map`] holds, for an image of a given size, hashed with a given digest
+//! and block size, the digest of every block, or a marker for a block that
+//! reads as zeros (runs of them stored as runs), and the image checksum. The
+//! checksum follows from the map alone ([`Map::derive_checksum`]), and two
+//! maps of the same digest and block size tell where two images differ
+//! ([`diff`]).
+//!
+//! A map is built while hashing (a [`MapBuilder`] observing the
+//! [`blkhash::Hasher`]), saved in a compact, versioned binary format (see
+//! `blkmap/README.md`, byte by byte) and checked on load: magic, version,
+//! lengths, a SHA-256 of its own contents, and the checksum derived from the
+//! block digests against the one in its header. A damaged or truncated map is
+//! an error, never a map.
+//!
+//! ```
+//! use blkhash::{Hasher, Options};
+//! use blkmap::{Map, MapBuilder};
+//!
+//! let mut h = Hasher::new(Options::new().block_size(4096)).unwrap();
+//! let builder = MapBuilder::attach(&mut h).unwrap();
+//! h.update(&[7u8; 10000]);
+//! h.update_zeros(1 << 20);
+//! let map = builder.finalize(h).unwrap();
+//! assert_eq!(map.size(), 10000 + (1 << 20));
+//!
+//! // Saved and loaded, it is the same map, and its checksum is the image's.
+//! let bytes = map.to_bytes();
+//! let loaded = Map::from_bytes(&bytes).unwrap();
+//! assert_eq!(loaded, map);
+//! assert_eq!(loaded.derive_checksum(), loaded.checksum());
+//!
+//! // Any damage is refused.
+//! let mut bad = bytes.clone();
+//! bad[60] ^= 1;
+//! assert!(Map::from_bytes(&bad).is_err());
+//! assert!(Map::from_bytes(&bytes[..bytes.len() - 1]).is_err());
+//! ```
+
+mod builder;
+mod diff;
+mod format;
+
+pub use builder::MapBuilder;
+pub use diff::{Diff, Mismatch, Range, diff};
+pub use format::{MAGIC, VERSION, is_map};
+
+use blkhash::{Algorithm, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, to_hex};
+use std::fmt;
+use std::io;
+
+/// What a block holds, as the map knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Block<'a> {
+    /// A full block that reads as zeros (a hole, or written zeros): its
+    /// digest is the digest of a block of zeros.
+    Zero,
+    /// A block of data, with its digest (a short last block is always data).
+    Data(&'a [u8]),
+}
+
+/// A run of blocks of one kind, as stored in a map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run<'a> {
+    /// Index of the first block.
+    pub first: u64,
+    /// Number of blocks (at least 1).
+    pub count: u64,
+    /// `None` for zero blocks; else the `count` digests, one after another.
+    pub digests: Option<&'a [u8]>,
+}
+
+/// Why a map was refused.
+#[derive(Debug)]
+pub enum MapError {
+    /// The bytes do not start with the map magic.
+    NotAMap,
+    /// A format version this build does not read.
+    Version(u32),
+    /// The map ends early.
+    Truncated,
+    /// A field out of range, or lengths that do not add up.
+    Invalid(String),
+    /// The digest of the map's contents does not match its trailer.
+    Damaged,
+    /// The checksum derived from the block digests is not the header's.
+    Checksum,
+    /// Reading or writing failed.
+    Io(io::Error),
+}
+
+impl fmt::Display for MapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MapError::NotAMap => f.write_str("not a block map (bad magic)"),
+            MapError::Version(v) => write!(
+                f,
+                "block map format version {v} is not supported (this build reads version {VERSION})"
+            ),
+            MapError::Truncated => f.write_str("truncated block map"),
+            MapError::Invalid(why) => write!(f, "invalid block map: {why}"),
+            MapError::Damaged => f.write_str(
+                "damaged block map: the digest of its contents does not match its trailer",
+            ),
+            MapError::Checksum => f.write_str(
+                "inconsistent block map: the checksum derived from its block digests is not the one in its header",
+            ),
+            MapError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for MapError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            MapError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<io::Error> for MapError {
+    fn from(e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            MapError::Truncated
+        } else {
+            MapError::Io(e)
+        }
+    }
+}
+
+impl From<MapError> for io::Error {
+    fn from(e: MapError) -> Self {
+        match e {
+            MapError::Io(e) => e,
+            other => io::Error::new(io::ErrorKind::InvalidData, other),
+        }
+    }
+}
+
+/// A stored run: `data` is the byte offset of its digests in `Map::digests`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct RunEntry {
+    first: u64,
+    count: u64,
+    data: Option<usize>,
+}
+
+/// Runs being collected, adjacent runs of one kind merged.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Body {
+    runs: Vec<RunEntry>,
+    digests: Vec<u8>,
+    blocks: u64,
+}
+
+impl Body {
+    fn push_zeros(&mut self, count: u64) {
+        if count == 0 {
+            return;
+        }
+        match self.runs.last_mut() {
+            Some(r) if r.data.is_none() => r.count += count,
+            _ => self.runs.push(RunEntry {
+                first: self.blocks,
+                count,
+                data: None,
+            }),
+        }
+        self.blocks += count;
+    }
+
+    /// Start (or extend) a data run of `count` blocks whose digests the
+    /// caller has appended to, or will append to, `digests`.
+    fn open_data(&mut self, count: u64, at: usize) {
+        if count == 0 {
+            return;
+        }
+        match self.runs.last_mut() {
+            Some(r) if r.data.is_some() => r.count += count,
+            _ => self.runs.push(RunEntry {
+                first: self.blocks,
+                count,
+                data: Some(at),
+            }),
+        }
+        self.blocks += count;
+    }
+
+    fn push_data(&mut self, digest: &[u8]) {
+        let at = self.digests.len();
+        self.digests.extend_from_slice(digest);
+        self.open_data(1, at);
+    }
+}
+
+/// The block digests of an image, its size and its checksum.
+///
+/// Two maps are equal if they describe the same content with the same
+/// digest and block size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Map {
+    algorithm: Algorithm,
+    block_size: usize,
+    size: u64,
+    checksum: Vec<u8>,
+    zero_digest: Vec<u8>,
+    body: Body,
+}
+
+/// Check a digest and block size can make a map.
+fn check_params(algorithm: Algorithm, block_size: usize) -> Result<(), MapError> {
+    if algorithm.output_len() == 0 {
+        return Err(MapError::Invalid(format!(
+            "digest {algorithm} computes no block digests"
+        )));
+    }
+    if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size) || !block_size.is_multiple_of(512) {
+        return Err(MapError::Invalid(format!(
+            "block size {block_size} is not a multiple of 512 from {MIN_BLOCK_SIZE} to {MAX_BLOCK_SIZE}"
+        )));
+    }
+    Ok(())
+}
+
+fn zero_digest(algorithm: Algorithm, block_size: usize) -> Vec<u8> {
+    let mut d = vec![0u8; algorithm.output_len()];
+    algorithm.digest_into(&vec![0u8; block_size], &mut d);
+    d
+}
+
+impl Map {
+    /// Assemble and check a map: the runs cover exactly the blocks of
+    /// `size`, a short last block is data, and the checksum derived from the
+    /// blocks is `checksum`.
+    fn assemble(
+        algorithm: Algorithm,
+        block_size: usize,
+        size: u64,
+        checksum: Vec<u8>,
+        body: Body,
+    ) -> Result<Map, MapError> {
+        check_params(algorithm, block_size)?;
+        let blocks = size.div_ceil(block_size as u64);
+        if body.blocks != blocks {
+            return Err(MapError::Invalid(format!(
+                "{} blocks for a size of {size} bytes in {block_size}-byte blocks ({blocks} blocks)",
+                body.blocks
+            )));
+        }
+        if !size.is_multiple_of(block_size as u64)
+            && body.runs.last().is_some_and(|r| r.data.is_none())
+        {
+            return Err(MapError::Invalid(
+                "the short last block is marked as a zero block".into(),
+            ));
+        }
+        if checksum.len() != algorithm.output_len() {
+            return Err(MapError::Invalid("checksum of the wrong length".into()));
+        }
+        let map = Map {
+            algorithm,
+            block_size,
+            size,
+            checksum,
+            zero_digest: zero_digest(algorithm, block_size),
+            body,
+        };
+        if map.derive_checksum() != map.checksum {
+            return Err(MapError::Checksum);
+        }
+        Ok(map)
+    }
+
+    /// The map of `data`, hashed with `opts` (for tests and small inputs;
+    /// images go through a [`MapBuilder`]).
+    ///
+    /// ```
+    /// use blkhash::{Hasher, Options};
+    /// use blkmap::{Block, Map};
+    /// let opts = Options::new().block_size(512);
+    /// let mut data = vec![0u8; 2048];
+    /// data[1024] = 1;
+    /// let map = Map::compute(opts.clone(), &data).unwrap();
+    /// assert_eq!(map.blocks(), 4);
+    /// assert_eq!(map.block(0), Some(Block::Zero));
+    /// assert!(matches!(map.block(2), Some(Block::Data(_))));
+    /// let mut h = Hasher::new(opts).unwrap();
+    /// h.update(&data);
+    /// assert_eq!(map.checksum(), h.finalize().as_bytes());
+    /// ```
+    pub fn compute(opts: blkhash::Options, data: &[u8]) -> Result<Map, MapError> {
+        let mut h = blkhash::Hasher::new(opts).map_err(|e| MapError::Invalid(e.to_string()))?;
+        let builder = MapBuilder::attach(&mut h)?;
+        h.update(data);
+        Ok(builder.finalize(h)?)
+    }
+
+    /// The digest of blocks and checksum.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The block size in bytes.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The image's guest-visible size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The number of blocks: the size divided by the block size, rounded up.
+    pub fn blocks(&self) -> u64 {
+        self.body.blocks
+    }
+
+    /// The image checksum (checked against the block digests when the map
+    /// was built or loaded).
+    pub fn checksum(&self) -> &[u8] {
+        &self.checksum
+    }
+
+    /// The image checksum in lowercase hex, as `blksum` prints it.
+    pub fn checksum_hex(&self) -> String {
+        to_hex(&self.checksum)
+    }
+
+    /// The digest of a full block of zeros, for this digest and block size.
+    pub fn zero_digest(&self) -> &[u8] {
+        &self.zero_digest
+    }
+
+    /// Blocks holding data (with a digest each).
+    pub fn data_blocks(&self) -> u64 {
+        (self.body.digests.len() / self.algorithm.output_len()) as u64
+    }
+
+    /// Blocks that read as zeros.
+    pub fn zero_blocks(&self) -> u64 {
+        self.blocks() - self.data_blocks()
+    }
+
+    /// The runs of blocks, in order.
+    pub fn runs(&self) -> impl Iterator<Item = Run<'_>> + '_ {
+        let len = self.algorithm.output_len();
+        self.body.runs.iter().map(move |r| Run {
+            first: r.first,
+            count: r.count,
+            digests: r
+                .data
+                .map(|at| &self.body.digests[at..at + r.count as usize * len]),
+        })
+    }
+
+    /// Block `index`, or `None` past the end.
+    pub fn block(&self, index: u64) -> Option<Block<'_>> {
+        if index >= self.blocks() {
+            return None;
+        }
+        let i = self.body.runs.partition_point(|r| r.first <= index) - 1;
+        let r = &self.body.runs[i];
+        Some(match r.data {
+            None => Block::Zero,
+            Some(at) => {
+                let len = self.algorithm.output_len();
+                let start = at + (index - r.first) as usize * len;
+                Block::Data(&self.body.digests[start..start + len])
+            }
+        })
+    }
+
+    /// The digest of block `index` (the zero-block digest for a zero block).
+    pub fn block_digest(&self, index: u64) -> Option<&[u8]> {
+        self.block(index).map(|b| match b {
+            Block::Zero => &self.zero_digest[..],
+            Block::Data(d) => d,
+        })
+    }
+
+    /// The image checksum computed from the map alone: the outer digest of
+    /// every block digest (the zero-block digest for zero blocks) and the
+    /// size as a little-endian u64, as the construction defines it.
+    ///
+    /// The cost is the outer digest's: about `size / block_size` digests
+    /// hashed, zero blocks included, with no block read.
+    pub fn derive_checksum(&self) -> Vec<u8> {
+        const BATCH: usize = 8192;
+        let mut outer = self.algorithm.streaming();
+        let zeros = self.zero_digest.repeat(BATCH);
+        let len = self.algorithm.output_len();
+        for run in self.runs() {
+            match run.digests {
+                Some(d) => outer.update(d),
+                None => {
+                    let mut left = run.count;
+                    while left > 0 {
+                        let k = left.min(BATCH as u64);
+                        outer.update(&zeros[..k as usize * len]);
+                        left -= k;
+                    }
+                }
+            }
+        }
+        outer.update(&self.size.to_le_bytes());
+        outer.finalize()
+    }
+}

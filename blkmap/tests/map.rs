@@ -1,0 +1,311 @@
+//! Maps: round trips, damage refused, checksums derived, diffs against a
+//! byte-by-byte model.
+
+use blkhash::{Algorithm, Hasher, Options, checksum_of};
+use blkmap::{Block, Map, MapBuilder, MapError, Range, diff};
+use proptest::prelude::*;
+
+fn opts(alg: Algorithm, bs: usize) -> Options {
+    Options::new().algorithm(alg).block_size(bs).threads(2)
+}
+
+/// Image content from segments: (zeros?, length, byte).
+fn build(segments: &[(bool, usize, u8)]) -> Vec<u8> {
+    let mut v = Vec::new();
+    for &(zero, len, byte) in segments {
+        v.extend(std::iter::repeat_n(if zero { 0 } else { byte | 1 }, len));
+    }
+    v
+}
+
+fn segments() -> impl Strategy<Value = Vec<(bool, usize, u8)>> {
+    prop::collection::vec((any::<bool>(), 0usize..5000, any::<u8>()), 0..8)
+}
+
+fn algorithm() -> impl Strategy<Value = Algorithm> {
+    prop::sample::select(vec![
+        Algorithm::Sha256,
+        Algorithm::Blake3,
+        Algorithm::Md5,
+        Algorithm::Sha512,
+    ])
+}
+
+/// Re-sign a map after editing it: the trailer is SHA-256 of the rest.
+fn resign(bytes: &mut Vec<u8>) {
+    let n = bytes.len() - 32;
+    let mut d = [0u8; 32];
+    Algorithm::Sha256.digest_into(&bytes[..n], &mut d);
+    bytes.truncate(n);
+    bytes.extend_from_slice(&d);
+}
+
+/// The differing ranges the slow way: compare the bytes of each block.
+fn model_diff(a: &[u8], b: &[u8], bs: usize) -> Vec<Range> {
+    let common = a.len().min(b.len());
+    let mut out: Vec<Range> = Vec::new();
+    let mut i = 0;
+    while i < common {
+        let end = (i + bs).min(common);
+        let (ea, eb) = ((i + bs).min(a.len()), (i + bs).min(b.len()));
+        if a[i..ea] != b[i..eb] {
+            match out.last_mut() {
+                Some(r) if r.end() == i as u64 => r.len = (end as u64) - r.offset,
+                _ => out.push(Range {
+                    offset: i as u64,
+                    len: (end - i) as u64,
+                }),
+            }
+        }
+        i += bs;
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Built while hashing, saved and loaded: the same map, whose derived
+    /// checksum is the hasher's, with the right digest for every block.
+    #[test]
+    fn round_trip(segs in segments(), alg in algorithm(), bs in prop::sample::select(vec![512usize, 1024, 4096])) {
+        let data = build(&segs);
+        let map = Map::compute(opts(alg, bs), &data).unwrap();
+        let want = checksum_of(alg, bs, &data);
+        prop_assert_eq!(map.checksum(), want.as_bytes());
+        prop_assert_eq!(map.derive_checksum(), want.as_bytes().to_vec());
+        prop_assert_eq!(map.size(), data.len() as u64);
+        prop_assert_eq!(map.blocks(), data.len().div_ceil(bs) as u64);
+        for (i, block) in data.chunks(bs).enumerate() {
+            let mut d = vec![0u8; alg.output_len()];
+            alg.digest_into(block, &mut d);
+            prop_assert_eq!(map.block_digest(i as u64).unwrap(), &d[..]);
+            let zero = block.len() == bs && block.iter().all(|&b| b == 0);
+            prop_assert_eq!(map.block(i as u64) == Some(Block::Zero), zero);
+        }
+        prop_assert_eq!(map.block(map.blocks()), None);
+        let bytes = map.to_bytes();
+        prop_assert_eq!(bytes.len() as u64, map.encoded_len());
+        let loaded = Map::from_bytes(&bytes).unwrap();
+        prop_assert_eq!(&loaded, &map);
+        // Canonical: the same content always gives the same bytes.
+        prop_assert_eq!(loaded.to_bytes(), bytes);
+    }
+
+    /// Any one flipped bit, any truncation, anything appended: refused.
+    #[test]
+    fn damage_refused(segs in segments(), at in any::<prop::sample::Index>(), bit in 0u8..8, cut in any::<prop::sample::Index>()) {
+        let data = build(&segs);
+        let bytes = Map::compute(opts(Algorithm::Sha256, 512), &data).unwrap().to_bytes();
+        let mut flipped = bytes.clone();
+        flipped[at.index(bytes.len())] ^= 1 << bit;
+        prop_assert!(Map::from_bytes(&flipped).is_err());
+        let short = &bytes[..cut.index(bytes.len())];
+        prop_assert!(Map::from_bytes(short).is_err());
+        let mut long = bytes.clone();
+        long.push(0);
+        prop_assert!(Map::from_bytes(&long).is_err());
+    }
+
+    /// The diff of two maps is the block-by-block comparison of the bytes.
+    #[test]
+    fn diff_matches_model(segs in segments(), edits in prop::collection::vec((0usize..20000, 0usize..3000, any::<u8>()), 0..4),
+                          extra in -3000isize..3000, bs in prop::sample::select(vec![512usize, 4096])) {
+        let a = build(&segs);
+        let mut b = a.clone();
+        for (off, len, byte) in edits {
+            if off < b.len() {
+                let end = (off + len).min(b.len());
+                b[off..end].fill(byte);
+            }
+        }
+        let new_len = (b.len() as isize + extra).max(0) as usize;
+        b.resize(new_len, 0);
+        let ma = Map::compute(opts(Algorithm::Blake3, bs), &a).unwrap();
+        let mb = Map::compute(opts(Algorithm::Blake3, bs), &b).unwrap();
+        let d = diff(&ma, &mb).unwrap();
+        prop_assert_eq!(&d.ranges, &model_diff(&a, &b, bs));
+        prop_assert_eq!(d.is_same(), a == b);
+        prop_assert_eq!(d.tail().is_some(), a.len() != b.len());
+        let back = diff(&mb, &ma).unwrap();
+        prop_assert_eq!(back.ranges, d.ranges);
+    }
+}
+
+#[test]
+fn builder_sees_every_way_of_feeding() {
+    let o = opts(Algorithm::Sha256, 4096);
+    let mut h = Hasher::new(o.clone()).unwrap();
+    let builder = MapBuilder::attach(&mut h).unwrap();
+    let mut data = Vec::new();
+    h.update(&[1u8; 5000]);
+    data.extend([1u8; 5000]);
+    h.update_zeros(3 << 20);
+    data.extend(vec![0u8; 3 << 20]);
+    h.submit(vec![0u8; 1 << 20]); // zeros read and digested: still zero blocks
+    data.extend(vec![0u8; 1 << 20]);
+    h.submit_with(
+        1 << 20,
+        Box::new(|b| {
+            b.fill(9);
+            Ok(())
+        }),
+    )
+    .unwrap();
+    data.extend(vec![9u8; 1 << 20]);
+    h.update(&[3u8; 100]);
+    data.extend([3u8; 100]);
+    let map = builder.finalize(h).unwrap();
+    assert_eq!(map, Map::compute(o, &data).unwrap());
+    assert_eq!(
+        map.checksum(),
+        checksum_of(Algorithm::Sha256, 4096, &data).as_bytes()
+    );
+    // Runs merged: data (5000 bytes: 2 blocks), zeros (from update_zeros
+    // and read zeros alike), data (the 9s and the 3s, off block boundaries).
+    let runs: Vec<_> = map.runs().map(|r| (r.digests.is_some(), r.count)).collect();
+    assert_eq!(runs, [(true, 2), (false, 1023), (true, 257)]);
+}
+
+#[test]
+fn empty_and_sparse_maps_are_small() {
+    let empty = Map::compute(Options::new(), &[]).unwrap();
+    assert_eq!(empty.blocks(), 0);
+    assert_eq!(Map::from_bytes(&empty.to_bytes()).unwrap(), empty);
+
+    // 1 TiB of zeros: a header, one run, a trailer.
+    let mut h = Hasher::new(Options::new()).unwrap();
+    let b = MapBuilder::attach(&mut h).unwrap();
+    h.update_zeros(1 << 40);
+    let map = b.finalize(h).unwrap();
+    assert_eq!(map.zero_blocks(), (1 << 40) / 65536);
+    assert_eq!(map.encoded_len(), 48 + 32 + 9 + 32);
+
+    // Data: 32 bytes per 64 KiB block, about 0.05%.
+    let data = vec![5u8; 64 << 20];
+    let m = Map::compute(Options::new(), &data).unwrap();
+    assert!(m.encoded_len() < (data.len() as u64) / 2000 + 200);
+}
+
+fn sample() -> Vec<u8> {
+    let mut data = vec![0u8; 10 * 512 + 100];
+    data[..1024].fill(1);
+    data[4096..4600].fill(2);
+    Map::compute(opts(Algorithm::Sha256, 512), &data)
+        .unwrap()
+        .to_bytes()
+}
+
+#[test]
+fn damage_gives_clear_errors() {
+    let bytes = sample();
+    let err = |b: &[u8]| Map::from_bytes(b).unwrap_err();
+    assert!(matches!(err(b"QFI\xfb\0\0\0\x03rest"), MapError::NotAMap));
+    assert!(matches!(err(b""), MapError::NotAMap));
+    assert!(matches!(err(&bytes[..60]), MapError::Truncated));
+    assert!(matches!(
+        err(&bytes[..bytes.len() - 1]),
+        MapError::Truncated
+    ));
+    let mut b = bytes.clone();
+    b[100] ^= 0x10;
+    assert!(matches!(err(&b), MapError::Damaged | MapError::Invalid(_)));
+    assert!(err(&b).to_string().contains("block map"));
+
+    // Re-signed edits are caught by the field checks.
+    let mut v = bytes.clone();
+    v[8] = 2;
+    resign(&mut v);
+    assert!(matches!(err(&v), MapError::Version(2)));
+    let mut f = bytes.clone();
+    f[12] = 1;
+    resign(&mut f);
+    assert!(err(&f).to_string().contains("flags"));
+    let mut n = bytes.clone();
+    n[16..22].copy_from_slice(b"sha999");
+    resign(&mut n);
+    assert!(err(&n).to_string().contains("unknown digest"));
+    let mut c = bytes.clone();
+    c[48] ^= 1; // the checksum in the header
+    resign(&mut c);
+    assert!(matches!(err(&c), MapError::Checksum));
+    let mut d = bytes.clone();
+    let last_digest = d.len() - 33;
+    d[last_digest] ^= 1; // a block digest: the checksum no longer follows
+    resign(&mut d);
+    assert!(matches!(err(&d), MapError::Checksum));
+}
+
+#[test]
+fn lengths_are_bounded_before_allocating() {
+    let bytes = sample();
+    // First record at 48 + 32: 'D', count 2.
+    assert_eq!(bytes[80], b'D');
+    // A run claiming more blocks than the size allows.
+    let mut more = bytes.clone();
+    more[81..89].copy_from_slice(&1000u64.to_le_bytes());
+    resign(&mut more);
+    assert!(matches!(Map::from_bytes(&more), Err(MapError::Invalid(_))));
+    let mut zero = bytes.clone();
+    zero[81..89].copy_from_slice(&0u64.to_le_bytes());
+    resign(&mut zero);
+    assert!(matches!(Map::from_bytes(&zero), Err(MapError::Invalid(_))));
+    // A header claiming an exabyte image of data, then nothing: truncated,
+    // without allocating what it claims.
+    let mut huge = bytes[..89].to_vec();
+    huge[40..48].copy_from_slice(&(1u64 << 60).to_le_bytes());
+    huge[81..89].copy_from_slice(&(1u64 << 51).to_le_bytes());
+    huge.extend_from_slice(&[7u8; 4096]);
+    assert!(matches!(Map::from_bytes(&huge), Err(MapError::Truncated)));
+    // An unknown record tag.
+    let mut tag = bytes.clone();
+    tag[80] = b'X';
+    resign(&mut tag);
+    assert!(
+        Map::from_bytes(&tag)
+            .unwrap_err()
+            .to_string()
+            .contains("tag")
+    );
+}
+
+#[test]
+fn null_digest_and_bad_block_sizes_refused() {
+    assert!(MapBuilder::new(Algorithm::Null, 65536).is_err());
+    assert!(MapBuilder::new(Algorithm::Sha256, 1000).is_err());
+    assert!(MapBuilder::new(Algorithm::Sha256, 128 << 20).is_err());
+}
+
+#[test]
+fn mismatched_maps_do_not_compare() {
+    let a = Map::compute(opts(Algorithm::Sha256, 512), &[1u8; 2000]).unwrap();
+    let b = Map::compute(opts(Algorithm::Blake3, 512), &[1u8; 2000]).unwrap();
+    let c = Map::compute(opts(Algorithm::Sha256, 1024), &[1u8; 2000]).unwrap();
+    assert!(diff(&a, &b).unwrap_err().to_string().contains("digests"));
+    assert!(
+        diff(&a, &c)
+            .unwrap_err()
+            .to_string()
+            .contains("block sizes")
+    );
+}
+
+#[test]
+fn save_is_atomic_and_loads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.map");
+    let map = Map::compute(Options::new().block_size(4096), &[4u8; 100_000]).unwrap();
+    map.save(&path).unwrap();
+    let again = Map::compute(Options::new().block_size(4096), &[5u8; 100_000]).unwrap();
+    again.save(&path).unwrap();
+    assert_eq!(Map::load(&path).unwrap(), again);
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["disk.map"]);
+    assert!(matches!(
+        Map::load(dir.path().join("missing")),
+        Err(MapError::Io(_))
+    ));
+}

@@ -1,0 +1,181 @@
+//! NBD test servers: qemu-nbd and nbdkit started on a unix socket or a free
+//! TCP port on 127.0.0.1, killed and waited for when dropped.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running server, stopped when dropped.
+pub struct Server {
+    child: Child,
+    /// The socket file, for unix sockets (removed when dropped).
+    pub socket: Option<PathBuf>,
+    pub url: String,
+}
+
+impl Server {
+    /// The process id (to kill it mid-transfer).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kill the server now (SIGKILL) and wait for it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+        if let Some(s) = &self.socket {
+            let _ = std::fs::remove_file(s);
+        }
+    }
+}
+
+/// Where a server listens.
+pub enum Listen<'a> {
+    /// A unix socket at this path.
+    Unix(&'a Path),
+    /// A free TCP port on 127.0.0.1.
+    Tcp,
+}
+
+/// A TCP port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn url(listen: &Listen, port: u16, export: &str) -> String {
+    match listen {
+        Listen::Unix(p) => format!("nbd+unix:///{export}?socket={}", p.display()),
+        Listen::Tcp => format!("nbd://127.0.0.1:{port}/{export}"),
+    }
+}
+
+/// Wait until the server accepts connections (a unix socket file exists,
+/// or the TCP port answers).
+fn wait_ready(child: &mut Child, listen: &Listen, port: u16) {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            panic!("server exited early: {s}");
+        }
+        let ready = match listen {
+            Listen::Unix(p) => p.exists(),
+            Listen::Tcp => std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        };
+        if ready {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `qemu-nbd --read-only -f FMT [-x NAME] IMG` (persistent: several
+/// clients, one after another, and multi-conn).
+pub fn qemu_nbd(img: &Path, fmt: &str, listen: Listen, export: Option<&str>) -> Server {
+    let port = free_port();
+    let mut cmd = Command::new("qemu-nbd");
+    cmd.args(["--read-only", "--persistent", "--shared=8", "-f", fmt]);
+    match &listen {
+        Listen::Unix(p) => cmd.arg(format!("--socket={}", p.display())),
+        Listen::Tcp => cmd.args(["--bind=127.0.0.1", &format!("--port={port}")]),
+    };
+    if let Some(x) = export {
+        cmd.args(["-x", x]);
+    }
+    cmd.arg(img).stdin(Stdio::null()).stdout(Stdio::null());
+    let mut child = cmd.spawn().expect("qemu-nbd runs");
+    wait_ready(&mut child, &listen, port);
+    let socket = match listen {
+        Listen::Unix(p) => Some(p.to_path_buf()),
+        Listen::Tcp => None,
+    };
+    Server {
+        url: url(&listen, port, export.unwrap_or("")),
+        child,
+        socket,
+    }
+}
+
+/// `nbdkit --foreground ARGS` (plugin, filters and parameters in ARGS).
+pub fn nbdkit(listen: Listen, args: &[&str]) -> Server {
+    let port = free_port();
+    let mut cmd = Command::new("nbdkit");
+    cmd.args(["--foreground", "--exit-with-parent"]);
+    match &listen {
+        Listen::Unix(p) => cmd.arg(format!("--unix={}", p.display())),
+        Listen::Tcp => cmd.args(["--ipaddr=127.0.0.1", &format!("--port={port}")]),
+    };
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("nbdkit runs");
+    wait_ready(&mut child, &listen, port);
+    let socket = match listen {
+        Listen::Unix(p) => Some(p.to_path_buf()),
+        Listen::Tcp => None,
+    };
+    Server {
+        url: url(&listen, port, ""),
+        child,
+        socket,
+    }
+}
+
+/// What QEMU reads from `url`, as a raw file `out`.
+pub fn fetch(url: &str, out: &Path) {
+    super::qemu::qemu_img(&[
+        "convert",
+        "-q",
+        "-f",
+        "raw",
+        url,
+        "-O",
+        "raw",
+        out.to_str().unwrap(),
+    ]);
+}
+
+/// Processes whose command line contains `needle`.
+pub fn processes_with(needle: &str) -> Vec<String> {
+    let out = Command::new("pgrep")
+        .args(["-af", needle])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.contains("pgrep"))
+        .map(String::from)
+        .collect()
+}
+
+/// The blksum-* directories in the temporary directory.
+pub fn blksum_temp_dirs() -> Vec<PathBuf> {
+    let tmp = std::env::temp_dir();
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("blksum-"))
+        })
+        .collect();
+    v.sort();
+    v
+}

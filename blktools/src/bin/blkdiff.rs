@@ -1,0 +1,245 @@
+//! blkdiff: where two images (or saved block maps) differ.
+
+use blkhash::{Algorithm, MAX_THREADS};
+use blkmap::{Diff, Map};
+use blktools::{MapOptions, Mapped, parse_block_size, parse_digest, parse_format, reason};
+use clap::Parser;
+use serde_json::json;
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+/// Print the guest ranges where A and B differ, as OFFSET+LENGTH lines in
+/// bytes, adjacent differing blocks merged. Exit status as cmp: 0 same, 1
+/// different, 2 trouble.
+///
+/// A and B are images (any input blksum reads) or block maps saved by
+/// blkmap (a file starting with the map magic, unless --format is given).
+/// A hole and written zeros are the same content. If the sizes differ, the
+/// rest of the larger one is the last line: "OFFSET+LENGTH only in A|B".
+/// Ranges are whole blocks (clipped to the image size): a smaller block
+/// size finds smaller ranges, at the cost of more digests.
+///
+/// Images are hashed with the digest and block size of the maps given, or
+/// --digest and --block-size (sha256 and 64k by default); a map of another
+/// digest or block size than asked for is an error.
+#[derive(Parser, Debug)]
+#[command(name = "blkdiff", version, about, max_term_width = 100)]
+struct Args {
+    /// First image or map ('-' for standard input).
+    #[arg(value_name = "A")]
+    a: String,
+
+    /// Second image or map.
+    #[arg(value_name = "B")]
+    b: String,
+
+    /// One JSON document: both inputs, the ranges, the tail, the verdict.
+    #[arg(long)]
+    json: bool,
+
+    /// Print nothing; the exit status tells.
+    #[arg(short, long, conflicts_with = "json")]
+    quiet: bool,
+
+    /// Digest, by its OpenSSL name [default: the maps', else sha256].
+    #[arg(short, long, value_name = "NAME", value_parser = parse_digest)]
+    digest: Option<Algorithm>,
+
+    /// Block size, multiple of 512 from 512 to 64m [default: the maps', else 64k].
+    #[arg(long, value_name = "SIZE", value_parser = parse_block_size)]
+    block_size: Option<usize>,
+
+    /// Digest threads per image [default: the number of cores].
+    #[arg(short, long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS as i64))]
+    threads: Option<u16>,
+
+    /// Image format of both: raw or qcow2 [default: probed]. With it, a
+    /// file starting with the map magic is an image too.
+    #[arg(short, long, value_name = "FORMAT", value_parser = parse_format)]
+    format: Option<blkimage::Format>,
+
+    /// Refuse images that refer to other files (qcow2 backing and data files).
+    #[arg(long)]
+    no_backing: bool,
+
+    /// Use the page cache (default: direct I/O where possible).
+    #[arg(long)]
+    cache: bool,
+}
+
+/// Trouble: exit status 2.
+fn trouble(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("blkdiff: {msg}");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.a == "-" && args.b == "-" {
+        return trouble("standard input can be only one of A and B");
+    }
+    let detect = args.format.is_none();
+
+    // Saved maps first: they say how to hash the images.
+    let mut maps: [Option<Mapped>; 2] = [None, None];
+    for (slot, name) in maps.iter_mut().zip([&args.a, &args.b]) {
+        if !detect || name == "-" {
+            continue;
+        }
+        match blktools::try_load_map(name) {
+            Ok(Some(map)) => {
+                *slot = Some(Mapped {
+                    map,
+                    format: "map".into(),
+                })
+            }
+            Ok(None) => {}
+            Err(e) => return trouble(format!("{name}: {}", reason(&e))),
+        }
+    }
+    let (algorithm, block_size) = match params(&args, &maps) {
+        Ok(p) => p,
+        Err(msg) => return trouble(msg),
+    };
+    let opts = MapOptions {
+        algorithm,
+        block_size,
+        threads: args
+            .threads
+            .map_or_else(blkhash::default_threads, usize::from),
+        open: blkimage::OpenOptions {
+            cache: args.cache,
+            format: args.format,
+            no_backing: args.no_backing,
+            ..Default::default()
+        },
+        ..MapOptions::default()
+    };
+    let [ma, mb] = maps;
+    // The images, both at once (each uses every core for digests, but
+    // reading one need not wait for the other).
+    let side = |m: Option<Mapped>, name: &str| -> io::Result<Mapped> {
+        match m {
+            Some(m) => Ok(m),
+            None if name == "-" => blktools::map_stdin(&opts, detect),
+            None => blktools::map_image(name, &opts),
+        }
+    };
+    let (ra, rb) = std::thread::scope(|s| {
+        let ha = s.spawn(|| side(ma, &args.a));
+        let rb = side(mb, &args.b);
+        (ha.join().expect("hashing thread"), rb)
+    });
+    let (a, b) = match (ra, rb) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) => return trouble(format!("{}: {}", args.a, reason(&e))),
+        (_, Err(e)) => return trouble(format!("{}: {}", args.b, reason(&e))),
+    };
+    // Standard input may have been a map of other parameters.
+    for (m, name) in [(&a, &args.a), (&b, &args.b)] {
+        if let Err(msg) = check_map(name, &m.map, algorithm, block_size) {
+            return trouble(msg);
+        }
+    }
+    let d = match blkmap::diff(&a.map, &b.map) {
+        Ok(d) => d,
+        Err(e) => return trouble(e),
+    };
+    let printed = if args.quiet {
+        Ok(())
+    } else if args.json {
+        print_json(&args, &a, &b, &d)
+    } else {
+        print_text(&d)
+    };
+    if printed.is_err() {
+        return ExitCode::from(2);
+    }
+    if d.is_same() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The digest and block size: asked for, else the saved maps', else the
+/// defaults. Every map must agree.
+fn params(args: &Args, maps: &[Option<Mapped>; 2]) -> Result<(Algorithm, usize), String> {
+    let names = [&args.a, &args.b];
+    let first = maps.iter().flatten().next().map(|m| &m.map);
+    let algorithm = args
+        .digest
+        .or(first.map(Map::algorithm))
+        .unwrap_or(Algorithm::Sha256);
+    let block_size = args
+        .block_size
+        .or(first.map(Map::block_size))
+        .unwrap_or(blkhash::DEFAULT_BLOCK_SIZE);
+    for (m, name) in maps.iter().zip(names) {
+        if let Some(m) = m {
+            check_map(name, &m.map, algorithm, block_size)?;
+        }
+    }
+    Ok((algorithm, block_size))
+}
+
+fn check_map(name: &str, map: &Map, algorithm: Algorithm, block_size: usize) -> Result<(), String> {
+    if map.algorithm() != algorithm || map.block_size() != block_size {
+        return Err(format!(
+            "{name}: a map of {} digests of {}-byte blocks, not {algorithm} of {block_size}-byte blocks: \
+             map the images again with the same --digest and --block-size",
+            map.algorithm(),
+            map.block_size()
+        ));
+    }
+    Ok(())
+}
+
+fn only_in(d: &Diff) -> &'static str {
+    if d.size_a > d.size_b { "A" } else { "B" }
+}
+
+fn print_text(d: &Diff) -> io::Result<()> {
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    for r in &d.ranges {
+        writeln!(out, "{r}")?;
+    }
+    if let Some(t) = d.tail() {
+        writeln!(
+            out,
+            "{t} only in {} (A is {} bytes, B is {} bytes)",
+            only_in(d),
+            d.size_a,
+            d.size_b
+        )?;
+    }
+    out.flush()
+}
+
+fn print_json(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> io::Result<()> {
+    let input = |name: &str, m: &Mapped| {
+        json!({
+            "name": name,
+            "format": m.format,
+            "size": m.map.size(),
+            "checksum": m.map.checksum_hex(),
+        })
+    };
+    let doc = json!({
+        "a": input(&args.a, a),
+        "b": input(&args.b, b),
+        "digest": a.map.algorithm().name(),
+        "block_size": a.map.block_size(),
+        "same": d.is_same(),
+        "ranges": d.ranges.iter().map(|r| json!({"offset": r.offset, "length": r.len})).collect::<Vec<_>>(),
+        "tail": d.tail().map(|t| json!({
+            "offset": t.offset,
+            "length": t.len,
+            "only_in": only_in(d).to_ascii_lowercase(),
+        })),
+        "differing_bytes": d.differing_bytes(),
+    });
+    let mut out = io::stdout().lock();
+    writeln!(out, "{doc:#}")?;
+    out.flush()
+}

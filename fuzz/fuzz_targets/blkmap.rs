@@ -1,0 +1,58 @@
+//! Block maps from untrusted bytes: `Map::from_bytes` must refuse or give a
+//! map that is consistent (its checksum follows from its blocks, it saves
+//! and loads back the same). Errors are fine; panics, hangs and unbounded
+//! allocations are not.
+//!
+//! Random bytes rarely carry a valid trailer (SHA-256 of the rest), so each
+//! input is also parsed re-signed: the trailer replaced by the digest of
+//! the bytes before it, which takes the parser past the self-digest check
+//! into the records, the lengths and the derived checksum.
+
+#![no_main]
+
+use blkhash::Algorithm;
+use blkmap::{Map, diff};
+use libfuzzer_sys::fuzz_target;
+
+/// Header bytes before the checksum, and the trailer.
+const HEADER: usize = 48;
+const TRAILER: usize = 32;
+/// Blocks a re-signed input may claim: deriving the checksum hashes one
+/// digest per block, zero blocks included, so a huge claimed size is slow
+/// by design (as slow as hashing that many zero blocks).
+const MAX_BLOCKS: u64 = 1 << 20;
+
+fn check(bytes: &[u8]) {
+    let Ok(map) = Map::from_bytes(bytes) else {
+        return;
+    };
+    assert_eq!(map.derive_checksum(), map.checksum());
+    assert_eq!(map.blocks(), map.size().div_ceil(map.block_size() as u64));
+    let again = Map::from_bytes(&map.to_bytes()).expect("a saved map loads");
+    assert_eq!(again, map);
+    assert!(diff(&map, &again).unwrap().is_same());
+    let mut n = 0;
+    for r in map.runs() {
+        assert_eq!(r.first, n);
+        n += r.count;
+    }
+    assert_eq!(n, map.blocks());
+}
+
+fuzz_target!(|data: &[u8]| {
+    check(data);
+    if data.len() < HEADER + TRAILER {
+        return;
+    }
+    let bs = u32::from_le_bytes(data[36..40].try_into().unwrap()).max(1) as u64;
+    let size = u64::from_le_bytes(data[40..48].try_into().unwrap());
+    if size.div_ceil(bs) > MAX_BLOCKS {
+        return;
+    }
+    let n = data.len() - TRAILER;
+    let mut signed = data[..n].to_vec();
+    let mut d = [0u8; 32];
+    Algorithm::Sha256.digest_into(&signed, &mut d);
+    signed.extend_from_slice(&d);
+    check(&signed);
+});
