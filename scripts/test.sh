@@ -7,7 +7,7 @@ scripts/setup.sh
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
-cargo test --workspace --release
-
 # A short fuzzing run of every parser of untrusted bytes.
 scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+
+cargo test --workspace --release

@@ -30,6 +30,28 @@ pub trait Sink {
     fn reclaim_wait(&mut self) -> Option<AlignedBuf>;
 }
 
+/// The hasher is the sink everything here feeds: reads run on its digest
+/// workers, read buffers are handed over without a copy, zeros cost nothing.
+impl Sink for blkhash::Hasher<AlignedBuf> {
+    fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
+        self.submit_with(len, fill)
+    }
+    fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
+        self.submit(buf);
+        Ok(())
+    }
+    fn zeros(&mut self, len: u64) -> io::Result<()> {
+        self.update_zeros(len);
+        Ok(())
+    }
+    fn reclaim(&mut self) -> Option<AlignedBuf> {
+        blkhash::Hasher::reclaim(self)
+    }
+    fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
+        blkhash::Hasher::reclaim_wait(self)
+    }
+}
+
 /// What was found, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {

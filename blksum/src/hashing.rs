@@ -1,34 +1,11 @@
 //! Hashing one input: open it, wire its source to a hasher, report.
 
 use blkhash::{Algorithm, Checksum, Hasher, Options};
-use blkimage::{AlignedBuf, Fill, Input, OpenOptions, Sink, Source, Stats};
+use blkimage::{AlignedBuf, Input, OpenOptions, Source, Stats};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-
-/// The reader's sink: the hasher, taking buffers without copying them.
-struct HashSink(Hasher<AlignedBuf>);
-
-impl Sink for HashSink {
-    fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
-        self.0.submit_with(len, fill)
-    }
-    fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
-        self.0.submit(buf);
-        Ok(())
-    }
-    fn zeros(&mut self, len: u64) -> io::Result<()> {
-        self.0.update_zeros(len);
-        Ok(())
-    }
-    fn reclaim(&mut self) -> Option<AlignedBuf> {
-        self.0.reclaim()
-    }
-    fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
-        self.0.reclaim_wait()
-    }
-}
 
 /// What hashing one input found.
 #[derive(Debug)]
@@ -62,7 +39,7 @@ impl Hashing {
             .block_size(block_size)
             .threads(self.threads)
             .queue_depth(self.queue_depth);
-        let mut sink = HashSink(Hasher::with_buffers(opts).map_err(io::Error::other)?);
+        let mut sink: Hasher<AlignedBuf> = Hasher::with_buffers(opts).map_err(io::Error::other)?;
         // Whole blocks per read: reads then go to the digest workers as they are.
         let read_size = self.read_size.next_multiple_of(block_size);
         let progress = &self.progress;
@@ -84,7 +61,7 @@ impl Hashing {
                     &self.cancel,
                     &mut |n| progress.inc(n),
                 )?;
-                let checksum = sink.0.try_finalize()?;
+                let checksum = sink.try_finalize()?;
                 // Only now are all reads done: is the image still what we read?
                 src.finish()?;
                 Ok(report(src.format().to_string(), stats, checksum))
@@ -95,7 +72,7 @@ impl Hashing {
                     blkimage::read_stream(&mut r, &mut sink, read_size, &self.cancel, &mut |n| {
                         progress.grow(n)
                     })?;
-                let checksum = sink.0.try_finalize()?;
+                let checksum = sink.try_finalize()?;
                 Ok(report("stream".to_string(), stats, checksum))
             }
         }

@@ -3,39 +3,12 @@
 //! parsing sizes.
 
 use blkhash::{Algorithm, Hasher, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, Options};
-use blkimage::{AlignedBuf, Fill, Input, OpenOptions, Sink, Source};
+use blkimage::{AlignedBuf, Input, OpenOptions, Source};
 use blkmap::{Map, MapBuilder};
 use std::fs::File;
 use std::io::{self, Read};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-
-/// The reader's sink: the hasher, taking buffers without copying them.
-///
-/// A copy of blksum's `HashSink` (blksum/src/hashing.rs), which is private
-/// to that binary: to be shared from one place (blkimage, or a small
-/// common crate) later.
-pub struct HashSink(pub Hasher<AlignedBuf>);
-
-impl Sink for HashSink {
-    fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
-        self.0.submit_with(len, fill)
-    }
-    fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
-        self.0.submit(buf);
-        Ok(())
-    }
-    fn zeros(&mut self, len: u64) -> io::Result<()> {
-        self.0.update_zeros(len);
-        Ok(())
-    }
-    fn reclaim(&mut self) -> Option<AlignedBuf> {
-        self.0.reclaim()
-    }
-    fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
-        self.0.reclaim_wait()
-    }
-}
 
 /// How to hash inputs into maps.
 #[derive(Clone, Debug)]
@@ -79,14 +52,14 @@ pub fn map_image(name: &str, opts: &MapOptions) -> io::Result<Mapped> {
     map_input(input, opts)
 }
 
-fn hasher(opts: &MapOptions) -> io::Result<(HashSink, MapBuilder)> {
+fn hasher(opts: &MapOptions) -> io::Result<(Hasher<AlignedBuf>, MapBuilder)> {
     let hopts = Options::new()
         .algorithm(opts.algorithm)
         .block_size(opts.block_size)
         .threads(opts.threads);
     let mut h = Hasher::with_buffers(hopts).map_err(io::Error::other)?;
     let builder = MapBuilder::attach(&mut h)?;
-    Ok((HashSink(h), builder))
+    Ok((h, builder))
 }
 
 /// Hash an opened input into a map.
@@ -98,7 +71,7 @@ pub fn map_input(input: Input, opts: &MapOptions) -> io::Result<Mapped> {
         Input::Image(src) => {
             let src: Arc<dyn Source> = Arc::from(src);
             blkimage::read_image(src.clone(), &mut sink, read_size, &cancel, &mut |_| {})?;
-            let map = builder.finalize(sink.0)?;
+            let map = builder.finalize(sink)?;
             // Only now are all reads done: is the image still what we read?
             src.finish()?;
             Ok(Mapped {
@@ -109,7 +82,7 @@ pub fn map_input(input: Input, opts: &MapOptions) -> io::Result<Mapped> {
         Input::Stream(mut r) => {
             blkimage::read_stream(&mut r, &mut sink, read_size, &cancel, &mut |_| {})?;
             Ok(Mapped {
-                map: builder.finalize(sink.0)?,
+                map: builder.finalize(sink)?,
                 format: "stream".to_string(),
             })
         }
