@@ -60,8 +60,8 @@ fn url(listen: &Listen, port: u16, export: &str) -> String {
     }
 }
 
-/// Wait until the server accepts connections (a unix socket file exists,
-/// or the TCP port answers).
+/// Wait until the server accepts connections (the socket file appears at
+/// bind, before listen: only a connection proves it is ready).
 fn wait_ready(child: &mut Child, listen: &Listen, port: u16) {
     let start = Instant::now();
     loop {
@@ -69,7 +69,7 @@ fn wait_ready(child: &mut Child, listen: &Listen, port: u16) {
             panic!("server exited early: {s}");
         }
         let ready = match listen {
-            Listen::Unix(p) => p.exists(),
+            Listen::Unix(p) => std::os::unix::net::UnixStream::connect(p).is_ok(),
             Listen::Tcp => std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
         };
         if ready {
