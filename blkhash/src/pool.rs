@@ -151,20 +151,33 @@ fn digest_blocks(
     let blocks = data.len().div_ceil(block_size);
     let mut digests = vec![0u8; blocks * out_len];
     let mut zero = vec![false; blocks];
-    if alg != Algorithm::Null {
-        for ((block, out), z) in data
-            .chunks(block_size)
-            .zip(digests.chunks_exact_mut(out_len))
-            .zip(zero.iter_mut())
-        {
-            // Only a full block of zeros has the constant digest; a short
-            // last block is digested as it is.
-            if block.len() == block_size && is_zero(block) {
-                out.copy_from_slice(zero_digest);
-                *z = true;
-            } else {
-                alg.digest_into(block, out);
-            }
+    if alg == Algorithm::Null {
+        return (digests, zero);
+    }
+    // Zero blocks take the constant; the rest are digested together so a
+    // multi-buffer digest (SHA-256) can interleave them.
+    let mut data_blocks: Vec<&[u8]> = Vec::with_capacity(blocks);
+    for (block, z) in data.chunks(block_size).zip(zero.iter_mut()) {
+        // Only a full block of zeros has the constant digest; a short
+        // last block is digested as it is.
+        if block.len() == block_size && is_zero(block) {
+            *z = true;
+        } else {
+            data_blocks.push(block);
+        }
+    }
+    if data_blocks.len() == blocks {
+        alg.digest_many(&data_blocks, &mut digests);
+        return (digests, zero);
+    }
+    let mut data_digests = vec![0u8; data_blocks.len() * out_len];
+    alg.digest_many(&data_blocks, &mut data_digests);
+    let mut next = data_digests.chunks_exact(out_len);
+    for (out, z) in digests.chunks_exact_mut(out_len).zip(&zero) {
+        if *z {
+            out.copy_from_slice(zero_digest);
+        } else if let Some(d) = next.next() {
+            out.copy_from_slice(d);
         }
     }
     (digests, zero)
