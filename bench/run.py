@@ -17,7 +17,8 @@ Environment:
     BLKHASH_BENCH_REF   the reference blkhash-bench binary (for --lib)
 
 The qcow2 cases need qemu-img (images are converted from raw ones) and the
-mkimage binary of the workspace (target/release/mkimage).
+mkimage binary of the workspace (target/release/mkimage); the nbd case needs
+qemu-nbd (qemu-utils).
 
 Python 3 standard library only.
 """
@@ -45,7 +46,7 @@ MKIMAGE = RELEASE / "mkimage"
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
-CASES = ["speed", "random", "holes", "zero", "empty", "qcow2", "compressed", "lib"]
+CASES = ["speed", "random", "holes", "zero", "empty", "qcow2", "compressed", "nbd", "lib"]
 ALL_CASES = CASES
 
 
@@ -907,6 +908,80 @@ class Bench:
         self.r()
 
     # -- library benchmark
+
+    # -- NBD cases
+
+    def url_cmd(self, name, exe, url, digest="sha256", ours=True):
+        return Cmd(name, [exe, "-d", digest, url], ours=ours, key=(digest, self.bs()))
+
+    def case_nbd(self):
+        """qemu-nbd exports on a unix socket: hashing over NBD against hashing
+        the same file by path, and against the reference on the same URL."""
+        size = 64 * MiB if self.a.quick else 2 * GiB
+        big = 16 * GiB if self.a.quick else TiB
+        qemu_nbd = shutil.which("qemu-nbd")
+        self.r(f"## NBD: qemu-nbd exports on a unix socket ({human(size)} half data, "
+               f"{human(big)} empty)")
+        self.r()
+        if not qemu_nbd:
+            self.r.problem("qemu-nbd missing (apt-get install qemu-utils): NBD case skipped")
+            return
+        holes = self.image("holes", size)
+        empty = self.image("empty", big)
+        if not holes or not empty:
+            return
+        warm(holes)
+        with tempfile.TemporaryDirectory(prefix="blkhash-bench-nbd-") as tmp:
+            servers, urls = [], {}
+            try:
+                for key, img in (("holes", holes), ("empty", empty)):
+                    sock = Path(tmp) / f"{key}.sock"
+                    # Page cache on the server side (qemu-nbd's default
+                    # cache=writeback), shared so several connections work.
+                    servers.append(subprocess.Popen(
+                        [qemu_nbd, "--read-only", "--persistent", "--shared=8", "-f", "raw",
+                         "-k", str(sock), str(img)],
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+                    deadline = time.monotonic() + 10
+                    while not sock.exists() and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    urls[key] = f"nbd+unix:///?socket={sock}"
+                c = {
+                    "nbd": self.url_cmd("blksum sha256 (nbd+unix)", self.blksum, urls["holes"]),
+                    "file": self.ours("sha256", holes),
+                    "file_direct": self.ours("sha256", holes, cache=False),
+                    "ref_nbd": (self.url_cmd("ref sha256 (nbd+unix)", self.ref, urls["holes"],
+                                             ours=False) if self.ref else None),
+                }
+                cmds = [x for x in c.values() if x]
+                run_case(cmds, self.a.runs, self.a.timeout)
+                s = "nbd"
+                self.results(s, cmds, size)
+                self.ratios([(c["nbd"], c["file"]), (c["nbd"], c["file_direct"]),
+                             (c["ref_nbd"], c["nbd"])])
+                self.ratio_target(s, c, "nbd", "file", "≤", 1.3,
+                                  "half data: over NBD ≤ 1.3× the time by path (both page cache)")
+                self.ratio_target(s, c, "ref_nbd", "nbd", "≥", 1.2,
+                                  "half data: blksum ≥ 1.2× the reference on the same URL")
+                e = {
+                    "nbd_empty": self.url_cmd("blksum sha256 empty (nbd+unix)", self.blksum,
+                                              urls["empty"]),
+                    "file_empty": self.ours("sha256", empty, label="empty"),
+                    "ref_empty": (self.url_cmd("ref sha256 empty (nbd+unix)", self.ref,
+                                               urls["empty"], ours=False) if self.ref else None),
+                }
+                ecmds = [x for x in e.values() if x]
+                run_case(ecmds, self.a.runs, self.a.timeout)
+                self.results("nbd-empty", ecmds, big)
+                self.ratios([(e["nbd_empty"], e["file_empty"]), (e["ref_empty"], e["nbd_empty"])])
+                self.ratio_target(s, e, "nbd_empty", "file_empty", "≤", 1.5,
+                                  "empty: over NBD ≤ 1.5× the local empty file")
+                self.memory_target(s, cmds + ecmds)
+            finally:
+                for p in servers:
+                    p.terminate()
+                    p.wait()
+        self.r()
 
     def case_lib(self):
         r = self.r
