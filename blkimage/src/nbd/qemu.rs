@@ -161,6 +161,7 @@ impl QemuExport {
             export: String::new(),
             tls: false,
             tls_certificates: None,
+            tls_hostname: None,
         };
         let failed = |status: std::process::ExitStatus| {
             let msg = std::fs::read_to_string(&log).unwrap_or_default();
