@@ -142,6 +142,16 @@ impl NbdUrl {
     /// The name the server's TLS certificate is checked against: the
     /// `tls-hostname=` query parameter, else the host of a TCP URL, else
     /// "localhost" (a unix socket has no host; libnbd does the same).
+    ///
+    /// ```
+    /// use blkimage::nbd::NbdUrl;
+    /// let u = NbdUrl::parse("nbds://nbd.example:10809/disk").unwrap();
+    /// assert_eq!(u.tls_server_name(), "nbd.example");
+    /// let u = NbdUrl::parse("nbds+unix:///disk?socket=/run/nbd.sock").unwrap();
+    /// assert_eq!(u.tls_server_name(), "localhost");
+    /// let u = NbdUrl::parse("nbds+unix:///?socket=/s&tls-hostname=nbd.example").unwrap();
+    /// assert_eq!(u.tls_server_name(), "nbd.example");
+    /// ```
     pub fn tls_server_name(&self) -> &str {
         match (&self.tls_hostname, &self.address) {
             (Some(h), _) => h,
