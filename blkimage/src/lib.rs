@@ -67,6 +67,8 @@ pub struct OpenOptions {
     /// Refuse images that refer to other files: a qcow2 backing file or
     /// external data file (an untrusted image can name any host file).
     pub no_backing: bool,
+    /// The file with the passphrase of LUKS images (its bytes as they are).
+    pub secret_file: Option<std::path::PathBuf>,
     /// NBD connections: timeout, connections, TLS certificates.
     pub nbd: nbd::NbdOptions,
 }
@@ -122,7 +124,11 @@ pub fn open(name: &str, opts: &OpenOptions) -> io::Result<Input> {
     if let Some(f) = other {
         drop(file);
         return Ok(Input::Image(Box::new(nbd::QemuExport::open(
-            path, f, opts.cache, &opts.nbd,
+            path,
+            f,
+            opts.cache,
+            opts.secret_file.as_deref(),
+            &opts.nbd,
         )?)));
     }
     let is_qcow2 = match opts.format {

@@ -36,7 +36,7 @@ pub struct Args {
 
     /// Image format: raw (the bytes as they are), qcow2, or one QEMU reads
     /// through a private qemu-nbd: vmdk, vdi, vhdx, vpc, qed, parallels, dmg,
-    /// qcow, bochs, cloop [default: probed from the magic bytes: qcow2 if the
+    /// qcow, bochs, cloop, luks (with --secret-file) [default: probed from the magic bytes: qcow2 if the
     /// file starts with the qcow2 magic and version 2 or later, one of the
     /// others by its signature, else raw]. Standard input, pipes and NBD
     /// URLs are always raw.
@@ -48,6 +48,15 @@ pub struct Args {
     /// name any host file as its backing file, and that file would be read.
     #[arg(long)]
     pub no_backing: bool,
+
+    /// LUKS images: the file that holds the passphrase. Its bytes are the
+    /// passphrase as they are (a trailing newline is part of it: write it
+    /// with printf '%s'), as QEMU's `--object secret,file=FILE` reads them:
+    /// a file, not the passphrase itself, so that it never shows in the
+    /// process list or the shell history, and the file that works with
+    /// qemu-img and qemu-nbd works here.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<std::path::PathBuf>,
 
     /// Use the page cache. By default files are read with direct I/O where
     /// the file system allows it, as QEMU's cache=none: a large image does

@@ -63,6 +63,7 @@ fn main() -> ExitCode {
             cache: args.cache,
             format: args.format,
             no_backing: args.no_backing,
+            secret_file: args.secret_file.clone(),
             nbd: blkimage::nbd::NbdOptions {
                 timeout: args.timeout,
                 tls_certificates: args.tls_certificates.clone(),

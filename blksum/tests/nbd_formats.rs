@@ -193,3 +193,129 @@ fn sigterm_stops_qemu_nbd_and_removes_its_directory() {
     assert!(out.stdout.is_empty());
     no_leftovers(dir.path(), &before);
 }
+
+/// `qemu-img convert` of `raw` to a LUKS image with the passphrase `pass`
+/// (iter-time=10: a fast key derivation, for tests only).
+fn to_luks(raw: &Path, out: &Path, pass: &str) {
+    qemu_img(&[
+        "convert",
+        "-q",
+        "--object",
+        &format!("secret,id=sec0,data={pass}"),
+        "-O",
+        "luks",
+        "-o",
+        "key-secret=sec0,iter-time=10",
+        raw.to_str().unwrap(),
+        out.to_str().unwrap(),
+    ]);
+}
+
+#[test]
+fn luks_images_with_a_secret_file() {
+    let _serial = serial();
+    if !have("qemu-nbd") {
+        return;
+    }
+    let before = blksum_temp_dirs();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "correct horse").unwrap();
+    let s = secret.to_str().unwrap();
+    let recipes = ["1m:A 127m:- 1m:B 127m:- 1m:C 63m:-", "8m:t 8m:- 8m:r 8m:0"];
+    for (i, recipe) in recipes.iter().enumerate() {
+        let raw = image(dir.path(), &format!("{i}.raw"), recipe);
+        let luks = dir.path().join(format!("{i}.luks"));
+        to_luks(&raw, &luks, "correct horse");
+        let l = luks.to_str().unwrap();
+        let expect = run_timeout(&[raw.to_str().unwrap()], None, LIMIT);
+        let expect = stdout(&expect).split_once("  ").unwrap().0.to_string();
+        // Probed, and forced with -f luks; --cache passes through.
+        for args in [
+            vec!["--secret-file", s, l],
+            vec!["-f", "luks", "--cache", "--secret-file", s, l],
+        ] {
+            let out = run_timeout(&args, None, LIMIT);
+            assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+            assert_eq!(stdout(&out), format!("{expect}  {l}\n"), "{recipe}");
+        }
+    }
+    // Data written with qemu-io into a new LUKS image, and the same bytes
+    // into a raw file. Every byte is written: unwritten ranges of a new
+    // LUKS image decrypt to noise, not zeros.
+    let luks = dir.path().join("io.luks");
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "luks",
+        "--object",
+        "secret,id=sec0,data=correct horse",
+        "-o",
+        "key-secret=sec0,iter-time=10",
+        luks.to_str().unwrap(),
+        "4M",
+    ]);
+    let out = std::process::Command::new("qemu-io")
+        .args([
+            "--object",
+            "secret,id=sec0,data=correct horse",
+            "--image-opts",
+            &format!(
+                "driver=luks,key-secret=sec0,file.filename={}",
+                luks.display()
+            ),
+            "-c",
+            "write -P 0xab 0 1M",
+            "-c",
+            "write -P 0 1M 2M",
+            "-c",
+            "write -P 0x5c 3M 512k",
+            "-c",
+            "write -P 0 3584k 512k",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let raw = image(dir.path(), "io.raw", "1m:- 2m:- 512k:- 512k:-");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&raw).unwrap();
+        f.write_all_at(&[0xab; 1 << 20], 0).unwrap();
+        f.write_all_at(&[0x5c; 512 << 10], 3 << 20).unwrap();
+    }
+    let expect = run_timeout(&[raw.to_str().unwrap()], None, LIMIT);
+    let expect = stdout(&expect).split_once("  ").unwrap().0.to_string();
+    let out = run_timeout(&["--secret-file", s, luks.to_str().unwrap()], None, LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with(&expect), "{}", stdout(&out));
+    no_leftovers(dir.path(), &before);
+
+    // Errors: exit 1, no checksum, the reason, nothing left behind.
+    let l = luks.to_str().unwrap();
+    let fails = |args: &[&str]| {
+        let out = run_timeout(args, None, LIMIT);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(out.stdout.is_empty(), "{}", stdout(&out));
+        let err = stderr(&out);
+        assert!(err.contains(l), "{err}");
+        err
+    };
+    // No secret: name the option.
+    let err = fails(&[l]);
+    assert!(err.contains("--secret-file"), "{err}");
+    // A wrong passphrase (with a newline: it counts): qemu-nbd's reason.
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "correct horse\n").unwrap();
+    let err = fails(&["--secret-file", wrong.to_str().unwrap(), l]);
+    assert!(
+        err.contains("qemu-nbd") && err.contains("password"),
+        "{err}"
+    );
+    // No such secret file.
+    let none = dir.path().join("none");
+    let err = fails(&["--secret-file", none.to_str().unwrap(), l]);
+    assert!(err.contains("secret file") && err.contains("none"), "{err}");
+    no_leftovers(dir.path(), &before);
+}

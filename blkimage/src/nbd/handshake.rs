@@ -87,6 +87,32 @@ pub fn starttls<S: Read + Write>(s: &mut S) -> io::Result<()> {
     )))
 }
 
+/// The server refused an option because the client did not start TLS.
+#[derive(Debug)]
+struct TlsRequired;
+
+impl std::fmt::Display for TlsRequired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("server requires TLS")
+    }
+}
+
+impl std::error::Error for TlsRequired {}
+
+/// True if `e` says the server wants TLS (the URL should be nbds://).
+pub fn is_tls_required(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<TlsRequired>())
+}
+
+/// An option reply, where NBD_REP_ERR_TLS_REQD is an error of its own.
+fn reply<S: Read>(s: &mut S, opt: u32) -> io::Result<OptionReply> {
+    let r = read_option_reply(s, opt)?;
+    if r.kind == REP_ERR_TLS_REQD {
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, TlsRequired));
+    }
+    Ok(r)
+}
+
 fn oldstyle_export(size: u64, flags: u16) -> Export {
     Export {
         size,
@@ -114,7 +140,7 @@ pub fn negotiate<S: Read + Write>(
     }
     // Structured replies, then base:allocation.
     s.write_all(&option(OPT_STRUCTURED_REPLY, &[]))?;
-    let r = read_option_reply(s, OPT_STRUCTURED_REPLY)?;
+    let r = reply(s, OPT_STRUCTURED_REPLY)?;
     let structured = r.kind == REP_ACK;
     if !structured && !r.is_error() {
         return Err(malformed("unexpected reply to NBD_OPT_STRUCTURED_REPLY"));
@@ -126,7 +152,7 @@ pub fn negotiate<S: Read + Write>(
             &meta_context_data(export, &[BASE_ALLOCATION]),
         ))?;
         loop {
-            let r = read_option_reply(s, OPT_SET_META_CONTEXT)?;
+            let r = reply(s, OPT_SET_META_CONTEXT)?;
             match r.kind {
                 REP_META_CONTEXT => {
                     let (id, name) = parse_meta_context(&r.data)?;
@@ -148,7 +174,7 @@ pub fn negotiate<S: Read + Write>(
     let mut size_flags = None;
     let mut sizes = None;
     loop {
-        let r = read_option_reply(s, OPT_GO)?;
+        let r = reply(s, OPT_GO)?;
         match r.kind {
             REP_INFO => match parse_info(&r.data)? {
                 Info::Export { size, flags } => size_flags = Some((size, flags)),

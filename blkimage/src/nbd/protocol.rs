@@ -37,6 +37,7 @@ pub const REP_ACK: u32 = 1;
 pub const REP_INFO: u32 = 3;
 pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
+pub const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
 
 pub const INFO_EXPORT: u16 = 0;
 pub const INFO_BLOCK_SIZE: u16 = 3;

@@ -26,6 +26,7 @@ pub const FORMATS: &[&str] = &[
     "qcow",
     "bochs",
     "cloop",
+    "luks",
 ];
 
 /// How long qemu-nbd may take to listen.
@@ -39,7 +40,7 @@ fn at(file: &File, offset: u64, n: usize) -> Option<Vec<u8>> {
 
 /// The QEMU format of `file` from its magic bytes, if it is one of
 /// [`FORMATS`] (raw and qcow2 are not: blkimage reads those itself).
-/// LUKS is reported as "luks" (it needs a secret).
+/// LUKS is reported as "luks" (it needs a passphrase: a secret file).
 pub fn probe_format(file: &File, size: u64) -> io::Result<Option<&'static str>> {
     let head = at(file, 0, 512.min(size as usize)).unwrap_or_default();
     let starts = |m: &[u8]| head.starts_with(m);
@@ -92,6 +93,17 @@ impl Drop for Server {
     }
 }
 
+/// QEMU's option syntax: a comma in a value is written twice.
+fn qemu_escape(p: &Path) -> io::Result<String> {
+    let s = p.to_str().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not a UTF-8 path", p.display()),
+        )
+    })?;
+    Ok(s.replace(',', ",,"))
+}
+
 /// An image served by a private qemu-nbd, as a [`Source`].
 pub struct QemuExport {
     // Dropped in this order: disconnect, then stop the server.
@@ -102,34 +114,70 @@ pub struct QemuExport {
 impl QemuExport {
     /// Serve `path` in `format` with qemu-nbd and connect to it. `cache`:
     /// qemu-nbd's --cache=writeback, else --cache=none (direct I/O).
+    /// `secret`: a file holding the passphrase of a LUKS image (its bytes
+    /// as they are, as QEMU's `--object secret,file=` reads them).
+    ///
+    /// ```no_run
+    /// use blkimage::nbd::{NbdOptions, QemuExport};
+    /// use blkimage::Source;
+    /// use std::path::Path;
+    /// let disk = QemuExport::open(
+    ///     Path::new("disk.luks"),
+    ///     "luks",
+    ///     false,
+    ///     Some(Path::new("passphrase.txt")),
+    ///     &NbdOptions::default(),
+    /// )
+    /// .unwrap();
+    /// println!("{} bytes", disk.size());
+    /// ```
     pub fn open(
         path: &Path,
         format: &str,
         cache: bool,
+        secret: Option<&Path>,
         opts: &NbdOptions,
     ) -> io::Result<QemuExport> {
-        if format == "luks" {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "LUKS images need a secret, which blksum cannot pass yet",
-            ));
-        }
+        let secret = if format == "luks" {
+            let Some(secret) = secret else {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a LUKS image: give its passphrase with --secret-file FILE",
+                ));
+            };
+            // Our own message for a missing file, not qemu-nbd's.
+            File::open(secret).map_err(|e| {
+                io::Error::new(e.kind(), format!("secret file {}: {e}", secret.display()))
+            })?;
+            Some(std::path::absolute(secret)?)
+        } else {
+            None
+        };
         let dir = tempfile::Builder::new().prefix("blksum-").tempdir()?;
         let sock = dir.path().join("nbd.sock");
         let log = dir.path().join("qemu-nbd.log");
         let path = std::path::absolute(path)?;
         let mut cmd = Command::new("qemu-nbd");
         cmd.arg("--read-only")
-            .arg(format!("--format={format}"))
             .arg(format!("--socket={}", sock.display()))
             .arg(format!(
                 "--cache={}",
                 if cache { "writeback" } else { "none" }
             ))
-            .arg(format!("--shared={}", opts.connections.max(1)))
-            .arg("--")
-            .arg(&path)
-            .stdin(Stdio::null())
+            .arg(format!("--shared={}", opts.connections.max(1)));
+        match &secret {
+            // The passphrase stays in its file: never on a command line.
+            Some(secret) => cmd
+                .arg("--object")
+                .arg(format!("secret,id=sec0,file={}", qemu_escape(secret)?))
+                .arg("--image-opts")
+                .arg(format!(
+                    "driver=luks,key-secret=sec0,file.filename={}",
+                    qemu_escape(&path)?
+                )),
+            None => cmd.arg(format!("--format={format}")).arg("--").arg(&path),
+        };
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(File::create(&log)?);
         // SAFETY: only async-signal-safe calls between fork and exec.
@@ -161,6 +209,7 @@ impl QemuExport {
             export: String::new(),
             tls: false,
             tls_certificates: None,
+            tls_hostname: None,
         };
         let failed = |status: std::process::ExitStatus| {
             let msg = std::fs::read_to_string(&log).unwrap_or_default();

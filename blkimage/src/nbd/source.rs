@@ -8,8 +8,10 @@ use super::protocol::{FLAG_CAN_MULTI_CONN, STATE_HOLE, STATE_ZERO};
 use super::transport::{Socket, Split};
 use super::url::{Address, NbdUrl};
 use crate::source::{Extent, ExtentKind, Source};
+use rustls::ClientConfig;
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -57,8 +59,13 @@ fn describe(addr: &Address) -> String {
     }
 }
 
-/// One connection, negotiated and in transmission.
-fn connect_one(url: &NbdUrl, opts: &NbdOptions) -> io::Result<Connection> {
+/// One connection, negotiated and in transmission (`tls`: the TLS
+/// configuration, for nbds:// URLs).
+fn connect_one(
+    url: &NbdUrl,
+    opts: &NbdOptions,
+    tls: Option<&Arc<ClientConfig>>,
+) -> io::Result<Connection> {
     let mut sock = Socket::connect(&url.address, opts.timeout).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -66,39 +73,55 @@ fn connect_one(url: &NbdUrl, opts: &NbdOptions) -> io::Result<Connection> {
         )
     })?;
     let greeting = handshake::greet(&mut sock)?;
-    if url.tls {
+    if let Some(config) = tls {
         let Greeting::Newstyle { fixed: true, .. } = greeting else {
             return Err(io::Error::other("the server cannot do TLS (old handshake)"));
         };
+        // STARTTLS comes first: everything after it, NBD_OPT_GO included,
+        // is encrypted.
         handshake::starttls(&mut sock)?;
-        let certs = url
-            .tls_certificates
-            .clone()
-            .or_else(|| opts.tls_certificates.clone());
-        let host = match &url.address {
-            Address::Tcp { host, .. } => host.clone(),
-            Address::Unix(_) => "localhost".to_string(),
-        };
-        let mut tls = super::tls::connect(sock, &host, certs.as_deref())?;
-        let export = handshake::negotiate(&mut tls, greeting, &url.export)?;
+        let mut tls = super::tls::connect(sock, url.tls_server_name(), config, opts.timeout)?;
+        let export = handshake::negotiate(&mut tls, greeting, &url.export)
+            .map_err(|e| tls.after_handshake(e))?;
         let split = super::tls::split(tls)?;
         return Ok(Connection::new(split, export, opts.timeout));
     }
-    let export = handshake::negotiate(&mut sock, greeting, &url.export)?;
+    let export = handshake::negotiate(&mut sock, greeting, &url.export).map_err(|e| {
+        if handshake::is_tls_required(&e) {
+            let scheme = match url.address {
+                Address::Tcp { .. } => "nbds://",
+                Address::Unix(_) => "nbds+unix://",
+            };
+            io::Error::new(e.kind(), format!("{e}: use {scheme}"))
+        } else {
+            e
+        }
+    })?;
     Ok(Connection::new(Split::plain(sock)?, export, opts.timeout))
 }
 
 impl Nbd {
     /// Connect to `url` (several connections if the server allows it).
     pub fn connect(url: &NbdUrl, opts: &NbdOptions) -> io::Result<Nbd> {
-        let first = connect_one(url, opts)?;
+        // Certificates are loaded once, before talking to the server: a
+        // local mistake (no ca-cert.pem) never reaches it.
+        let tls = if url.tls {
+            let certs = url
+                .tls_certificates
+                .as_deref()
+                .or(opts.tls_certificates.as_deref());
+            Some(Arc::new(super::tls::config(certs)?))
+        } else {
+            None
+        };
+        let first = connect_one(url, opts, tls.as_ref())?;
         let export = first.export.clone();
         let mut conns = vec![first];
         if export.flags & FLAG_CAN_MULTI_CONN != 0 {
             while conns.len() < opts.connections.max(1) {
                 // More connections only help: a server that refuses them
                 // (qemu-nbd's --shared) leaves us with fewer.
-                match connect_one(url, opts) {
+                match connect_one(url, opts, tls.as_ref()) {
                     Ok(c) if c.export.size == export.size => conns.push(c),
                     _ => break,
                 }

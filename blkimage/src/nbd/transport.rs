@@ -4,6 +4,7 @@
 use super::url::Address;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,11 +71,28 @@ impl Socket {
         })
     }
 
+    /// Non-blocking mode (the TLS transport polls instead of blocking).
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Socket::Tcp(s) => s.set_nonblocking(on),
+            Socket::Unix(s) => s.set_nonblocking(on),
+        }
+    }
+
     pub fn shutdown(&self) {
         let _ = match self {
             Socket::Tcp(s) => s.shutdown(Shutdown::Both),
             Socket::Unix(s) => s.shutdown(Shutdown::Both),
         };
+    }
+}
+
+impl AsRawFd for Socket {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Socket::Tcp(s) => s.as_raw_fd(),
+            Socket::Unix(s) => s.as_raw_fd(),
+        }
     }
 }
 

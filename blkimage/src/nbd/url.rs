@@ -1,6 +1,7 @@
 //! NBD URLs as libnbd spells them:
 //! `nbd://host[:port][/export]`, `nbd+unix:///export?socket=PATH`, and the
-//! TLS forms `nbds://` and `nbds+unix://` (query `tls-certificates=DIR`).
+//! TLS forms `nbds://` and `nbds+unix://` (queries `tls-certificates=DIR`
+//! and `tls-hostname=NAME`, as libnbd has them).
 
 use std::io;
 use std::path::PathBuf;
@@ -22,6 +23,9 @@ pub struct NbdUrl {
     pub tls: bool,
     /// A directory with ca-cert.pem (and client-cert.pem, client-key.pem).
     pub tls_certificates: Option<PathBuf>,
+    /// The name the server's certificate must be valid for, instead of
+    /// the URL's host (or "localhost" for a unix socket).
+    pub tls_hostname: Option<String>,
 }
 
 /// True if `name` is an NBD URL (by its scheme).
@@ -80,6 +84,7 @@ impl NbdUrl {
         let export = percent_decode(path, url)?;
         let mut socket = None;
         let mut tls_certificates = None;
+        let mut tls_hostname = None;
         for pair in query
             .unwrap_or_default()
             .split('&')
@@ -90,6 +95,7 @@ impl NbdUrl {
             match k {
                 "socket" => socket = Some(PathBuf::from(v)),
                 "tls-certificates" => tls_certificates = Some(PathBuf::from(v)),
+                "tls-hostname" if !v.is_empty() => tls_hostname = Some(v),
                 // libnbd's other parameters (tls-verify-peer, ...) are not
                 // supported: refuse rather than ignore them.
                 _ => return Err(bad(url, &format!("unsupported query parameter '{k}'"))),
@@ -129,7 +135,29 @@ impl NbdUrl {
             export,
             tls,
             tls_certificates,
+            tls_hostname,
         })
+    }
+
+    /// The name the server's TLS certificate is checked against: the
+    /// `tls-hostname=` query parameter, else the host of a TCP URL, else
+    /// "localhost" (a unix socket has no host; libnbd does the same).
+    ///
+    /// ```
+    /// use blkimage::nbd::NbdUrl;
+    /// let u = NbdUrl::parse("nbds://nbd.example:10809/disk").unwrap();
+    /// assert_eq!(u.tls_server_name(), "nbd.example");
+    /// let u = NbdUrl::parse("nbds+unix:///disk?socket=/run/nbd.sock").unwrap();
+    /// assert_eq!(u.tls_server_name(), "localhost");
+    /// let u = NbdUrl::parse("nbds+unix:///?socket=/s&tls-hostname=nbd.example").unwrap();
+    /// assert_eq!(u.tls_server_name(), "nbd.example");
+    /// ```
+    pub fn tls_server_name(&self) -> &str {
+        match (&self.tls_hostname, &self.address) {
+            (Some(h), _) => h,
+            (None, Address::Tcp { host, .. }) => host,
+            (None, Address::Unix(_)) => "localhost",
+        }
     }
 }
 
@@ -164,6 +192,11 @@ mod tests {
         let u = NbdUrl::parse("nbds+unix://?socket=/s&tls-certificates=/pki").unwrap();
         assert!(u.tls);
         assert_eq!(u.tls_certificates, Some("/pki".into()));
+        assert_eq!(u.tls_server_name(), "localhost");
+        let u = NbdUrl::parse("nbds+unix://?socket=/s&tls-hostname=nbd.example").unwrap();
+        assert_eq!(u.tls_server_name(), "nbd.example");
+        let u = NbdUrl::parse("nbds://[::1]:1234/x").unwrap();
+        assert_eq!(u.tls_server_name(), "::1");
         assert!(NbdUrl::parse("nbd+unix:///x").is_err());
         assert!(NbdUrl::parse("nbd://h:port/").is_err());
         assert!(NbdUrl::parse("nbd://h/?foo=1").is_err());
