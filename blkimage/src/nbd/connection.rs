@@ -143,7 +143,7 @@ impl Connection {
             // so that it gives every waiter up.
             (self.shutdown)();
             let _ = self.wait(Ticket(cookie));
-            return Err(e);
+            return Err(peer_gone(e));
         }
         Ok(Ticket(cookie))
     }
@@ -254,6 +254,7 @@ fn read_loop(
             }
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if is_peer_gone(&e) => return Err(peer_gone(e)),
             Err(e) if is_timeout(&e) => {
                 let st = shared.lock();
                 let limit = timeout.unwrap_or(Duration::MAX);
@@ -465,4 +466,26 @@ fn claim(
         covered.insert(at, end);
     }
     Ok((at - offset) as usize)
+}
+
+/// A server that dies mid-transfer shows as a reset or a broken pipe
+/// depending on timing; say what happened the same way in both cases.
+fn is_peer_gone(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted
+    )
+}
+
+fn peer_gone(e: io::Error) -> io::Error {
+    if is_peer_gone(&e) {
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("the server closed the connection ({e})"),
+        )
+    } else {
+        e
+    }
 }

@@ -36,9 +36,12 @@ impl Default for NbdOptions {
     }
 }
 
-/// Bytes per read request at most (less if the server says so): several
-/// requests per read keep the server busy.
-const REQUEST_SIZE: u32 = 256 << 10;
+/// Bytes per read request at most (less if the server says so). One read of
+/// the default 1 MiB is one request: the digest workers already keep one
+/// read each in flight, and splitting it into 256 KiB requests cost the
+/// server (qemu-nbd, single-threaded) more CPU per byte for no gain on a
+/// 2-core machine (0.87-1.17 s vs 0.96-1.26 s for 1 GiB of data).
+const REQUEST_SIZE: u32 = 1 << 20;
 /// Block status is asked for ranges this large (a multiple of any minimum
 /// block size); the server may answer for less.
 const STATUS_SIZE: u64 = 0xffff_0000;
