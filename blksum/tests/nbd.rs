@@ -5,11 +5,9 @@
 mod common;
 
 use common::nbd::*;
-use common::qemu::{qemu_img, run_timeout};
+use common::qemu::qemu_img;
 use common::*;
 use std::time::{Duration, Instant};
-
-const LIMIT: Duration = Duration::from_secs(60);
 
 /// The sha256, 64k vectors of raw images (a few dozen recipes).
 fn vectors() -> Vec<testkit::Vector> {
@@ -17,27 +15,6 @@ fn vectors() -> Vec<testkit::Vector> {
         .into_iter()
         .filter(|v| v.format.is_none() && v.digest == "sha256" && v.block_size == 65536)
         .collect()
-}
-
-/// blksum on one input, which must succeed: its checksum.
-fn sum(args: &[&str]) -> String {
-    let out = run_timeout(args, None, LIMIT);
-    assert!(out.status.success(), "blksum {args:?}: {}", stderr(&out));
-    let text = stdout(&out);
-    text.split_once("  ").expect("CHECKSUM  NAME").0.to_string()
-}
-
-/// blksum on one input, which must fail: its error output.
-fn fails(args: &[&str]) -> String {
-    let out = run_timeout(args, None, LIMIT);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "blksum {args:?}: {}",
-        stderr(&out)
-    );
-    assert!(out.stdout.is_empty(), "checksum printed: {}", stdout(&out));
-    stderr(&out)
 }
 
 #[test]
@@ -52,7 +29,7 @@ fn qemu_nbd_raw_unix_socket_vectors() {
         let sock = dir.path().join(format!("{i}.sock"));
         let srv = qemu_nbd(&img, "raw", Listen::Unix(&sock), None);
         // QEMU rounds the size up to 512 bytes, as blksum does for files.
-        assert_eq!(sum(&[&srv.url]), v.file, "{}", v.recipe);
+        assert_eq!(nbd_sum(&[&srv.url]), v.file, "{}", v.recipe);
         checked += 1;
     }
     assert!(checked >= 20, "{checked}");
@@ -86,18 +63,18 @@ fn qemu_nbd_qcow2_over_tcp_with_named_exports() {
         ]);
         let srv = qemu_nbd(&qcow2, "qcow2", Listen::Tcp, Some("disk one"));
         let url = srv.url.replace(' ', "%20");
-        assert_eq!(sum(&[&url]), v.file, "{}", v.recipe);
+        assert_eq!(nbd_sum(&[&url]), v.file, "{}", v.recipe);
         // Raw over TCP, default export, another digest and block size.
         let srv = qemu_nbd(&raw, "raw", Listen::Tcp, None);
-        let expect = sum(&["-d", "blake3", "--block-size", "4k", raw.to_str().unwrap()]);
+        let expect = nbd_sum(&["-d", "blake3", "--block-size", "4k", raw.to_str().unwrap()]);
         assert_eq!(
-            sum(&["-d", "blake3", "--block-size", "4k", &srv.url]),
+            nbd_sum(&["-d", "blake3", "--block-size", "4k", &srv.url]),
             expect
         );
         // A name the server does not export.
         let srv = qemu_nbd(&raw, "raw", Listen::Tcp, Some("disk"));
         let bad = srv.url.replace("/disk", "/other");
-        let err = fails(&[&bad]);
+        let err = nbd_fails(&[&bad]);
         assert!(err.contains(&bad) && err.contains("export"), "{err}");
     }
 }
@@ -113,7 +90,7 @@ fn nbdkit_file_exports_the_exact_size() {
         let img = image(dir.path(), &format!("{i}.raw"), &v.recipe);
         let sock = dir.path().join(format!("{i}.sock"));
         let srv = nbdkit(Listen::Unix(&sock), &["file", img.to_str().unwrap()]);
-        assert_eq!(sum(&[&srv.url]), v.pipe_checksum(), "{}", v.recipe);
+        assert_eq!(nbd_sum(&[&srv.url]), v.pipe_checksum(), "{}", v.recipe);
         checked += 1;
     }
     assert!(checked >= 20, "{checked}");
@@ -152,8 +129,8 @@ fn nbdkit_plugins_match_what_qemu_reads() {
         let srv = nbdkit(Listen::Unix(&sock), args);
         let out = dir.path().join(format!("{i}.raw"));
         fetch(&srv.url, &out);
-        let expect = sum(&[out.to_str().unwrap()]);
-        assert_eq!(sum(&[&srv.url]), expect, "{args:?}");
+        let expect = nbd_sum(&[out.to_str().unwrap()]);
+        assert_eq!(nbd_sum(&[&srv.url]), expect, "{args:?}");
         std::fs::remove_file(&out).unwrap();
     }
 }
@@ -178,7 +155,7 @@ fn errors_name_the_url_and_print_no_checksum() {
             "error=EIO",
         ],
     );
-    let err = fails(&[&srv.url]);
+    let err = nbd_fails(&[&srv.url]);
     assert!(err.contains(&srv.url) && err.contains("EIO"), "{err}");
     drop(srv);
     // Errors on a chosen range only (the last 1 MiB), from a script plugin.
@@ -191,18 +168,18 @@ fn errors_name_the_url_and_print_no_checksum() {
         Listen::Unix(&sock),
         &["eval", "get_size=echo 16777216", &format!("pread={pread}")],
     );
-    let err = fails(&[&srv.url]);
+    let err = nbd_fails(&[&srv.url]);
     assert!(err.contains(&srv.url) && err.contains("EIO"), "{err}");
     drop(srv);
     // No server at all: a free port, a missing socket.
     let url = format!("nbd://127.0.0.1:{}/", free_port());
-    let err = fails(&[&url]);
+    let err = nbd_fails(&[&url]);
     assert!(err.contains(&url) && err.contains("connect"), "{err}");
     let url = format!(
         "nbd+unix:///?socket={}",
         dir.path().join("none.sock").display()
     );
-    assert!(fails(&[&url]).contains(&url));
+    assert!(nbd_fails(&[&url]).contains(&url));
     // Not an NBD server.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -211,7 +188,7 @@ fn errors_name_the_url_and_print_no_checksum() {
         let (mut s, _) = listener.accept().unwrap();
         let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
     });
-    let err = fails(&[&format!("nbd://127.0.0.1:{port}")]);
+    let err = nbd_fails(&[&format!("nbd://127.0.0.1:{port}")]);
     assert!(err.contains("NBD"), "{err}");
     t.join().unwrap();
 }
@@ -229,7 +206,7 @@ fn a_silent_server_times_out() {
         &["--filter=delay", "file", img.to_str().unwrap(), "rdelay=20"],
     );
     let start = Instant::now();
-    let err = fails(&["--timeout", "1", &srv.url]);
+    let err = nbd_fails(&["--timeout", "1", &srv.url]);
     assert!(
         err.contains(&srv.url) && err.contains("did not answer"),
         "{err}"
@@ -248,7 +225,7 @@ fn a_silent_server_times_out() {
     );
     let expect = run(&["-"], Some(&img));
     assert_eq!(
-        sum(&["--timeout", "5", &srv.url]),
+        nbd_sum(&["--timeout", "5", &srv.url]),
         stdout(&expect).split_once("  ").unwrap().0
     );
 }
@@ -278,7 +255,7 @@ fn a_server_killed_mid_transfer_is_an_error() {
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     });
     let start = Instant::now();
-    let err = fails(&[&url]);
+    let err = nbd_fails(&[&url]);
     killer.join().unwrap();
     srv.kill();
     assert!(err.contains(&url) && err.contains("closed"), "{err}");

@@ -7,12 +7,9 @@
 mod common;
 
 use common::nbd::*;
-use common::qemu::run_timeout;
 use common::*;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-const LIMIT: Duration = Duration::from_secs(60);
 
 /// A few raw recipes: holes, zeros, data, a tail not a multiple of 512,
 /// and 16 MiB of data (many requests in flight, several connections).
@@ -40,33 +37,15 @@ fn vector(recipe: &str) -> testkit::Vector {
     vectors().into_iter().find(|v| v.recipe == recipe).unwrap()
 }
 
+/// nbd_fails, and the error names `url`.
+fn fails(args: &[&str], url: &str) -> String {
+    let err = nbd_fails(args);
+    assert!(err.contains(url), "{err}");
+    err
+}
+
 fn have_tls_tools() -> bool {
     have("qemu-nbd") && have("certtool")
-}
-
-/// blksum on one input, which must succeed: its checksum.
-fn sum(args: &[&str]) -> String {
-    let out = run_timeout(args, None, LIMIT);
-    assert!(out.status.success(), "blksum {args:?}: {}", stderr(&out));
-    let text = stdout(&out);
-    text.split_once("  ").expect("CHECKSUM  NAME").0.to_string()
-}
-
-/// blksum on one input, which must fail: its error output, which names
-/// `url` (run_timeout waited for blksum to exit: nothing is left).
-fn fails(args: &[&str], url: &str) -> String {
-    let out = run_timeout(args, None, LIMIT);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "blksum {args:?}: {}",
-        stderr(&out)
-    );
-    assert!(out.stdout.is_empty(), "checksum printed: {}", stdout(&out));
-    let err = stderr(&out);
-    assert!(err.contains(url), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    err
 }
 
 fn with_certs(url: &str, dir: &Path) -> String {
@@ -91,24 +70,24 @@ fn qemu_nbd_tls_over_tcp_and_unix_sockets() {
         assert!(srv.url.starts_with("nbds://127.0.0.1:"), "{}", srv.url);
         let ca = pki.ca_only.to_str().unwrap();
         assert_eq!(
-            sum(&["--tls-certificates", ca, &srv.url]),
+            nbd_sum(&["--tls-certificates", ca, &srv.url]),
             v.file,
             "{}",
             v.recipe
         );
         // ... and for localhost, a name.
         let by_name = srv.url.replace("127.0.0.1", "localhost");
-        assert_eq!(sum(&[&with_certs(&by_name, &pki.ca_only)]), v.file);
+        assert_eq!(nbd_sum(&[&with_certs(&by_name, &pki.ca_only)]), v.file);
         drop(srv);
         // A unix socket: the certificate checked for "localhost".
         let sock = dir.path().join(format!("{i}.sock"));
         let srv = qemu_nbd_tls(&img, Listen::Unix(&sock), &pki.server, false);
         assert!(srv.url.starts_with("nbds+unix://"), "{}", srv.url);
-        assert_eq!(sum(&[&with_certs(&srv.url, &pki.ca_only)]), v.file);
+        assert_eq!(nbd_sum(&[&with_certs(&srv.url, &pki.ca_only)]), v.file);
         // Another digest and block size, as hashing the file gives.
-        let expect = sum(&["-d", "blake3", "--block-size", "4k", img.to_str().unwrap()]);
+        let expect = nbd_sum(&["-d", "blake3", "--block-size", "4k", img.to_str().unwrap()]);
         assert_eq!(
-            sum(&[
+            nbd_sum(&[
                 "-d",
                 "blake3",
                 "--block-size",
@@ -133,10 +112,10 @@ fn qemu_nbd_tls_with_client_certificates() {
     let img = image(dir.path(), "a.raw", &v.recipe);
     // verify-peer=on: the server wants a certificate from its CA.
     let srv = qemu_nbd_tls(&img, Listen::Tcp, &pki.server, true);
-    assert_eq!(sum(&[&with_certs(&srv.url, &pki.client)]), v.file);
+    assert_eq!(nbd_sum(&[&with_certs(&srv.url, &pki.client)]), v.file);
     let sock = dir.path().join("a.sock");
     let srv_unix = qemu_nbd_tls(&img, Listen::Unix(&sock), &pki.server, true);
-    assert_eq!(sum(&[&with_certs(&srv_unix.url, &pki.client)]), v.file);
+    assert_eq!(nbd_sum(&[&with_certs(&srv_unix.url, &pki.client)]), v.file);
     // Without one: refused, and the error says what is missing.
     for url in [&srv.url, &srv_unix.url] {
         let url = with_certs(url, &pki.ca_only);
@@ -196,9 +175,9 @@ fn tls_errors_name_the_url_and_print_no_checksum() {
     let err = fails(&[&url], &url);
     assert!(err.contains("refused TLS"), "{err}");
     // The servers still serve: nothing above broke them.
-    let expect = sum(&[img.to_str().unwrap()]);
-    assert_eq!(sum(&[&with_certs(&srv.url, &pki.ca_only)]), expect);
-    assert_eq!(sum(&[&srv_plain.url]), expect);
+    let expect = nbd_sum(&[img.to_str().unwrap()]);
+    assert_eq!(nbd_sum(&[&with_certs(&srv.url, &pki.ca_only)]), expect);
+    assert_eq!(nbd_sum(&[&srv_plain.url]), expect);
 }
 
 /// nbdkit's TLS (gnutls), if this nbdkit has it.
@@ -224,14 +203,14 @@ fn nbdkit_tls_and_a_silent_tls_server() {
     let sock = dir.path().join("a.sock");
     let srv = nbdkit(Listen::Unix(&sock), &["--tls=require", &certs, "file", f]);
     let url = with_certs(&tls_url(&srv.url), &pki.ca_only);
-    assert_eq!(sum(&[&url]), v.pipe_checksum());
+    assert_eq!(nbd_sum(&[&url]), v.pipe_checksum());
     // TCP, and a client certificate required (tls-verify-peer).
     let srv = nbdkit(
         Listen::Tcp,
         &["--tls=require", &certs, "--tls-verify-peer", "file", f],
     );
     let url = with_certs(&tls_url(&srv.url), &pki.client);
-    assert_eq!(sum(&[&url]), v.pipe_checksum());
+    assert_eq!(nbd_sum(&[&url]), v.pipe_checksum());
     // A plain URL.
     let err = fails(&[&srv.url], &srv.url);
     assert!(err.contains("server requires TLS: use nbds://"), "{err}");

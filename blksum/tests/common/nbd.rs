@@ -331,3 +331,33 @@ pub fn blksum_temp_dirs() -> Vec<PathBuf> {
     v.sort();
     v
 }
+
+/// How long one blksum run over NBD may take in the tests.
+pub const NBD_LIMIT: Duration = Duration::from_secs(60);
+
+/// blksum on one input, which must succeed: its checksum.
+pub fn nbd_sum(args: &[&str]) -> String {
+    let out = super::qemu::run_timeout(args, None, NBD_LIMIT);
+    assert!(
+        out.status.success(),
+        "blksum {args:?}: {}",
+        super::stderr(&out)
+    );
+    let text = super::stdout(&out);
+    text.split_once("  ").expect("CHECKSUM  NAME").0.to_string()
+}
+
+/// blksum on one input, which must fail with exit 1, no checksum and no
+/// panic: its error output (run_timeout waited for blksum to exit).
+pub fn nbd_fails(args: &[&str]) -> String {
+    let out = super::qemu::run_timeout(args, None, NBD_LIMIT);
+    let err = super::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "blksum {args:?}: {err}");
+    assert!(
+        out.stdout.is_empty(),
+        "checksum printed: {}",
+        super::stdout(&out)
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
