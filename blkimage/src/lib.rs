@@ -14,6 +14,7 @@ pub mod nbd;
 pub mod qcow2;
 mod raw;
 mod reader;
+pub mod signals;
 mod source;
 pub mod units;
 

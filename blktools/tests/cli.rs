@@ -60,10 +60,7 @@ fn base(dir: &Path) -> PathBuf {
 
 #[test]
 fn map_checksum_is_the_construction() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let img = base(d);
     for (alg, bs, extra) in [
@@ -120,10 +117,7 @@ fn map_checksum_is_the_construction() {
 
 #[test]
 fn damaged_and_truncated_maps_refused() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let img = base(d);
     let good = d.join("good.map");
@@ -173,10 +167,7 @@ fn damaged_and_truncated_maps_refused() {
 
 #[test]
 fn diff_agrees_with_qemu_img_compare() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let a = base(d);
     // (qemu-io writes, expected ranges with 64k blocks, with 4k blocks)
@@ -242,10 +233,7 @@ fn diff_agrees_with_qemu_img_compare() {
 
 #[test]
 fn holes_and_written_zeros_are_the_same() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let sparse = image(d, "sparse.qcow2", "qcow2", 4 * MIB, &[]);
     let zeros = image(
@@ -276,10 +264,7 @@ fn holes_and_written_zeros_are_the_same() {
 
 #[test]
 fn different_sizes_differ_in_the_tail() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let a = image(d, "a.qcow2", "qcow2", 4 * MIB, &["write -P 0x11 0 1M"]);
     let b = image(d, "b.qcow2", "qcow2", 6 * MIB, &["write -P 0x11 0 1M"]);
@@ -313,10 +298,7 @@ fn different_sizes_differ_in_the_tail() {
 
 #[test]
 fn maps_and_images_mix() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let a = base(d);
     let b = copy(&a, &d.join("b.qcow2"));
@@ -375,10 +357,7 @@ fn maps_and_images_mix() {
 
 #[test]
 fn mismatched_maps_refused() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let a = base(d);
     let (m3, m4) = (d.join("blake3.map"), d.join("4k.map"));

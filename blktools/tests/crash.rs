@@ -87,19 +87,10 @@ fn finish_and_check(dir: &Path, src: &Path, dst: &Path, state: &Path) {
 /// too, or not) must finish the job.
 #[test]
 fn killed_at_random_points_then_rerun() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let size = 64 * MIB;
-    let src = image(
-        d,
-        "src.qcow2",
-        "qcow2",
-        size,
-        &["write -P 0x11 0 40M", "write -P 0x12 48M 8M"],
-    );
+    let src = src_qcow2(d, size, &["write -P 0x11 0 40M", "write -P 0x12 48M 8M"]);
     // How long a first copy takes here, to spread the kills over it.
     let t = Instant::now();
     let probe = run(BLKSYNC, &[s(&src), s(&d.join("probe.raw")), "-t", "1"]);
@@ -147,18 +138,9 @@ fn killed_at_random_points_then_rerun() {
 /// hashed, the state still in place and still true).
 #[test]
 fn sigint_and_sigterm_stop_promptly() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
-    let src = image(
-        d,
-        "src.qcow2",
-        "qcow2",
-        512 * MIB,
-        &["write -P 0x31 0 512M"],
-    );
+    let src = src_qcow2(d, 512 * MIB, &["write -P 0x31 0 512M"]);
     let dst = d.join("dst.raw");
     let state = d.join("dst.map");
     let args = [s(&src), s(&dst), "--state", s(&state), "-t", "1"];

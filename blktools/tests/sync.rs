@@ -46,18 +46,9 @@ fn check_state(dir: &Path, dst: &Path, state: &Path) {
 
 #[test]
 fn sync_writes_only_the_differences() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
-    let src = image(
-        d,
-        "src.qcow2",
-        "qcow2",
-        16 * MIB,
-        &["write -P 0x11 0 4M", "write -P 0x22 9M 1M"],
-    );
+    let src = src_qcow2(d, 16 * MIB, &["write -P 0x11 0 4M", "write -P 0x22 9M 1M"]);
     let dst = d.join("dst.raw");
     sh("qemu-img", &["convert", "-O", "raw", s(&src), s(&dst)]);
     let state = d.join("dst.map");
@@ -97,18 +88,9 @@ fn sync_writes_only_the_differences() {
 /// ranges, some across block boundaries), with a state and without one.
 #[test]
 fn round_trips_with_changes_between_runs() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
-    let src = image(
-        d,
-        "src.qcow2",
-        "qcow2",
-        24 * MIB,
-        &["write -P 0x01 0 6M", "write -P 0x02 12M 3M"],
-    );
+    let src = src_qcow2(d, 24 * MIB, &["write -P 0x01 0 6M", "write -P 0x02 12M 3M"]);
     let with_state = d.join("a.raw");
     let without = d.join("b.raw");
     let state = d.join("a.map");
@@ -142,18 +124,9 @@ fn round_trips_with_changes_between_runs() {
 
 #[test]
 fn sync_resizes_regular_files() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
-    let src = image(
-        d,
-        "src.qcow2",
-        "qcow2",
-        8 * MIB,
-        &["write -P 0x11 0 1M", "write -P 0x22 7M 64k"],
-    );
+    let src = src_qcow2(d, 8 * MIB, &["write -P 0x11 0 1M", "write -P 0x22 7M 64k"]);
     // Smaller and larger.
     for size in [2 * MIB, 12 * MIB + 512] {
         let dst = image(
@@ -175,15 +148,10 @@ fn sync_resizes_regular_files() {
 /// blocks are written (its zero blocks are holes already).
 #[test]
 fn first_copy_writes_data_only_and_stays_sparse() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
-    let src = image(
+    let src = src_qcow2(
         d,
-        "src.qcow2",
-        "qcow2",
         32 * MIB,
         &[
             "write -P 0x11 0 1M",
@@ -229,12 +197,9 @@ fn first_copy_writes_data_only_and_stays_sparse() {
 
 #[test]
 fn bad_states_refused_and_dst_untouched() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
-    let src = image(d, "src.qcow2", "qcow2", 4 * MIB, &["write -P 0x11 0 1M"]);
+    let src = src_qcow2(d, 4 * MIB, &["write -P 0x11 0 1M"]);
     let dst = image(d, "dst.raw", "raw", 4 * MIB, &["write -P 0x22 0 64k"]);
     let other = image(d, "other.raw", "raw", 2 * MIB, &[]);
     let before = std::fs::read(&dst).unwrap();
@@ -297,12 +262,9 @@ fn bad_states_refused_and_dst_untouched() {
 /// a state with no side record (made by blkmap) is checked by samples.
 #[test]
 fn dst_changed_behind_the_state() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
-    let src = image(d, "src.qcow2", "qcow2", 8 * MIB, &["write -P 0x11 0 8M"]);
+    let src = src_qcow2(d, 8 * MIB, &["write -P 0x11 0 8M"]);
     let dst = d.join("dst.raw");
     let state = d.join("dst.map");
     let side = d.join("dst.map.dst");
@@ -377,12 +339,9 @@ fn dst_changed_behind_the_state() {
 /// refused by name; a raw file holding a copy of an image is not.
 #[test]
 fn unsupported_destinations_refused() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
-    let src = image(d, "src.qcow2", "qcow2", 4 * MIB, &["write -P 0x11 0 1M"]);
+    let src = src_qcow2(d, 4 * MIB, &["write -P 0x11 0 1M"]);
     let q = image(d, "dst.qcow2", "qcow2", 4 * MIB, &[]);
     let before = std::fs::read(&q).unwrap();
     let (code, err) = sync(&[s(&src), s(&q)]);
@@ -442,13 +401,7 @@ fn block_device_destination() {
     }
     let dev = Loop(out.stdout.trim().to_string());
     let devp = Path::new(&dev.0);
-    let src = image(
-        d,
-        "src.qcow2",
-        "qcow2",
-        16 * MIB,
-        &["write -P 0x11 0 2M", "write -z 8M 1M"],
-    );
+    let src = src_qcow2(d, 16 * MIB, &["write -P 0x11 0 2M", "write -z 8M 1M"]);
     let state = d.join("dev.map");
     let (code, err) = sync(&[s(&src), &dev.0, "--state", s(&state)]);
     assert_eq!(code, 0, "{err}");

@@ -107,3 +107,14 @@ pub fn reference_checksum(dir: &Path, img: &Path, alg: Algorithm, bs: usize) -> 
     h.update(&data);
     h.finalize().to_hex()
 }
+
+/// A scratch directory for a test, or None without QEMU's tools (the test
+/// is then skipped, saying so).
+pub fn scratch() -> Option<tempfile::TempDir> {
+    have_qemu().then(|| tempfile::tempdir().unwrap())
+}
+
+/// `src.qcow2` in `dir`: a qcow2 image of `size`, qemu-io commands run on it.
+pub fn src_qcow2(dir: &Path, size: u64, cmds: &[&str]) -> PathBuf {
+    image(dir, "src.qcow2", "qcow2", size, cmds)
+}

@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Make DST (a raw file or block device) hold SRC's guest content, writing
@@ -75,18 +75,12 @@ fn main() -> ExitCode {
     let args = Args::parse();
     // Ctrl-C and SIGTERM stop the run between chunks; a second one kills
     // at once (as in blksum). Either way the state is never ahead of DST.
-    let cancel = Arc::new(AtomicBool::new(false));
-    let signal = Arc::new(AtomicUsize::new(0));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        let _ = signal_hook::flag::register_conditional_shutdown(sig, 1, cancel.clone());
-        let _ = signal_hook::flag::register(sig, cancel.clone());
-        let _ = signal_hook::flag::register_usize(sig, signal.clone(), sig as usize);
-    }
-    match run(&args, &cancel) {
+    let signals = blkimage::signals::Signals::install();
+    match run(&args, &signals.cancel) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(_) if cancel.load(Ordering::Relaxed) => {
+        Err(_) if signals.cancelled() => {
             eprintln!("blksync: {} -> {}: interrupted", args.src, args.dst);
-            ExitCode::from((128 + signal.load(Ordering::Relaxed)).min(255) as u8)
+            ExitCode::from(signals.exit_status())
         }
         Err(e) => {
             eprintln!("blksync: {e}");
