@@ -50,6 +50,10 @@ fn signal_after(mut child: Child, delay: Duration, sig: i32) -> Option<(i32, Dur
     // SAFETY: kill on the pid of our own child, not yet reaped.
     unsafe { libc::kill(child.id() as i32, sig) };
     let status = child.wait_with_output().unwrap().status;
+    if status.success() {
+        // It ended between the check and the signal.
+        return None;
+    }
     use std::os::unix::process::ExitStatusExt;
     let code = status
         .code()
