@@ -11,6 +11,7 @@ targets from our issue with PASS/FAIL.
     python3 bench/run.py --only random,zero --runs 3
     python3 bench/run.py --lib           # library benchmark only
     python3 bench/run.py --only qcow2,compressed
+    python3 bench/run.py --only sync --sync-size 256m   # blksync, smaller images
 
 Environment:
     BLKSUM_REF          the reference blksum binary (rows skipped if unset)
@@ -28,6 +29,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import statistics
@@ -41,12 +43,14 @@ from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-RELEASE = ROOT / "target" / "release"
+# cargo's target directory: CARGO_TARGET_DIR if set, as cargo itself does.
+RELEASE = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target").resolve() / "release"
 MKIMAGE = RELEASE / "mkimage"
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
-CASES = ["speed", "random", "holes", "zero", "empty", "qcow2", "compressed", "nbd", "lib"]
+CASES = ["speed", "random", "holes", "zero", "empty", "qcow2", "compressed", "nbd", "sync",
+         "lib"]
 ALL_CASES = CASES
 
 
@@ -182,6 +186,11 @@ class Cmd:
     # Commands with the same key must print the same checksum.
     key: Optional[tuple] = None
     samples: list = field(default_factory=list)
+    # Run before each sample, untimed, with the run index: resets what the
+    # command changes (a copy's target, a state).
+    prep: Optional[object] = None
+    # The argv of run i, when runs differ (blksync alternating sources).
+    argv_for: Optional[object] = None
 
     @property
     def failed(self):
@@ -217,7 +226,9 @@ def run_case(cmds, runs, timeout):
     for r in range(runs):
         for c in cmds:
             log(f"run {r + 1}/{runs}: {c.name}")
-            c.samples.append(run_once(c.argv, timeout))
+            if c.prep:
+                c.prep(r)
+            c.samples.append(run_once(c.argv_for(r) if c.argv_for else c.argv, timeout))
 
 
 def warm(path):
@@ -907,6 +918,100 @@ class Bench:
         self.memory_target(s, cmds)
         self.r()
 
+    # -- delta copy (blksync)
+
+    def case_sync(self):
+        size = self.a.sync_size or (64 * MiB if self.a.quick else 2 * GiB)
+        bs = 64 * KiB
+        self.r(f"## Delta copy: blksync ({human(size)} of random data, 1% of 64 KiB blocks "
+               f"changed, scattered)")
+        self.r()
+        qemu_img = shutil.which("qemu-img")
+        if not qemu_img:
+            self.r.problem("FAILED: qemu-img not found: the sync case compares with it")
+            return
+        d = Path(self.a.dir)
+        d.mkdir(parents=True, exist_ok=True)
+        a = self.image("random", size)
+        if not a:
+            return
+        # B: A with 1% of its blocks rewritten, spread by a seeded generator.
+        b = d / f"random-{short(size)}.changed.img"
+        if not b.exists() or b.stat().st_size != size or b.stat().st_mtime_ns < a.stat().st_mtime_ns:
+            log(f"making {b} (1% of the blocks of {a.name} changed)")
+            tmp = b.with_name(b.name + ".tmp")
+            shutil.copyfile(a, tmp)
+            rng = random.Random(6)
+            blocks = size // bs
+            with open(tmp, "r+b") as f:
+                for i in rng.sample(range(blocks), max(1, blocks // 100)):
+                    f.seek(i * bs)
+                    f.write(os.urandom(bs))
+                os.fsync(f.fileno())
+            os.rename(tmp, b)
+        blksync = str(RELEASE / "blksync")
+        dst, state = d / "sync-dst.raw", d / "sync-dst.map"
+        first, full = d / "sync-first.raw", d / "sync-full.raw"
+        for p in (dst, state, Path(f"{state}.dst")):
+            p.unlink(missing_ok=True)
+        # DST and its state: a first copy of A (untimed).
+        p = run_once([blksync, "--cache", str(a), str(dst), "--state", str(state)], self.a.timeout)
+        if p.rc != 0:
+            self.r.problem(f"FAILED: sync: first copy to set up DST: {p.err.strip()[-300:]}")
+            return
+        warm(a)
+        warm(b)
+
+        def rm(path):
+            return lambda _r: path.unlink(missing_ok=True)
+
+        # Each update run brings DST from one image to the other: run 1 A->B,
+        # run 2 B->A, ...: 1% of the blocks every time, the state saved by the
+        # run before.
+        update = Cmd("blksync update, state", [], ours=True,
+                     argv_for=lambda r: [blksync, "--cache", str(b if r % 2 == 0 else a),
+                                         str(dst), "--state", str(state)])
+        c = {
+            "update": update,
+            "blksum": Cmd("blksum SRC", [self.blksum, "--cache", str(b)], ours=True),
+            "cp": Cmd("cp --sparse=always", ["cp", "--sparse=always", str(b), str(full)],
+                      prep=rm(full)),
+            "convert": Cmd("qemu-img convert", [qemu_img, "convert", "-f", "raw", "-O", "raw",
+                                                str(b), str(full)], prep=rm(full)),
+            "first": Cmd("blksync first copy", [blksync, "--cache", str(a), str(first)],
+                         ours=True, prep=rm(first)),
+            "convert_first": Cmd("qemu-img convert (first)", [qemu_img, "convert", "-f", "raw",
+                                                              "-O", "raw", str(a), str(first)],
+                                 prep=rm(first)),
+        }
+        cmds = list(c.values())
+        run_case(cmds, self.a.runs, self.a.timeout)
+        s = "sync"
+        self.results(s, cmds, size)
+        # The last update left DST as its source: same checksum, checked.
+        last = b if (self.a.runs - 1) % 2 == 0 else a
+        check = run_once([self.blksum, "--cache", str(dst)], self.a.timeout)
+        want = run_once([self.blksum, "--cache", str(last)], self.a.timeout)
+        if check.rc != 0 or want.rc != 0 or check.out.split()[:1] != want.out.split()[:1]:
+            self.r.problem(f"MISMATCH: sync: DST after the updates is not {last.name}")
+        else:
+            self.r(f"DST after the last update has {last.name}'s checksum: "
+                   f"{check.out.split()[0]}")
+            self.r()
+        self.ratios([(c["cp"], c["update"]), (c["convert"], c["update"]),
+                     (c["update"], c["blksum"]), (c["first"], c["convert_first"])])
+        self.ratio_target(s, c, "cp", "update", "≥", 10,
+                          "update with a state ≥ 10× faster than cp --sparse=always")
+        self.ratio_target(s, c, "convert", "update", "≥", 10,
+                          "update with a state ≥ 10× faster than qemu-img convert")
+        self.ratio_target(s, c, "update", "blksum", "≤", 1.3,
+                          "update with a state within 1.3× of blksum hashing SRC")
+        self.ratio_target(s, c, "first", "convert_first", "≤", 1.3,
+                          "first copy (no state, no DST) within 1.3× of qemu-img convert")
+        for p in (first, full):
+            p.unlink(missing_ok=True)
+        self.r()
+
     # -- library benchmark
 
     # -- NBD cases
@@ -1067,6 +1172,8 @@ def main():
                     help="pass --read-size to our blksum (default: its 1 MiB)")
     ap.add_argument("--block-size", type=parse_size,
                     help="pass --block-size to both blksums (default: their 64 KiB)")
+    ap.add_argument("--sync-size", type=parse_size,
+                    help="image size of the sync case (default 2 GiB; 64 MiB with --quick)")
     ap.add_argument("--timeout", type=float, default=1800,
                     help="seconds before a command is killed (default %(default)s)")
     a = ap.parse_args()

@@ -14,7 +14,9 @@ pub mod nbd;
 pub mod qcow2;
 mod raw;
 mod reader;
+pub mod signals;
 mod source;
+pub mod units;
 
 pub use buffer::{ALIGN, AlignedBuf};
 pub use qcow2::Qcow2;

@@ -13,7 +13,7 @@ use hashing::{Hashing, Progress, Report};
 use std::collections::BTreeMap;
 use std::io::{self, BufReader, Write};
 use std::process::ExitCode;
-use std::sync::Arc;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Why a run stopped early.
@@ -50,13 +50,7 @@ fn main() -> ExitCode {
     }
 
     // Ctrl-C and SIGTERM stop the run between reads; a second one kills at once.
-    let cancel = Arc::new(AtomicBool::new(false));
-    let signal = Arc::new(AtomicUsize::new(0));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        let _ = signal_hook::flag::register_conditional_shutdown(sig, 1, cancel.clone());
-        let _ = signal_hook::flag::register(sig, cancel.clone());
-        let _ = signal_hook::flag::register_usize(sig, signal.clone(), sig as usize);
-    }
+    let signals = blkimage::signals::Signals::install();
 
     let hashing = Hashing {
         open: blkimage::OpenOptions {
@@ -75,7 +69,7 @@ fn main() -> ExitCode {
             .map_or_else(blkhash::default_threads, usize::from),
         queue_depth: args.queue_depth.into(),
         read_size: args.read_size.unwrap_or(1 << 20),
-        cancel: cancel.clone(),
+        cancel: signals.cancel.clone(),
         progress: Progress::new(args.progress),
     };
     let files = if args.files.is_empty() {
@@ -94,7 +88,7 @@ fn main() -> ExitCode {
         Ok(false) => ExitCode::FAILURE,
         Err(Stop::Signal) => {
             // As a shell reports a run killed by the signal.
-            ExitCode::from((128 + signal.load(Ordering::Relaxed)).min(255) as u8)
+            ExitCode::from(signals.exit_status())
         }
         Err(Stop::Output) => ExitCode::FAILURE,
     }

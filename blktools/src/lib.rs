@@ -1,14 +1,90 @@
-//! What the `blkmap` and `blkdiff` commands share: opening an input (an
-//! image blkimage reads, or a saved map), hashing it into a block map, and
-//! parsing sizes.
+//! What the `blkmap`, `blkdiff` and `blksync` commands share: their input
+//! options, opening an input (an image blkimage reads, or a saved map) and
+//! hashing it into a block map.
 
-use blkhash::{Algorithm, Hasher, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, Options};
+use blkhash::{Algorithm, Hasher, MAX_THREADS, Options};
 use blkimage::{AlignedBuf, Input, OpenOptions, Source};
 use blkmap::{Map, MapBuilder};
 use std::fs::File;
 use std::io::{self, Read};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+
+pub use blkimage::units::{parse_block_size, reason};
+
+/// How the commands hash their inputs, as each takes it on the command line.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct InputArgs {
+    /// Digest, by its OpenSSL name, not null [default: a saved map's, else sha256].
+    #[arg(short, long, value_name = "NAME", value_parser = parse_digest)]
+    pub digest: Option<Algorithm>,
+
+    /// Block size: a multiple of 512 from 512 to 64m (suffixes k, m)
+    /// [default: a saved map's, else 64k].
+    #[arg(long, value_name = "SIZE", value_parser = parse_block_size)]
+    pub block_size: Option<usize>,
+
+    /// Digest threads [default: the number of cores].
+    #[arg(short, long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS as i64))]
+    pub threads: Option<u16>,
+
+    /// Image format: raw or qcow2 (or another QEMU reads) [default: probed].
+    #[arg(short, long, value_name = "FORMAT", value_parser = parse_format)]
+    pub format: Option<blkimage::Format>,
+
+    /// Refuse images that refer to other files (qcow2 backing and data files).
+    #[arg(long)]
+    pub no_backing: bool,
+
+    /// Use the page cache (default: direct I/O where possible).
+    #[arg(long)]
+    pub cache: bool,
+}
+
+impl InputArgs {
+    /// The digest and block size: asked for, else `map`'s, else the defaults.
+    pub fn params(&self, map: Option<&Map>) -> (Algorithm, usize) {
+        let algorithm = self
+            .digest
+            .or(map.map(Map::algorithm))
+            .unwrap_or(Algorithm::Sha256);
+        let block_size = self
+            .block_size
+            .or(map.map(Map::block_size))
+            .unwrap_or(blkhash::DEFAULT_BLOCK_SIZE);
+        (algorithm, block_size)
+    }
+
+    /// Options to hash with `algorithm` and `block_size`.
+    pub fn map_options(&self, algorithm: Algorithm, block_size: usize) -> MapOptions {
+        MapOptions {
+            algorithm,
+            block_size,
+            threads: self
+                .threads
+                .map_or_else(blkhash::default_threads, usize::from),
+            open: OpenOptions {
+                cache: self.cache,
+                format: self.format,
+                no_backing: self.no_backing,
+                ..Default::default()
+            },
+            ..MapOptions::default()
+        }
+    }
+}
+
+/// Why `map` cannot be compared with images hashed with `algorithm` and
+/// `block_size`, if it cannot.
+pub fn map_mismatch(map: &Map, algorithm: Algorithm, block_size: usize) -> Option<String> {
+    (map.algorithm() != algorithm || map.block_size() != block_size).then(|| {
+        format!(
+            "a map of {} digests of {}-byte blocks, not {algorithm} of {block_size}-byte blocks",
+            map.algorithm(),
+            map.block_size()
+        )
+    })
+}
 
 /// How to hash inputs into maps.
 #[derive(Clone, Debug)]
@@ -52,7 +128,8 @@ pub fn map_image(name: &str, opts: &MapOptions) -> io::Result<Mapped> {
     map_input(input, opts)
 }
 
-fn hasher(opts: &MapOptions) -> io::Result<(Hasher<AlignedBuf>, MapBuilder)> {
+/// A hasher for `opts` with a map builder observing it.
+pub fn hasher(opts: &MapOptions) -> io::Result<(Hasher<AlignedBuf>, MapBuilder)> {
     let hopts = Options::new()
         .algorithm(opts.algorithm)
         .block_size(opts.block_size)
@@ -64,13 +141,17 @@ fn hasher(opts: &MapOptions) -> io::Result<(Hasher<AlignedBuf>, MapBuilder)> {
 
 /// Hash an opened input into a map.
 pub fn map_input(input: Input, opts: &MapOptions) -> io::Result<Mapped> {
+    map_input_until(input, opts, &AtomicBool::new(false))
+}
+
+/// Hash an opened input into a map; stop with an error once `cancel` is set.
+pub fn map_input_until(input: Input, opts: &MapOptions, cancel: &AtomicBool) -> io::Result<Mapped> {
     let (mut sink, builder) = hasher(opts)?;
     let read_size = opts.read_size.next_multiple_of(opts.block_size);
-    let cancel = AtomicBool::new(false);
     match input {
         Input::Image(src) => {
             let src: Arc<dyn Source> = Arc::from(src);
-            blkimage::read_image(src.clone(), &mut sink, read_size, &cancel, &mut |_| {})?;
+            blkimage::read_image(src.clone(), &mut sink, read_size, cancel, &mut |_| {})?;
             let map = builder.finalize(sink)?;
             // Only now are all reads done: is the image still what we read?
             src.finish()?;
@@ -80,7 +161,7 @@ pub fn map_input(input: Input, opts: &MapOptions) -> io::Result<Mapped> {
             })
         }
         Input::Stream(mut r) => {
-            blkimage::read_stream(&mut r, &mut sink, read_size, &cancel, &mut |_| {})?;
+            blkimage::read_stream(&mut r, &mut sink, read_size, cancel, &mut |_| {})?;
             Ok(Mapped {
                 map: builder.finalize(sink)?,
                 format: "stream".to_string(),
@@ -122,35 +203,6 @@ pub fn map_stdin(opts: &MapOptions, detect_map: bool) -> io::Result<Mapped> {
     map_input(Input::Stream(Box::new(rest)), opts)
 }
 
-/// A size with an optional suffix k, m or g (powers of 1024), as blksum
-/// takes it.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    let num: u64 = num.parse().map_err(|_| format!("invalid size '{s}'"))?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        _ => return Err(format!("invalid size suffix in '{s}' (use k, m or g)")),
-    };
-    num.checked_mul(1 << shift)
-        .ok_or_else(|| format!("size '{s}' too large"))
-}
-
-/// A block size: a multiple of 512 from 512 to 64m.
-pub fn parse_block_size(s: &str) -> Result<usize, String> {
-    let n = parse_size(s)?;
-    if n % 512 != 0 || !(MIN_BLOCK_SIZE as u64..=MAX_BLOCK_SIZE as u64).contains(&n) {
-        return Err(format!(
-            "block size must be a multiple of 512 from 512 to 64m, not {n}"
-        ));
-    }
-    Ok(n as usize)
-}
-
 /// A digest name; `null` is refused (it computes no block digests).
 pub fn parse_digest(s: &str) -> Result<Algorithm, String> {
     let a: Algorithm = s
@@ -181,26 +233,12 @@ pub fn checksum_line(checksum: &str, name: &str) -> String {
     }
 }
 
-/// An error's message without Rust's "(os error N)" noise.
-pub fn reason(e: &io::Error) -> String {
-    let s = e.to_string();
-    match s.find(" (os error ") {
-        Some(i) => s[..i].to_string(),
-        None => s,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn sizes_and_names() {
-        assert_eq!(parse_size("64k"), Ok(65536));
-        assert_eq!(parse_block_size("4KiB"), Ok(4096));
-        assert!(parse_block_size("1000").is_err());
-        assert!(parse_block_size("128m").is_err());
-        assert!(parse_size("99999999999g").is_err());
+    fn names() {
         assert_eq!(parse_digest("BLAKE3"), Ok(Algorithm::Blake3));
         assert!(parse_digest("null").is_err());
         assert_eq!(checksum_line("ab", "x"), "ab  x");

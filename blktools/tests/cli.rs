@@ -1,104 +1,19 @@
 //! blkmap and blkdiff on real images made with qemu-img and qemu-io,
 //! checked against the blkhash construction and `qemu-img compare`.
 
-use blkhash::{Algorithm, Hasher, Options};
+use blkhash::Algorithm;
 use blkmap::Map;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const BLKMAP: &str = env!("CARGO_BIN_EXE_blkmap");
-const BLKDIFF: &str = env!("CARGO_BIN_EXE_blkdiff");
-const MIB: u64 = 1 << 20;
+mod common;
 
-fn have_qemu() -> bool {
-    let ok = |c: &str| {
-        Command::new(c)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let have = ok("qemu-img") && ok("qemu-io");
-    if !have {
-        eprintln!("qemu-img or qemu-io missing: test skipped (scripts/setup.sh installs them)");
-    }
-    have
-}
-
-fn sh(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// An image of `fmt` and `size`, then qemu-io commands run on it.
-fn image(dir: &Path, name: &str, fmt: &str, size: u64, cmds: &[&str]) -> PathBuf {
-    let p = dir.join(name);
-    sh(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            fmt,
-            p.to_str().unwrap(),
-            &size.to_string(),
-        ],
-    );
-    write(&p, fmt, cmds);
-    p
-}
-
-fn write(p: &Path, fmt: &str, cmds: &[&str]) {
-    if cmds.is_empty() {
-        return;
-    }
-    let mut args = vec!["-f", fmt];
-    for c in cmds {
-        args.extend(["-c", c]);
-    }
-    args.push(p.to_str().unwrap());
-    sh("qemu-io", &args);
-}
+use common::*;
 
 fn copy(from: &Path, to: &Path) -> PathBuf {
     std::fs::copy(from, to).unwrap();
     to.to_path_buf()
-}
-
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn run(bin: &str, args: &[&str]) -> Out {
-    let out = Command::new(bin).args(args).output().unwrap();
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8(out.stdout).unwrap(),
-        stderr: String::from_utf8(out.stderr).unwrap(),
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// The checksum of an image computed with the hasher on its raw
-/// conversion (qemu-img's idea of its guest content).
-fn reference_checksum(dir: &Path, img: &Path, alg: Algorithm, bs: usize) -> String {
-    let raw = dir.join("reference.raw");
-    sh("qemu-img", &["convert", "-O", "raw", s(img), s(&raw)]);
-    let data = std::fs::read(&raw).unwrap();
-    std::fs::remove_file(&raw).unwrap();
-    let mut h = Hasher::new(Options::new().algorithm(alg).block_size(bs)).unwrap();
-    h.update(&data);
-    h.finalize().to_hex()
 }
 
 /// `qemu-img compare`: its exit status and first mismatch offset.
@@ -145,10 +60,7 @@ fn base(dir: &Path) -> PathBuf {
 
 #[test]
 fn map_checksum_is_the_construction() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let img = base(d);
     for (alg, bs, extra) in [
@@ -205,10 +117,7 @@ fn map_checksum_is_the_construction() {
 
 #[test]
 fn damaged_and_truncated_maps_refused() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let img = base(d);
     let good = d.join("good.map");
@@ -258,10 +167,7 @@ fn damaged_and_truncated_maps_refused() {
 
 #[test]
 fn diff_agrees_with_qemu_img_compare() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let a = base(d);
     // (qemu-io writes, expected ranges with 64k blocks, with 4k blocks)
@@ -327,10 +233,7 @@ fn diff_agrees_with_qemu_img_compare() {
 
 #[test]
 fn holes_and_written_zeros_are_the_same() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let sparse = image(d, "sparse.qcow2", "qcow2", 4 * MIB, &[]);
     let zeros = image(
@@ -361,10 +264,7 @@ fn holes_and_written_zeros_are_the_same() {
 
 #[test]
 fn different_sizes_differ_in_the_tail() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let a = image(d, "a.qcow2", "qcow2", 4 * MIB, &["write -P 0x11 0 1M"]);
     let b = image(d, "b.qcow2", "qcow2", 6 * MIB, &["write -P 0x11 0 1M"]);
@@ -398,10 +298,7 @@ fn different_sizes_differ_in_the_tail() {
 
 #[test]
 fn maps_and_images_mix() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let a = base(d);
     let b = copy(&a, &d.join("b.qcow2"));
@@ -460,10 +357,7 @@ fn maps_and_images_mix() {
 
 #[test]
 fn mismatched_maps_refused() {
-    if !have_qemu() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = scratch() else { return };
     let d = dir.path();
     let a = base(d);
     let (m3, m4) = (d.join("blake3.map"), d.join("4k.map"));

@@ -1,8 +1,8 @@
 //! blkdiff: where two images (or saved block maps) differ.
 
-use blkhash::{Algorithm, MAX_THREADS};
+use blkhash::Algorithm;
 use blkmap::{Diff, Map};
-use blktools::{MapOptions, Mapped, parse_block_size, parse_digest, parse_format, reason};
+use blktools::{InputArgs, Mapped, reason};
 use clap::Parser;
 use serde_json::json;
 use std::io::{self, Write};
@@ -41,30 +41,10 @@ struct Args {
     #[arg(short, long, conflicts_with = "json")]
     quiet: bool,
 
-    /// Digest, by its OpenSSL name [default: the maps', else sha256].
-    #[arg(short, long, value_name = "NAME", value_parser = parse_digest)]
-    digest: Option<Algorithm>,
-
-    /// Block size, multiple of 512 from 512 to 64m [default: the maps', else 64k].
-    #[arg(long, value_name = "SIZE", value_parser = parse_block_size)]
-    block_size: Option<usize>,
-
-    /// Digest threads per image [default: the number of cores].
-    #[arg(short, long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS as i64))]
-    threads: Option<u16>,
-
-    /// Image format of both: raw or qcow2 [default: probed]. With it, a
-    /// file starting with the map magic is an image too.
-    #[arg(short, long, value_name = "FORMAT", value_parser = parse_format)]
-    format: Option<blkimage::Format>,
-
-    /// Refuse images that refer to other files (qcow2 backing and data files).
-    #[arg(long)]
-    no_backing: bool,
-
-    /// Use the page cache (default: direct I/O where possible).
-    #[arg(long)]
-    cache: bool,
+    /// Digest, block size, threads, and the format of both (with -f, a
+    /// file starting with the map magic is an image too).
+    #[command(flatten)]
+    input: InputArgs,
 }
 
 /// Trouble: exit status 2.
@@ -78,7 +58,7 @@ fn main() -> ExitCode {
     if args.a == "-" && args.b == "-" {
         return trouble("standard input can be only one of A and B");
     }
-    let detect = args.format.is_none();
+    let detect = args.input.format.is_none();
 
     // Saved maps first: they say how to hash the images.
     let mut maps: [Option<Mapped>; 2] = [None, None];
@@ -101,20 +81,7 @@ fn main() -> ExitCode {
         Ok(p) => p,
         Err(msg) => return trouble(msg),
     };
-    let opts = MapOptions {
-        algorithm,
-        block_size,
-        threads: args
-            .threads
-            .map_or_else(blkhash::default_threads, usize::from),
-        open: blkimage::OpenOptions {
-            cache: args.cache,
-            format: args.format,
-            no_backing: args.no_backing,
-            ..Default::default()
-        },
-        ..MapOptions::default()
-    };
+    let opts = args.input.map_options(algorithm, block_size);
     let [ma, mb] = maps;
     // The images, both at once (each uses every core for digests, but
     // reading one need not wait for the other).
@@ -165,17 +132,9 @@ fn main() -> ExitCode {
 /// The digest and block size: asked for, else the saved maps', else the
 /// defaults. Every map must agree.
 fn params(args: &Args, maps: &[Option<Mapped>; 2]) -> Result<(Algorithm, usize), String> {
-    let names = [&args.a, &args.b];
     let first = maps.iter().flatten().next().map(|m| &m.map);
-    let algorithm = args
-        .digest
-        .or(first.map(Map::algorithm))
-        .unwrap_or(Algorithm::Sha256);
-    let block_size = args
-        .block_size
-        .or(first.map(Map::block_size))
-        .unwrap_or(blkhash::DEFAULT_BLOCK_SIZE);
-    for (m, name) in maps.iter().zip(names) {
+    let (algorithm, block_size) = args.input.params(first);
+    for (m, name) in maps.iter().zip([&args.a, &args.b]) {
         if let Some(m) = m {
             check_map(name, &m.map, algorithm, block_size)?;
         }
@@ -184,15 +143,12 @@ fn params(args: &Args, maps: &[Option<Mapped>; 2]) -> Result<(Algorithm, usize),
 }
 
 fn check_map(name: &str, map: &Map, algorithm: Algorithm, block_size: usize) -> Result<(), String> {
-    if map.algorithm() != algorithm || map.block_size() != block_size {
-        return Err(format!(
-            "{name}: a map of {} digests of {}-byte blocks, not {algorithm} of {block_size}-byte blocks: \
-             map the images again with the same --digest and --block-size",
-            map.algorithm(),
-            map.block_size()
-        ));
+    match blktools::map_mismatch(map, algorithm, block_size) {
+        Some(why) => Err(format!(
+            "{name}: {why}: map the images again with the same --digest and --block-size"
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 fn only_in(d: &Diff) -> &'static str {

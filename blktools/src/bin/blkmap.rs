@@ -1,7 +1,6 @@
 //! blkmap: write the block map of an image, and print its checksum.
 
-use blkhash::{Algorithm, MAX_THREADS};
-use blktools::{MapOptions, checksum_line, parse_block_size, parse_digest, parse_format, reason};
+use blktools::{InputArgs, checksum_line, reason};
 use clap::Parser;
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -25,47 +24,14 @@ struct Args {
     #[arg(value_name = "OUT")]
     out: String,
 
-    /// Digest, by its OpenSSL name (not null).
-    #[arg(short, long, value_name = "NAME", default_value = "sha256", value_parser = parse_digest)]
-    digest: Algorithm,
-
-    /// Block size: a multiple of 512 from 512 to 64m (suffixes k, m).
-    #[arg(long, value_name = "SIZE", default_value = "64k", value_parser = parse_block_size)]
-    block_size: usize,
-
-    /// Digest threads [default: the number of cores].
-    #[arg(short, long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS as i64))]
-    threads: Option<u16>,
-
-    /// Image format: raw or qcow2 [default: probed].
-    #[arg(short, long, value_name = "FORMAT", value_parser = parse_format)]
-    format: Option<blkimage::Format>,
-
-    /// Refuse images that refer to other files (qcow2 backing and data files).
-    #[arg(long)]
-    no_backing: bool,
-
-    /// Use the page cache (default: direct I/O where possible).
-    #[arg(long)]
-    cache: bool,
+    #[command(flatten)]
+    input: InputArgs,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let opts = MapOptions {
-        algorithm: args.digest,
-        block_size: args.block_size,
-        threads: args
-            .threads
-            .map_or_else(blkhash::default_threads, usize::from),
-        open: blkimage::OpenOptions {
-            cache: args.cache,
-            format: args.format,
-            no_backing: args.no_backing,
-            ..Default::default()
-        },
-        ..MapOptions::default()
-    };
+    let (algorithm, block_size) = args.input.params(None);
+    let opts = args.input.map_options(algorithm, block_size);
     let mapped = if args.image == "-" {
         blktools::map_stdin(&opts, false)
     } else {

@@ -1,0 +1,262 @@
+//! Writing DST: differing ranges after both maps are known, or every data
+//! block on the fly while SRC is hashed (a DST known to hold only zeros).
+
+use blkhash::Hasher;
+use blkimage::{AlignedBuf, Fill, Sink, Source};
+use blkmap::{Block, Map, Range};
+use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Bytes per write when copying ranges: large writes, few system calls.
+const CHUNK: u64 = 8 << 20;
+
+/// What the run has done so far, shared with the digest workers.
+#[derive(Default)]
+pub struct Counts {
+    /// SRC bytes hashed (compared with DST's blocks).
+    pub compared: AtomicU64,
+    /// Data bytes written to DST.
+    pub written: AtomicU64,
+    /// Bytes made zeros in DST (holes punched or zeros written).
+    pub zeroed: AtomicU64,
+    /// Ranges written or zeroed.
+    pub ranges: AtomicU64,
+}
+
+impl Counts {
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// The progress display on standard error: SRC bytes compared, and in its
+/// message blocks compared, blocks written and bytes saved (compared but
+/// not written).
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    block_size: u64,
+}
+
+impl Progress {
+    pub fn new(enabled: bool, size: u64, block_size: usize) -> Progress {
+        let bar = enabled.then(|| {
+            let bar = ProgressBar::new(size).with_style(
+                ProgressStyle::with_template(
+                    "{msg} [{bar:25}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            bar.enable_steady_tick(std::time::Duration::from_millis(200));
+            bar
+        });
+        Progress {
+            bar,
+            block_size: block_size as u64,
+        }
+    }
+
+    pub fn update(&self, c: &Counts) {
+        if let Some(bar) = &self.bar {
+            let compared = Counts::get(&c.compared);
+            let changed = Counts::get(&c.written) + Counts::get(&c.zeroed);
+            bar.set_position(compared);
+            bar.set_message(format!(
+                "{} blocks compared, {} written, {} saved",
+                compared.div_ceil(self.block_size),
+                changed.div_ceil(self.block_size),
+                HumanBytes(compared.saturating_sub(changed)),
+            ));
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Copy `ranges` of SRC (whose map is `map`) to DST: data read and written
+/// in large runs, zero blocks punched out or zeroed. Stops with an
+/// "interrupted" error once `cancel` is set.
+#[allow(clippy::too_many_arguments)]
+pub fn copy_ranges(
+    src: &dyn Source,
+    map: &Map,
+    dst: &File,
+    ranges: &[Range],
+    counts: &Counts,
+    progress: &Progress,
+    cancel: &AtomicBool,
+    dst_name: &str,
+) -> io::Result<()> {
+    let bs = map.block_size() as u64;
+    let mut buf = AlignedBuf::new(CHUNK.max(bs) as usize);
+    let is_zero = |pos: u64| map.block(pos / bs) == Some(Block::Zero);
+    for r in ranges {
+        Counts::add(&counts.ranges, 1);
+        let mut pos = r.offset;
+        while pos < r.end() {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(blkimage::interrupted());
+            }
+            // A stretch of blocks of one kind, at most a chunk.
+            let zero = is_zero(pos);
+            let mut end = ((pos / bs + 1) * bs).min(r.end());
+            while end < r.end() && end - pos < CHUNK && is_zero(end) == zero {
+                end = ((end / bs + 1) * bs).min(r.end());
+            }
+            let n = (end - pos) as usize;
+            if zero {
+                zero_range(
+                    dst,
+                    pos,
+                    n as u64,
+                    &mut buf.spare()[..n.min(CHUNK as usize)],
+                )
+                .map_err(|e| named(dst_name, e))?;
+                Counts::add(&counts.zeroed, n as u64);
+            } else {
+                let b = &mut buf.spare()[..n];
+                src.read_at(b, pos)?;
+                dst.write_all_at(b, pos).map_err(|e| named(dst_name, e))?;
+                Counts::add(&counts.written, n as u64);
+            }
+            progress.update(counts);
+            pos = end;
+        }
+    }
+    Ok(())
+}
+
+/// An error that names DST (SRC's errors are named by the caller).
+pub fn named(name: &str, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{name}: {}", blktools::reason(&e)))
+}
+
+/// Make `len` bytes at `offset` read as zeros: a hole punched (a file), a
+/// range zeroed by the device (a block device: the kernel does it without
+/// the data crossing), else zeros written from `buf`.
+pub fn zero_range(dst: &File, offset: u64, len: u64, buf: &mut [u8]) -> io::Result<()> {
+    // SAFETY: fallocate on an open descriptor; no memory is passed.
+    let rc = unsafe {
+        libc::fallocate(
+            dst.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    buf.fill(0);
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        dst.write_all_at(&buf[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// A sink for SRC when DST is known to hold only zeros (new, empty, or a
+/// file with no data allocated): each chunk is written to DST on the
+/// digest worker that read it, right after the read, its zero blocks
+/// skipped (they are holes already). SRC is read once, and writes run in
+/// parallel with hashing.
+pub struct WriteThrough<'a> {
+    pub hasher: &'a mut Hasher<AlignedBuf>,
+    pub dst: Arc<File>,
+    pub dst_name: Arc<str>,
+    pub block_size: usize,
+    pub counts: Arc<Counts>,
+    /// The first write that failed: it is DST's fault, not SRC's.
+    pub failed: Arc<Mutex<Option<String>>>,
+    pub pos: u64,
+}
+
+impl Sink for WriteThrough<'_> {
+    fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
+        let offset = self.pos;
+        self.pos += len as u64;
+        let (dst, name, counts, failed) = (
+            self.dst.clone(),
+            self.dst_name.clone(),
+            self.counts.clone(),
+            self.failed.clone(),
+        );
+        let bs = self.block_size;
+        Sink::read(
+            &mut *self.hasher,
+            len,
+            Box::new(move |buf: &mut [u8]| {
+                fill(buf)?;
+                write_data(&dst, buf, offset, bs, &counts).map_err(|e| {
+                    let e = named(&name, e);
+                    failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert_with(|| e.to_string());
+                    e
+                })
+            }),
+        )
+    }
+
+    fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
+        // Images come as reads; this is for completeness (streams).
+        write_data(&self.dst, &buf, self.pos, self.block_size, &self.counts)?;
+        self.pos += buf.len() as u64;
+        Sink::data(&mut *self.hasher, buf)
+    }
+
+    fn zeros(&mut self, len: u64) -> io::Result<()> {
+        self.pos += len;
+        Sink::zeros(&mut *self.hasher, len)
+    }
+
+    fn reclaim(&mut self) -> Option<AlignedBuf> {
+        Sink::reclaim(&mut *self.hasher)
+    }
+
+    fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
+        Sink::reclaim_wait(&mut *self.hasher)
+    }
+}
+
+/// Write `buf` (SRC's bytes at `offset`) to a DST of zeros: runs of blocks
+/// holding data, one write each; zero blocks skipped.
+fn write_data(dst: &File, buf: &[u8], offset: u64, bs: usize, counts: &Counts) -> io::Result<()> {
+    let mut start = None;
+    let mut at = 0;
+    for block in buf.chunks(bs) {
+        match (blkhash::is_zero(block), start) {
+            (false, None) => start = Some(at),
+            (true, Some(s)) => {
+                dst.write_all_at(&buf[s..at], offset + s as u64)?;
+                Counts::add(&counts.written, (at - s) as u64);
+                Counts::add(&counts.ranges, 1);
+                start = None;
+            }
+            _ => {}
+        }
+        at += block.len();
+    }
+    if let Some(s) = start {
+        dst.write_all_at(&buf[s..], offset + s as u64)?;
+        Counts::add(&counts.written, (buf.len() - s) as u64);
+        Counts::add(&counts.ranges, 1);
+    }
+    Ok(())
+}

@@ -1,0 +1,530 @@
+//! blksync: bring a raw copy of an image up to date by writing only the
+//! blocks that differ.
+
+mod copy;
+mod state;
+
+use blkimage::{Input, Source};
+use blkmap::{Block, Map};
+use blktools::{InputArgs, MapOptions, reason};
+use clap::Parser;
+use copy::{Counts, Progress, WriteThrough};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Make DST (a raw file or block device) hold SRC's guest content, writing
+/// only the blocks that differ, and print SRC's checksum.
+///
+/// SRC is any image blksum reads (not a pipe). DST's blocks come from its
+/// state (--state MAP, saved by the last run) if it matches DST, else from
+/// reading DST; a DST that does not exist or holds no data is not read at
+/// all. A regular file DST is created if missing and resized to SRC's size;
+/// blocks that became zeros are punched out (holes). The state is removed
+/// before DST is written and saved again only once DST is flushed: an
+/// interrupted run never leaves a state that claims a block not written.
+///
+/// Exit status: 0 DST holds SRC's content, 1 trouble (nothing or part
+/// written; rerun), 2 usage, 130/143 stopped by SIGINT/SIGTERM.
+#[derive(Parser, Debug)]
+#[command(name = "blksync", version, about, max_term_width = 100)]
+struct Args {
+    /// The image to copy from.
+    #[arg(value_name = "SRC")]
+    src: String,
+
+    /// The raw file or block device to bring up to date.
+    #[arg(value_name = "DST")]
+    dst: String,
+
+    /// DST's block map: used instead of reading DST if it exists and
+    /// matches DST, and replaced by SRC's map after the copy (with a side
+    /// record MAP.dst of DST's identity, size and times).
+    #[arg(long, value_name = "MAP")]
+    state: Option<PathBuf>,
+
+    /// Ignore the state, whatever it holds (a warning says why it would
+    /// have been refused): read DST and compare. The state is then saved
+    /// anew.
+    #[arg(long)]
+    force_rescan: bool,
+
+    #[command(flatten)]
+    input: InputArgs,
+
+    /// Show progress on standard error: blocks compared, blocks written,
+    /// bytes saved.
+    #[arg(short, long)]
+    progress: bool,
+
+    /// Say what would be written; write nothing.
+    #[arg(short = 'n', long)]
+    dry_run: bool,
+
+    /// After the copy, hash DST again and check it has SRC's checksum.
+    #[arg(long)]
+    verify: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    // Ctrl-C and SIGTERM stop the run between chunks; a second one kills
+    // at once (as in blksum). Either way the state is never ahead of DST.
+    let signals = blkimage::signals::Signals::install();
+    match run(&args, &signals.cancel) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) if signals.cancelled() => {
+            eprintln!("blksync: {} -> {}: interrupted", args.src, args.dst);
+            ExitCode::from(signals.exit_status())
+        }
+        Err(e) => {
+            eprintln!("blksync: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Missing,
+    File,
+    Device,
+}
+
+fn err(name: impl std::fmt::Display, e: impl std::fmt::Display) -> String {
+    format!("{name}: {e}")
+}
+
+fn ioerr(name: impl std::fmt::Display, e: &io::Error) -> String {
+    err(name, reason(e))
+}
+
+/// DST as an input: its raw bytes, through the page cache (it is written
+/// through it too).
+fn dst_open_options() -> blkimage::OpenOptions {
+    blkimage::OpenOptions {
+        cache: true,
+        format: Some(blkimage::Format::Raw),
+        ..Default::default()
+    }
+}
+
+fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
+    if blkimage::nbd::is_url(&args.dst) {
+        return Err(err(
+            &args.dst,
+            "NBD destinations are not supported: DST must be a raw file or a block device \
+             (qemu-nbd --connect=/dev/nbdN makes an export or image a block device)",
+        ));
+    }
+    let dst_path = Path::new(&args.dst);
+    let kind = match std::fs::metadata(dst_path) {
+        Ok(m) if m.file_type().is_block_device() => Kind::Device,
+        Ok(m) if m.is_file() => Kind::File,
+        Ok(_) => {
+            return Err(err(
+                &args.dst,
+                "not a regular file or block device (DST must be a raw file or a block device)",
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Kind::Missing,
+        Err(e) => return Err(ioerr(&args.dst, &e)),
+    };
+
+    // The state first: it says how to hash (unless -d/--block-size do).
+    let loaded = match &args.state {
+        Some(p) if p.exists() => Some(Map::load(p).map_err(|e| e.to_string())),
+        _ => None,
+    };
+    let (algorithm, block_size) = args
+        .input
+        .params(loaded.as_ref().and_then(|r| r.as_ref().ok()));
+    let opts = args.input.map_options(algorithm, block_size);
+
+    // SRC: random access, kept open for the copy.
+    let src: Arc<dyn Source> = match blkimage::open(&args.src, &opts.open) {
+        Ok(Input::Image(s)) => Arc::from(s),
+        Ok(Input::Stream(_)) => {
+            return Err(err(&args.src, "a stream: blksync needs random access"));
+        }
+        Err(e) => return Err(ioerr(&args.src, &e)),
+    };
+    let size = src.size();
+
+    let dst_read = match kind {
+        Kind::Missing => None,
+        _ => Some(File::open(dst_path).map_err(|e| ioerr(&args.dst, &e))?),
+    };
+    let dst_size = match &dst_read {
+        None => 0,
+        Some(f) => (&*f)
+            .seek(io::SeekFrom::End(0))
+            .map_err(|e| ioerr(&args.dst, &e))?,
+    };
+    if kind == Kind::Device && dst_size != size {
+        return Err(err(
+            &args.dst,
+            format!("a block device of {dst_size} bytes, SRC is {size}: sizes must match"),
+        ));
+    }
+    if kind == Kind::File && dst_size > 0 {
+        refuse_image_dst(dst_path, &args.dst, dst_size, &*src)?;
+    }
+
+    // Is the state DST's?
+    let mut dst_map = None;
+    if let (Some(p), Some(loaded)) = (&args.state, loaded) {
+        let verdict = loaded.and_then(|m| {
+            check_state(
+                &m,
+                p,
+                algorithm,
+                block_size,
+                kind,
+                dst_read.as_ref(),
+                dst_size,
+            )?;
+            Ok(m)
+        });
+        match (verdict, args.force_rescan) {
+            (Ok(m), false) => dst_map = Some(m),
+            (Ok(_), true) => {}
+            (Err(why), false) => {
+                return Err(err(
+                    p.display(),
+                    format!(
+                        "state refused: {why} (--force-rescan ignores it: DST is then read and compared)"
+                    ),
+                ));
+            }
+            (Err(why), true) => eprintln!(
+                "blksync: warning: {}: state ignored (--force-rescan): {why}",
+                p.display()
+            ),
+        }
+    }
+    // A DST known to hold only zeros is not read.
+    let known_empty = dst_map.is_none()
+        && match (&dst_read, kind) {
+            (None, _) => true,
+            (Some(f), Kind::File) => dst_size == 0 || holds_no_data(f),
+            _ => false,
+        };
+
+    let counts = Arc::new(Counts::default());
+    let progress = Progress::new(args.progress, size, block_size);
+    let result = sync(
+        args,
+        SyncCtx {
+            src,
+            opts: &opts,
+            kind,
+            dst_size,
+            dst_map,
+            known_empty,
+            cancel,
+            counts: &counts,
+            progress: &progress,
+        },
+    );
+    progress.finish();
+    let src_map = result?;
+    if args.dry_run {
+        return Ok(());
+    }
+    let (written, zeroed) = (Counts::get(&counts.written), Counts::get(&counts.zeroed));
+    eprintln!(
+        "blksync: {} -> {}: {written} bytes written, {zeroed} zeroed, in {} ranges, of {size}; \
+         {} blocks compared, {} bytes saved",
+        args.src,
+        args.dst,
+        Counts::get(&counts.ranges),
+        src_map.blocks(),
+        size - written - zeroed,
+    );
+    println!(
+        "{}",
+        blktools::checksum_line(&src_map.checksum_hex(), &args.src)
+    );
+    Ok(())
+}
+
+struct SyncCtx<'a> {
+    src: Arc<dyn Source>,
+    opts: &'a MapOptions,
+    kind: Kind,
+    dst_size: u64,
+    dst_map: Option<Map>,
+    known_empty: bool,
+    cancel: &'a AtomicBool,
+    counts: &'a Arc<Counts>,
+    progress: &'a Progress,
+}
+
+/// Bring DST up to date; SRC's map.
+fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Map, String> {
+    let size = c.src.size();
+    let dst_path = Path::new(&args.dst);
+    let open_dst = || {
+        OpenOptions::new()
+            .write(true)
+            .create(c.kind == Kind::Missing)
+            .truncate(false)
+            .open(dst_path)
+            .map_err(|e| ioerr(&args.dst, &e))
+    };
+    let remove_state = || match &args.state {
+        Some(p) => state::remove(p).map_err(|e| ioerr(p.display(), &e)),
+        None => Ok(()),
+    };
+
+    let (src_map, dst) = if c.known_empty && !args.dry_run {
+        // Nothing to compare: every data block of SRC is written as soon
+        // as it is read, on the worker that read it.
+        remove_state()?;
+        let dst = Arc::new(open_dst()?);
+        dst.set_len(size).map_err(|e| ioerr(&args.dst, &e))?;
+        let failed = Arc::new(Mutex::new(None));
+        let through = Through {
+            dst: dst.clone(),
+            name: Arc::from(args.dst.as_str()),
+            failed: failed.clone(),
+        };
+        let map = hash_src(&c, Some(through)).map_err(|e| {
+            failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .unwrap_or_else(|| ioerr(&args.src, &e))
+        })?;
+        (
+            map,
+            Arc::into_inner(dst).expect("workers are done with DST"),
+        )
+    } else {
+        // Both maps: SRC hashed; DST's from its state, else zeros, else
+        // hashed (at the same time as SRC).
+        let known = c.dst_map.take();
+        let c = &c;
+        let (src_map, dst_map) = std::thread::scope(|s| {
+            let hs = s.spawn(|| hash_src(c, None));
+            let dst_map = match known {
+                Some(m) => Ok(m),
+                None if c.known_empty => zeros_map(c.opts, c.dst_size),
+                None => {
+                    let o = MapOptions {
+                        open: dst_open_options(),
+                        ..c.opts.clone()
+                    };
+                    blkimage::open(&args.dst, &o.open)
+                        .and_then(|i| blktools::map_input_until(i, &o, c.cancel))
+                        .map(|m| m.map)
+                }
+            };
+            (hs.join().expect("hashing thread"), dst_map)
+        });
+        let src_map = src_map.map_err(|e| ioerr(&args.src, &e))?;
+        let dst_map = dst_map.map_err(|e| ioerr(&args.dst, &e))?;
+        let todo = to_write(&src_map, &dst_map, c.dst_size)?;
+        if args.dry_run {
+            for r in &todo {
+                println!("{r}");
+            }
+            if size != c.dst_size {
+                println!("resize {} -> {size}", c.dst_size);
+            }
+            return Ok(src_map);
+        }
+        if !todo.is_empty() || size != c.dst_size {
+            remove_state()?;
+        }
+        let dst = open_dst()?;
+        if c.kind != Kind::Device && size != c.dst_size {
+            dst.set_len(size).map_err(|e| ioerr(&args.dst, &e))?;
+        }
+        copy::copy_ranges(
+            &*c.src, &src_map, &dst, &todo, c.counts, c.progress, c.cancel, &args.dst,
+        )
+        .map_err(|e| ioerr(&args.src, &e))?;
+        (src_map, dst)
+    };
+
+    // Flushed before a state describes it, even when nothing was written
+    // (a run killed before may have left its writes in the page cache
+    // only). Without a state there is nothing to keep true: like cp and
+    // qemu-img convert, the writes are left to the page cache.
+    if args.state.is_some() {
+        dst.sync_all().map_err(|e| ioerr(&args.dst, &e))?;
+    }
+    if args.verify {
+        let o = MapOptions {
+            open: dst_open_options(),
+            ..c.opts.clone()
+        };
+        let again = blktools::map_image(&args.dst, &o).map_err(|e| ioerr(&args.dst, &e))?;
+        if again.map.checksum() != src_map.checksum() {
+            return Err(err(
+                &args.dst,
+                "verification failed: checksum differs from SRC's",
+            ));
+        }
+    }
+    if let Some(p) = &args.state {
+        state::save(p, &src_map, &dst, size).map_err(|e| ioerr(p.display(), &e))?;
+    }
+    Ok(src_map)
+}
+
+/// Where SRC's chunks go besides the hasher, when DST is written on the fly.
+struct Through {
+    dst: Arc<File>,
+    name: Arc<str>,
+    failed: Arc<Mutex<Option<String>>>,
+}
+
+/// Hash SRC into its map, counting what is compared; with `through`, each
+/// chunk is also written to DST.
+fn hash_src(c: &SyncCtx<'_>, through: Option<Through>) -> io::Result<Map> {
+    let (mut h, builder) = blktools::hasher(c.opts)?;
+    let read_size = c.opts.read_size.next_multiple_of(c.opts.block_size);
+    let mut on_read = |n: u64| {
+        c.counts.compared.fetch_add(n, Ordering::Relaxed);
+        c.progress.update(c.counts);
+    };
+    match through {
+        Some(t) => {
+            let mut sink = WriteThrough {
+                hasher: &mut h,
+                dst: t.dst,
+                dst_name: t.name,
+                block_size: c.opts.block_size,
+                counts: c.counts.clone(),
+                failed: t.failed,
+                pos: 0,
+            };
+            blkimage::read_image(c.src.clone(), &mut sink, read_size, c.cancel, &mut on_read)?;
+        }
+        None => {
+            blkimage::read_image(c.src.clone(), &mut h, read_size, c.cancel, &mut on_read)?;
+        }
+    }
+    let map = builder.finalize(h)?;
+    // Only now are all reads done: is SRC still what we read?
+    c.src.finish()?;
+    Ok(map)
+}
+
+/// The map of `size` bytes of zeros.
+fn zeros_map(opts: &MapOptions, size: u64) -> io::Result<Map> {
+    let (mut h, builder) = blktools::hasher(opts)?;
+    h.update_zeros(size);
+    builder.finalize(h)
+}
+
+/// What to write: the differing ranges, and SRC's data past DST's end (a
+/// file grows with a hole, which reads as zeros).
+fn to_write(src_map: &Map, dst_map: &Map, dst_size: u64) -> Result<Vec<blkmap::Range>, String> {
+    let d = blkmap::diff(dst_map, src_map).map_err(|e| e.to_string())?;
+    let mut todo = d.ranges;
+    let size = src_map.size();
+    if size > dst_size {
+        let bs = src_map.block_size() as u64;
+        for b in dst_size / bs..src_map.blocks() {
+            if let Some(Block::Data(_)) = src_map.block(b) {
+                let offset = (b * bs).max(dst_size);
+                let end = ((b + 1) * bs).min(size);
+                match todo.last_mut() {
+                    Some(r) if r.end() >= offset => r.len = end - r.offset,
+                    _ => todo.push(blkmap::Range {
+                        offset,
+                        len: end - offset,
+                    }),
+                }
+            }
+        }
+    }
+    Ok(todo)
+}
+
+/// Why the state `m` (from `p`) is not DST's, if it is not. Cheap checks
+/// only: parameters, size, the side record (same file, size and times),
+/// and a few sampled blocks read from DST.
+fn check_state(
+    m: &Map,
+    p: &Path,
+    algorithm: blkhash::Algorithm,
+    block_size: usize,
+    kind: Kind,
+    dst: Option<&File>,
+    dst_size: u64,
+) -> Result<(), String> {
+    if let Some(why) = blktools::map_mismatch(m, algorithm, block_size) {
+        return Err(why);
+    }
+    let Some(dst) = dst else {
+        return Err("DST does not exist: not its state".into());
+    };
+    if m.size() != dst_size {
+        return Err(format!(
+            "it is of a {}-byte image and DST is {dst_size} bytes: not its state",
+            m.size()
+        ));
+    }
+    if let Some(side) = state::load_side(p, m)? {
+        let meta = dst.metadata().map_err(|e| reason(&e))?;
+        let now = state::Side::of(m, &meta, dst_size);
+        if let Some(why) = side.changed(&now) {
+            return Err(format!("DST changed since the state was saved: {why}"));
+        }
+    }
+    debug_assert!(kind != Kind::Missing);
+    match state::check_samples(dst, m) {
+        Ok(None) => Ok(()),
+        Ok(Some(i)) => Err(format!(
+            "DST changed since the state was saved: its block {i} (offset {}) does not hold what the state says",
+            i * m.block_size() as u64
+        )),
+        Err(e) => Err(format!("reading DST: {}", reason(&e))),
+    }
+}
+
+/// True if the file has no data allocated at all (reads as zeros).
+fn holds_no_data(f: &File) -> bool {
+    // SAFETY: lseek on an open descriptor.
+    let rc = unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_DATA) };
+    rc < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO)
+}
+
+/// A DST file that is an image of another format (qcow2, vmdk...) would be
+/// overwritten with SRC's raw bytes: refused, unless it starts as SRC's
+/// guest content does (a raw copy of a disk that holds an image itself).
+fn refuse_image_dst(path: &Path, name: &str, size: u64, src: &dyn Source) -> Result<(), String> {
+    let raw = blkimage::RawFile::open(path, false).map_err(|e| ioerr(name, &e))?;
+    let format = if blkimage::qcow2::probe(&raw).map_err(|e| ioerr(name, &e))? {
+        Some("qcow2")
+    } else {
+        let f = File::open(path).map_err(|e| ioerr(name, &e))?;
+        blkimage::nbd::probe_format(&f, size).map_err(|e| ioerr(name, &e))?
+    };
+    let Some(format) = format else {
+        return Ok(());
+    };
+    let n = size.min(src.size()).min(512) as usize;
+    let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+    if raw.read_at(&mut a, 0).is_ok() && src.read_at(&mut b, 0).is_ok() && a == b {
+        return Ok(());
+    }
+    Err(err(
+        name,
+        format!(
+            "a {format} image: DST must be a raw file or a block device, and this one would be \
+             overwritten with SRC's raw bytes (write to a raw file, or attach the image as a block \
+             device with qemu-nbd --connect=/dev/nbdN -f {format} {name} and give /dev/nbdN)"
+        ),
+    ))
+}

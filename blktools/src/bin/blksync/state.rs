@@ -1,0 +1,333 @@
+//! The state: DST's block map saved by the last run (`--state MAP`), and a
+//! side record (`MAP.dst`) of what DST was when the map was saved, to tell
+//! a DST changed behind the state's back.
+//!
+//! The map is a plain block map (`blkmap DST MAP` makes one too): blkdiff
+//! reads it, and its format stays blkmap's. The side record is a few lines
+//! of text bound to the map by its checksum:
+//!
+//! ```text
+//! blksync-dst 1
+//! checksum <the map's checksum, hex>
+//! kind file|block
+//! dev <st_dev>
+//! ino <st_ino>
+//! rdev <st_rdev>
+//! size <bytes>
+//! mtime <seconds>.<nanoseconds>
+//! ctime <seconds>.<nanoseconds>
+//! sha256 <SHA-256 of the lines above, hex>
+//! ```
+//!
+//! A record bound to another checksum is stale and ignored; a damaged one
+//! refuses the state. A block device's times do not change when it is
+//! written, so for devices only the device number and size are compared;
+//! a few sampled blocks are checked for every state.
+
+use blkhash::{Algorithm, to_hex};
+use blkmap::{Block, Map};
+use std::fs::{File, Metadata};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// Blocks of DST read and digested to check a state against it.
+pub const SAMPLES: u64 = 16;
+
+const MAGIC: &str = "blksync-dst 1";
+
+/// The side record's path: the state's with `.dst` appended.
+pub fn side_path(state: &Path) -> PathBuf {
+    let mut p = state.as_os_str().to_owned();
+    p.push(".dst");
+    PathBuf::from(p)
+}
+
+/// What identifies DST's content as the state saw it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Side {
+    pub checksum: String,
+    pub kind: String,
+    pub dev: u64,
+    pub ino: u64,
+    pub rdev: u64,
+    pub size: u64,
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
+}
+
+impl Side {
+    pub fn of(map: &Map, meta: &Metadata, size: u64) -> Side {
+        let block = meta.file_type().is_block_device();
+        Side {
+            checksum: map.checksum_hex(),
+            kind: if block { "block" } else { "file" }.to_string(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+            rdev: meta.rdev(),
+            size,
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    fn body(&self) -> String {
+        format!(
+            "{MAGIC}\nchecksum {}\nkind {}\ndev {}\nino {}\nrdev {}\nsize {}\nmtime {}.{:09}\nctime {}.{:09}\n",
+            self.checksum,
+            self.kind,
+            self.dev,
+            self.ino,
+            self.rdev,
+            self.size,
+            self.mtime.0,
+            self.mtime.1,
+            self.ctime.0,
+            self.ctime.1
+        )
+    }
+
+    pub fn to_text(&self) -> String {
+        let body = self.body();
+        format!("{body}sha256 {}\n", sha256_hex(body.as_bytes()))
+    }
+
+    /// Parse a record; `Err` says why it is not one.
+    pub fn parse(text: &str) -> Result<Side, String> {
+        let (body, sum) = text
+            .trim_end_matches('\n')
+            .rsplit_once('\n')
+            .ok_or("truncated")?;
+        let body = format!("{body}\n");
+        match sum.strip_prefix("sha256 ") {
+            Some(hex) if hex == sha256_hex(body.as_bytes()) => {}
+            _ => return Err("damaged: its digest does not match its contents".into()),
+        }
+        let mut lines = body.lines();
+        if lines.next() != Some(MAGIC) {
+            return Err(format!("not a '{MAGIC}' record"));
+        }
+        let mut field = |name: &str| -> Result<String, String> {
+            lines
+                .next()
+                .and_then(|l| l.strip_prefix(name))
+                .and_then(|l| l.strip_prefix(' '))
+                .map(str::to_string)
+                .ok_or_else(|| format!("no '{name}' line"))
+        };
+        let num = |v: String| v.parse::<u64>().map_err(|_| format!("bad number '{v}'"));
+        let time = |v: String| -> Result<(i64, i64), String> {
+            let (s, ns) = v.split_once('.').ok_or(format!("bad time '{v}'"))?;
+            Ok((
+                s.parse().map_err(|_| format!("bad time '{v}'"))?,
+                ns.parse().map_err(|_| format!("bad time '{v}'"))?,
+            ))
+        };
+        Ok(Side {
+            checksum: field("checksum")?,
+            kind: field("kind")?,
+            dev: num(field("dev")?)?,
+            ino: num(field("ino")?)?,
+            rdev: num(field("rdev")?)?,
+            size: num(field("size")?)?,
+            mtime: time(field("mtime")?)?,
+            ctime: time(field("ctime")?)?,
+        })
+    }
+
+    /// How `now` (DST as it is) differs from this record, if it does.
+    pub fn changed(&self, now: &Side) -> Option<String> {
+        if self.kind != now.kind {
+            return Some(format!("it was a {} and is now a {}", self.kind, now.kind));
+        }
+        let same_node = if self.kind == "block" {
+            self.rdev == now.rdev
+        } else {
+            (self.dev, self.ino) == (now.dev, now.ino)
+        };
+        if !same_node {
+            return Some(
+                "it is another file or device than the one the state was saved for".into(),
+            );
+        }
+        if self.size != now.size {
+            return Some(format!(
+                "its size changed from {} to {}",
+                self.size, now.size
+            ));
+        }
+        // A device's times do not follow writes to it: samples check those.
+        if self.kind == "file" && (self.mtime, self.ctime) != (now.mtime, now.ctime) {
+            let (what, now, then) = if self.mtime != now.mtime {
+                ("modification", now.mtime, self.mtime)
+            } else {
+                ("change", now.ctime, self.ctime)
+            };
+            return Some(format!(
+                "it was written after the state was saved (its {what} time is {}.{:09}, the state recorded {}.{:09})",
+                now.0, now.1, then.0, then.1
+            ));
+        }
+        None
+    }
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    let mut d = [0u8; 32];
+    Algorithm::Sha256.digest_into(data, &mut d);
+    to_hex(&d)
+}
+
+/// The side record of `state` that belongs to `map`: `Ok(None)` if there is
+/// none, or one left from another map (a run stopped between saving the
+/// two: it describes nothing now).
+pub fn load_side(state: &Path, map: &Map) -> Result<Option<Side>, String> {
+    let path = side_path(state);
+    let text = match std::fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {}", path.display(), blktools::reason(&e))),
+    };
+    let text = String::from_utf8(text).map_err(|_| format!("{}: damaged", path.display()))?;
+    let side = Side::parse(&text).map_err(|why| format!("{}: {why}", path.display()))?;
+    Ok((side.checksum == map.checksum_hex()).then_some(side))
+}
+
+/// Block indexes to sample: the first block, then spread over the image,
+/// shifted by the map's checksum so that states of other images look at
+/// other blocks.
+fn samples(map: &Map) -> Vec<u64> {
+    let n = map.blocks();
+    if n == 0 {
+        return Vec::new();
+    }
+    let c = map.checksum();
+    let jitter = u64::from_le_bytes(c[..8].try_into().unwrap_or([0; 8]));
+    let mut v: Vec<u64> = (0..SAMPLES.min(n))
+        .map(|k| {
+            let stride = n / SAMPLES.min(n);
+            if k == 0 {
+                0
+            } else {
+                k * stride + jitter % stride.max(1)
+            }
+        })
+        .map(|i| i.min(n - 1))
+        .collect();
+    v.dedup();
+    v
+}
+
+/// Read a few of DST's blocks and check them against `map`: the first one
+/// that differs, if any (DST changed behind the state).
+pub fn check_samples(dst: &File, map: &Map) -> io::Result<Option<u64>> {
+    let bs = map.block_size() as u64;
+    let alg = map.algorithm();
+    let mut buf = vec![0u8; bs as usize];
+    let mut digest = vec![0u8; alg.output_len()];
+    for i in samples(map) {
+        let offset = i * bs;
+        let n = bs.min(map.size() - offset) as usize;
+        dst.read_exact_at(&mut buf[..n], offset)?;
+        let ok = match map.block(i) {
+            Some(Block::Zero) => blkhash::is_zero(&buf[..n]),
+            Some(Block::Data(d)) => {
+                alg.digest_into(&buf[..n], &mut digest);
+                digest == d
+            }
+            None => false,
+        };
+        if !ok {
+            return Ok(Some(i));
+        }
+    }
+    Ok(None)
+}
+
+/// Remove the state (the side record first: a map without its record is
+/// still checked by samples; a record without its map means nothing), and
+/// flush the directory so that the removal is on disk before DST changes.
+pub fn remove(state: &Path) -> io::Result<()> {
+    let mut removed = false;
+    for p in [side_path(state), state.to_path_buf()] {
+        match std::fs::remove_file(&p) {
+            Ok(()) => removed = true,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if removed {
+        sync_dir(state)?;
+    }
+    Ok(())
+}
+
+/// Save `map` as the state of DST (already flushed), then its side record,
+/// each atomically (temporary file, fsync, rename, directory fsync).
+pub fn save(state: &Path, map: &Map, dst: &File, dst_size: u64) -> io::Result<()> {
+    map.save(state)?;
+    let side = Side::of(map, &dst.metadata()?, dst_size);
+    let path = side_path(state);
+    let tmp = {
+        let mut p = path.as_os_str().to_owned();
+        p.push(format!(".tmp{}", std::process::id()));
+        PathBuf::from(p)
+    };
+    let result = (|| {
+        let f = File::create(&tmp)?;
+        f.write_all_at(side.to_text().as_bytes(), 0)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        sync_dir(&path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn sync_dir(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn side_round_trip_and_damage() {
+        let s = Side {
+            checksum: "ab".into(),
+            kind: "file".into(),
+            dev: 1,
+            ino: 2,
+            rdev: 0,
+            size: 4096,
+            mtime: (5, 6),
+            ctime: (7, 8),
+        };
+        let t = s.to_text();
+        assert_eq!(Side::parse(&t), Ok(s));
+        let bad = t.replace("size 4096", "size 4097");
+        assert!(Side::parse(&bad).unwrap_err().contains("damaged"));
+        assert!(Side::parse(&t[..t.len() / 2]).is_err());
+    }
+
+    #[test]
+    fn samples_in_range() {
+        let m = Map::compute(
+            blkhash::Options::new().block_size(512),
+            &vec![1u8; 512 * 1000 + 7],
+        )
+        .unwrap();
+        let s = samples(&m);
+        assert_eq!(s.len(), SAMPLES as usize);
+        assert!(s.iter().all(|&i| i < m.blocks()));
+        let one = Map::compute(blkhash::Options::new().block_size(512), &[1u8; 10]).unwrap();
+        assert_eq!(samples(&one), [0]);
+    }
+}

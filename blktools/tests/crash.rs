@@ -1,0 +1,175 @@
+//! blksync stopped at any point: killed (SIGKILL) at random moments, or
+//! asked to stop (SIGINT, SIGTERM). Whatever the moment, a state left
+//! behind is DST's map (it never claims a block not written), and the next
+//! run brings DST to SRC's content (checked with qemu-img compare and
+//! blksum).
+
+mod common;
+
+use blkmap::Map;
+use common::*;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A small deterministic generator (xorshift64*): seeds make failures
+/// reproducible without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn spawn(args: &[&str]) -> Child {
+    Command::new(BLKSYNC)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Send `sig` after `delay`; the exit code, or None if the run had ended
+/// before (the signal came too late to test anything), and how long it
+/// took to stop once signalled.
+fn signal_after(mut child: Child, delay: Duration, sig: i32) -> Option<(i32, Duration)> {
+    std::thread::sleep(delay);
+    if child.try_wait().unwrap().is_some() {
+        return None;
+    }
+    let t = Instant::now();
+    // SAFETY: kill on the pid of our own child, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, sig) };
+    let status = child.wait_with_output().unwrap().status;
+    if status.success() {
+        // It ended between the check and the signal.
+        return None;
+    }
+    use std::os::unix::process::ExitStatusExt;
+    let code = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap());
+    Some((code, t.elapsed()))
+}
+
+/// What a stopped run may leave: no state, or one that is DST's map.
+fn state_is_truthful(dir: &Path, dst: &Path, state: &Path) {
+    if !state.exists() {
+        return;
+    }
+    let saved = Map::load(state).expect("a state left behind loads (it is saved atomically)");
+    let m = dir.join("truth.map");
+    sh(BLKMAP, &[s(dst), s(&m)]);
+    assert_eq!(
+        Map::load(&m).unwrap(),
+        saved,
+        "the state left behind is not DST's map"
+    );
+}
+
+fn finish_and_check(dir: &Path, src: &Path, dst: &Path, state: &Path) {
+    let out = run(BLKSYNC, &[s(src), s(dst), "--state", s(state)]);
+    assert_eq!(out.code, 0, "rerun: {}", out.stderr);
+    assert!(same(src, dst), "qemu-img compare: DST differs from SRC");
+    let sum = checksum(dir, src);
+    assert_eq!(sum, checksum(dir, dst), "blksum: DST differs from SRC");
+    assert!(out.stdout.starts_with(&sum));
+    state_is_truthful(dir, dst, state);
+}
+
+/// SIGKILL at random moments of first copies and updates, several seeds;
+/// each run is killed, then the state checked, then the next run (killed
+/// too, or not) must finish the job.
+#[test]
+fn killed_at_random_points_then_rerun() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let size = 64 * MIB;
+    let src = src_qcow2(d, size, &["write -P 0x11 0 40M", "write -P 0x12 48M 8M"]);
+    // How long a first copy takes here, to spread the kills over it.
+    let t = Instant::now();
+    let probe = run(BLKSYNC, &[s(&src), s(&d.join("probe.raw")), "-t", "1"]);
+    assert_eq!(probe.code, 0, "{}", probe.stderr);
+    let span = (t.elapsed().as_micros() as u64 * 5 / 4).max(1000);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut killed = 0;
+    for seed in [1u64, 2, 3, 4, 5] {
+        if Instant::now() > deadline {
+            eprintln!("time bound reached after {killed} kills");
+            break;
+        }
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let dst = d.join(format!("dst{seed}.raw"));
+        let state = d.join(format!("dst{seed}.map"));
+        let args = [s(&src), s(&dst), "--state", s(&state), "-t", "1"];
+        for round in 0..3 {
+            // Change SRC between rounds: scattered data, zeros, discards.
+            let off = rng.below(60) * MIB + rng.below(16) * 4096;
+            let cmds = [
+                format!(
+                    "write -P {} {off} {}",
+                    0x20 + round,
+                    64 * 1024 * (1 + rng.below(64))
+                ),
+                format!("write -z {}M 1M", rng.below(63)),
+                format!("discard {}M 64k", rng.below(63)),
+            ];
+            let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
+            write(&src, "qcow2", &cmds);
+            let delay = Duration::from_micros(rng.below(span));
+            if let Some((code, _)) = signal_after(spawn(&args), delay, libc::SIGKILL) {
+                assert_eq!(code, 128 + libc::SIGKILL);
+                killed += 1;
+            }
+            state_is_truthful(d, &dst, &state);
+        }
+        finish_and_check(d, &src, &dst, &state);
+    }
+    eprintln!("{killed} runs killed");
+}
+
+/// Ctrl-C and SIGTERM stop a run promptly with 130 and 143, during a first
+/// copy (DST written while SRC is read) and during an update (SRC being
+/// hashed, the state still in place and still true).
+#[test]
+fn sigint_and_sigterm_stop_promptly() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let src = src_qcow2(d, 512 * MIB, &["write -P 0x31 0 512M"]);
+    let dst = d.join("dst.raw");
+    let state = d.join("dst.map");
+    let args = [s(&src), s(&dst), "--state", s(&state), "-t", "1"];
+    let mut tested = 0;
+    for (sig, want) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        match signal_after(spawn(&args), Duration::from_millis(150), sig) {
+            Some((code, took)) => {
+                assert_eq!(code, want, "first copy, signal {sig}");
+                assert!(took < Duration::from_secs(3), "took {took:?} to stop");
+                tested += 1;
+            }
+            None => eprintln!("first copy ended before signal {sig}: not tested"),
+        }
+        state_is_truthful(d, &dst, &state);
+    }
+    finish_and_check(d, &src, &dst, &state);
+    write(&src, "qcow2", &["write -P 0x32 100M 300M"]);
+    match signal_after(spawn(&args), Duration::from_millis(150), libc::SIGTERM) {
+        Some((code, _)) => {
+            assert_eq!(code, 143, "update");
+            tested += 1;
+        }
+        None => eprintln!("update ended before SIGTERM: not tested"),
+    }
+    state_is_truthful(d, &dst, &state);
+    finish_and_check(d, &src, &dst, &state);
+    eprintln!("{tested} signalled runs tested");
+}
