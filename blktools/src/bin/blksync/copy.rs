@@ -184,6 +184,8 @@ pub struct WriteThrough<'a> {
     /// The first write that failed: it is DST's fault, not SRC's.
     pub failed: Arc<Mutex<Option<String>>>,
     pub pos: u64,
+    /// DST will be flushed at the end: start writing each chunk back now.
+    pub flush_later: bool,
 }
 
 impl Sink for WriteThrough<'_> {
@@ -197,19 +199,25 @@ impl Sink for WriteThrough<'_> {
             self.failed.clone(),
         );
         let bs = self.block_size;
+        let early = self.flush_later;
         Sink::read(
             &mut *self.hasher,
             len,
             Box::new(move |buf: &mut [u8]| {
                 fill(buf)?;
-                write_data(&dst, buf, offset, bs, &counts).map_err(|e| {
-                    let e = named(&name, e);
-                    failed
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get_or_insert_with(|| e.to_string());
-                    e
-                })
+                write_data(&dst, buf, offset, bs, &counts)
+                    .and_then(|()| match early {
+                        true => start_writeback(&dst, offset, buf.len()),
+                        false => Ok(()),
+                    })
+                    .map_err(|e| {
+                        let e = named(&name, e);
+                        failed
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert_with(|| e.to_string());
+                        e
+                    })
             }),
         )
     }
@@ -232,6 +240,30 @@ impl Sink for WriteThrough<'_> {
 
     fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
         Sink::reclaim_wait(&mut *self.hasher)
+    }
+}
+
+/// Ask the kernel to start writing back `len` bytes at `offset`, without
+/// waiting: a copy that ends with fsync then overlaps writing the device
+/// with reading and hashing SRC, instead of writing all of DST at the end
+/// (as `qemu-img convert -t writeback` does).
+fn start_writeback(dst: &File, offset: u64, len: usize) -> io::Result<()> {
+    // SAFETY: sync_file_range on an open descriptor; no memory is passed.
+    let rc = unsafe {
+        libc::sync_file_range(
+            dst.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        // Not every file system or device has it; the final fsync does the work.
+        _ => match io::Error::last_os_error() {
+            e if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ESPIPE)) => Ok(()),
+            e => Err(e),
+        },
     }
 }
 

@@ -294,6 +294,7 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Map, String> {
             dst: dst.clone(),
             name: Arc::from(args.dst.as_str()),
             failed: failed.clone(),
+            flush_later: args.state.is_some(),
         };
         let map = hash_src(&c, Some(through)).map_err(|e| {
             failed
@@ -385,6 +386,7 @@ struct Through {
     dst: Arc<File>,
     name: Arc<str>,
     failed: Arc<Mutex<Option<String>>>,
+    flush_later: bool,
 }
 
 /// Hash SRC into its map, counting what is compared; with `through`, each
@@ -406,6 +408,7 @@ fn hash_src(c: &SyncCtx<'_>, through: Option<Through>) -> io::Result<Map> {
                 counts: c.counts.clone(),
                 failed: t.failed,
                 pos: 0,
+                flush_later: t.flush_later,
             };
             blkimage::read_image(c.src.clone(), &mut sink, read_size, c.cancel, &mut on_read)?;
         }
