@@ -965,49 +965,51 @@ class Bench:
         warm(a)
         warm(b)
 
-        def rm(*paths):
-            # Each write starts with no dirty pages left by the command before
-            # (their writeback would be charged to whoever runs next).
-            def prep(_r):
-                for path in paths:
-                    path.unlink(missing_ok=True)
-                os.sync()
-                time.sleep(self.a.settle)
-            return prep
-
         state_first = d / "sync-first.map"
         first_state = (first, state_first, Path(f"{state_first}.dst"))
+
+        def clean(_r):
+            # Every write starts from the same state: no copy left by any
+            # command before (each is removed, whoever made it) and no dirty
+            # pages (their writeback would be charged to whoever runs next).
+            # Removing only one's own target let a command inherit the
+            # memory another's removal had just freed.
+            for path in (full, *first_state):
+                path.unlink(missing_ok=True)
+            os.sync()
+            time.sleep(self.a.settle)
+
         # Each update run brings DST from one image to the other: run 1 A->B,
         # run 2 B->A, ...: 1% of the blocks every time, the state saved by the
         # run before.
-        update = Cmd("blksync update, state", [], ours=True, prep=rm(),
+        update = Cmd("blksync update, state", [], ours=True, prep=clean,
                      argv_for=lambda r: [blksync, "--cache", str(b if r % 2 == 0 else a),
                                          str(dst), "--state", str(state)])
         c = {
             "update": update,
             "blksum": Cmd("blksum SRC", [self.blksum, "--cache", str(b)], ours=True),
             "cp": Cmd("cp --sparse=always", ["cp", "--sparse=always", str(b), str(full)],
-                      prep=rm(full)),
+                      prep=clean),
             "convert": Cmd("qemu-img convert", [qemu_img, "convert", "-f", "raw", "-O", "raw",
-                                                str(b), str(full)], prep=rm(full)),
+                                                str(b), str(full)], prep=clean),
             # A full copy that is on the device when it ends, as blksync's
             # update is (it flushes DST before saving the state).
             "convert_wb": Cmd("qemu-img convert -t writeback", [
                 qemu_img, "convert", "-t", "writeback", "-f", "raw", "-O", "raw", str(b),
-                str(full)], prep=rm(full)),
+                str(full)], prep=clean),
             "first": Cmd("blksync first copy", [blksync, "--cache", str(a), str(first)],
-                         ours=True, prep=rm(*first_state)),
+                         ours=True, prep=clean),
             "convert_first": Cmd("qemu-img convert (first)", [qemu_img, "convert", "-f", "raw",
                                                               "-O", "raw", str(a), str(first)],
-                                 prep=rm(first)),
+                                 prep=clean),
             # The first run of the delta-copy workflow: a new state, so DST
             # is flushed; against the copy that also flushes.
             "first_state": Cmd("blksync first copy, new state", [
                 blksync, "--cache", str(a), str(first), "--state", str(state_first)],
-                ours=True, prep=rm(*first_state)),
+                ours=True, prep=clean),
             "convert_wb_first": Cmd("qemu-img convert -t writeback (first)", [
                 qemu_img, "convert", "-t", "writeback", "-f", "raw", "-O", "raw", str(a),
-                str(first)], prep=rm(first)),
+                str(first)], prep=clean),
         }
         cmds = list(c.values())
         run_case(cmds, self.a.runs, self.a.timeout)
