@@ -77,7 +77,10 @@ fn state_is_truthful(dir: &Path, dst: &Path, state: &Path) {
 }
 
 fn finish_and_check(dir: &Path, src: &Path, dst: &Path, state: &Path) {
-    let out = run(BLKSYNC, &[s(src), s(dst), "--state", s(state)]);
+    let out = run(
+        BLKSYNC,
+        &[s(src), s(dst), "--state", s(state), "--checksum"],
+    );
     assert_eq!(out.code, 0, "rerun: {}", out.stderr);
     assert!(same(src, dst), "qemu-img compare: DST differs from SRC");
     let sum = checksum(dir, src);

@@ -423,3 +423,67 @@ fn block_device_destination() {
     assert_eq!(code, 1);
     assert!(err.contains("sizes must match"), "{err}");
 }
+
+/// A first copy with nothing to save, verify or print hashes nothing and
+/// prints nothing; `--checksum` prints blksum's line. A SRC that fails
+/// half-way (a damaged compressed cluster) is named, exit status 1, and no
+/// checksum is printed.
+#[test]
+fn first_copy_prints_checksum_on_request_and_names_a_failing_src() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let raw = image(
+        d,
+        "src.raw",
+        "raw",
+        16 * MIB,
+        &["write -P 0x11 0 6M", "write -P 0x22 12M 4M"],
+    );
+    let src = d.join("src.qcow2");
+    sh(
+        "qemu-img",
+        &["convert", "-c", "-O", "qcow2", s(&raw), s(&src)],
+    );
+    let plain = d.join("plain.raw");
+    let out = run(BLKSYNC, &[s(&src), s(&plain)]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, "");
+    check_same(d, &src, &plain);
+
+    let printed = d.join("printed.raw");
+    let out = run(BLKSYNC, &[s(&src), s(&printed), "--checksum"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.stdout,
+        format!("{}  {}\n", checksum(d, &src), s(&src)),
+        "blksum's line"
+    );
+    check_same(d, &src, &printed);
+
+    // Damage the compressed cluster at 13 MiB (its host offset from the
+    // first L2 table): reading it fails on a worker, mid-copy.
+    let mut img = std::fs::read(&src).unwrap();
+    let be = |at: usize| u64::from_be_bytes(img[at..at + 8].try_into().unwrap());
+    let l1 = be(40) as usize;
+    let l2 = (be(l1) & 0x00ff_ffff_ffff_fe00) as usize;
+    let entry = be(l2 + 8 * 208);
+    assert_ne!(entry & (1 << 62), 0, "cluster 208 is compressed");
+    let host = (entry & ((1 << 54) - 1)) as usize; // 62 - (16 - 8) bits
+    img[host + 16..host + 272].fill(0xff);
+    let bad = d.join("bad.qcow2");
+    std::fs::write(&bad, &img).unwrap();
+    for extra in [&[][..], &["--checksum"][..]] {
+        let dst = d.join(format!("bad{}.raw", extra.len()));
+        let mut args = vec![s(&bad), s(&dst)];
+        args.extend_from_slice(extra);
+        let out = run(BLKSYNC, &args);
+        assert_eq!(out.code, 1, "{}", out.stderr);
+        assert!(
+            out.stderr
+                .contains(&format!("{}: qcow2: compressed cluster", s(&bad))),
+            "{}",
+            out.stderr
+        );
+        assert_eq!(out.stdout, "");
+    }
+}

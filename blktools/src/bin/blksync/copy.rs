@@ -243,6 +243,170 @@ impl Sink for WriteThrough<'_> {
     }
 }
 
+/// A sink for SRC when DST is known to hold only zeros and nothing needs
+/// SRC's digests (no state to save, nothing to verify or print): workers
+/// read each chunk and write its data blocks to DST, zero blocks skipped.
+/// Hashing SRC would double the CPU work of a plain copy; this does what
+/// `qemu-img convert` does, on every core.
+pub struct CopyThrough {
+    jobs: Option<crossbeam_channel::Sender<CopyJob>>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    /// The first failure, named after the input it is about.
+    failed: Arc<Mutex<Option<String>>>,
+    dst: Arc<File>,
+    block_size: usize,
+    counts: Arc<Counts>,
+    pos: u64,
+    /// The buffer of the last `data` call, handed back by `reclaim`.
+    spare: Option<AlignedBuf>,
+}
+
+struct CopyJob {
+    offset: u64,
+    len: usize,
+    fill: Fill,
+}
+
+/// Where `CopyThrough` reads and writes, and how.
+pub struct CopyTarget {
+    pub src_name: Arc<str>,
+    pub dst: Arc<File>,
+    pub dst_name: Arc<str>,
+    pub block_size: usize,
+    pub threads: usize,
+    pub counts: Arc<Counts>,
+    /// DST will be flushed at the end: start writing each chunk back now.
+    pub flush_later: bool,
+}
+
+impl CopyThrough {
+    pub fn new(t: CopyTarget) -> CopyThrough {
+        let threads = t.threads.max(1);
+        // A job queued per worker keeps every worker busy while bounding
+        // the memory in flight (one chunk buffer per worker).
+        let (tx, rx) = crossbeam_channel::bounded::<CopyJob>(threads);
+        let failed = Arc::new(Mutex::new(None));
+        let workers = (0..threads)
+            .map(|i| {
+                let (rx, failed) = (rx.clone(), failed.clone());
+                let (dst, src_name, dst_name) =
+                    (t.dst.clone(), t.src_name.clone(), t.dst_name.clone());
+                let (counts, bs, early) = (t.counts.clone(), t.block_size, t.flush_later);
+                std::thread::Builder::new()
+                    .name(format!("blksync-{i}"))
+                    .spawn(move || {
+                        let mut buf: Option<AlignedBuf> = None;
+                        for job in rx {
+                            if failed.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                                continue; // drain: the run has failed
+                            }
+                            let b = match &mut buf {
+                                Some(b) if b.capacity() >= job.len => b,
+                                _ => buf.insert(AlignedBuf::new(job.len)),
+                            };
+                            let b = &mut b.spare()[..job.len];
+                            let result =
+                                (job.fill)(b)
+                                    .map_err(|e| named(&src_name, e))
+                                    .and_then(|()| {
+                                        write_data(&dst, b, job.offset, bs, &counts)
+                                            .and_then(|()| match early {
+                                                true => start_writeback(&dst, job.offset, b.len()),
+                                                false => Ok(()),
+                                            })
+                                            .map_err(|e| named(&dst_name, e))
+                                    });
+                            if let Err(e) = result {
+                                failed
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .get_or_insert_with(|| e.to_string());
+                            }
+                        }
+                    })
+                    .expect("cannot start a blksync worker thread")
+            })
+            .collect();
+        CopyThrough {
+            jobs: Some(tx),
+            workers,
+            failed,
+            dst: t.dst,
+            block_size: t.block_size,
+            counts: t.counts,
+            pos: 0,
+            spare: None,
+        }
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Wait for every queued chunk; the first failure, named.
+    pub fn finish(mut self) -> Result<(), String> {
+        self.stop();
+        self.failure().map_or(Ok(()), Err)
+    }
+
+    fn stop(&mut self) {
+        self.jobs = None;
+        for w in self.workers.drain(..) {
+            w.join().expect("blksync worker panicked");
+        }
+    }
+}
+
+impl Drop for CopyThrough {
+    fn drop(&mut self) {
+        // An early return (an interrupted read loop) still waits for the
+        // writes in flight: none may land after the caller moves on.
+        self.stop();
+    }
+}
+
+impl Sink for CopyThrough {
+    fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
+        if let Some(why) = self.failure() {
+            return Err(io::Error::other(why));
+        }
+        let offset = self.pos;
+        self.pos += len as u64;
+        let job = CopyJob { offset, len, fill };
+        self.jobs
+            .as_ref()
+            .expect("sink in use")
+            .send(job)
+            .expect("blksync workers died");
+        Ok(())
+    }
+
+    fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
+        // Images come as reads; this is for completeness (streams).
+        write_data(&self.dst, &buf, self.pos, self.block_size, &self.counts)?;
+        self.pos += buf.len() as u64;
+        self.spare = Some(buf);
+        Ok(())
+    }
+
+    fn zeros(&mut self, len: u64) -> io::Result<()> {
+        // DST holds zeros there already.
+        self.pos += len;
+        Ok(())
+    }
+
+    fn reclaim(&mut self) -> Option<AlignedBuf> {
+        self.spare.take()
+    }
+
+    fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
+        self.spare.take()
+    }
+}
+
 /// Ask the kernel to start writing back `len` bytes at `offset`, without
 /// waiting: a copy that ends with fsync then overlaps writing the device
 /// with reading and hashing SRC, instead of writing all of DST at the end

@@ -8,7 +8,7 @@ use blkimage::{Input, Source};
 use blkmap::{Block, Map};
 use blktools::{InputArgs, MapOptions, reason};
 use clap::Parser;
-use copy::{Counts, Progress, WriteThrough};
+use copy::{CopyTarget, CopyThrough, Counts, Progress, WriteThrough};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek};
 use std::os::fd::AsRawFd;
@@ -19,12 +19,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Make DST (a raw file or block device) hold SRC's guest content, writing
-/// only the blocks that differ, and print SRC's checksum.
+/// only the blocks that differ.
 ///
 /// SRC is any image blksum reads (not a pipe). DST's blocks come from its
 /// state (--state MAP, saved by the last run) if it matches DST, else from
 /// reading DST; a DST that does not exist or holds no data is not read at
-/// all. A regular file DST is created if missing and resized to SRC's size;
+/// all (nor is SRC hashed then, unless --state, --verify or --checksum
+/// need its digests: the first copy is a plain copy). A regular file DST is created if missing and resized to SRC's size;
 /// blocks that became zeros are punched out (holes). The state is removed
 /// before DST is written and saved again only once DST is flushed: an
 /// interrupted run never leaves a state that claims a block not written.
@@ -69,6 +70,18 @@ struct Args {
     /// After the copy, hash DST again and check it has SRC's checksum.
     #[arg(long)]
     verify: bool,
+
+    /// Print SRC's checksum at the end, as blksum does (CHECKSUM  SRC).
+    /// SRC is hashed while it is copied.
+    #[arg(short, long)]
+    checksum: bool,
+}
+
+impl Args {
+    /// Whether the run needs SRC's block digests, even for a first copy.
+    fn needs_src_map(&self) -> bool {
+        self.state.is_some() || self.verify || self.checksum
+    }
 }
 
 fn main() -> ExitCode {
@@ -237,6 +250,7 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     if args.dry_run {
         return Ok(());
     }
+    let blocks = size.div_ceil(block_size as u64);
     let (written, zeroed) = (Counts::get(&counts.written), Counts::get(&counts.zeroed));
     eprintln!(
         "blksync: {} -> {}: {written} bytes written, {zeroed} zeroed, in {} ranges, of {size}; \
@@ -244,13 +258,12 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
         args.src,
         args.dst,
         Counts::get(&counts.ranges),
-        src_map.blocks(),
+        blocks,
         size - written - zeroed,
     );
-    println!(
-        "{}",
-        blktools::checksum_line(&src_map.checksum_hex(), &args.src)
-    );
+    if let (true, Some(m)) = (args.checksum, &src_map) {
+        println!("{}", blktools::checksum_line(&m.checksum_hex(), &args.src));
+    }
     Ok(())
 }
 
@@ -266,8 +279,8 @@ struct SyncCtx<'a> {
     progress: &'a Progress,
 }
 
-/// Bring DST up to date; SRC's map.
-fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Map, String> {
+/// Bring DST up to date; SRC's map, unless the run did not need it.
+fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Option<Map>, String> {
     let size = c.src.size();
     let dst_path = Path::new(&args.dst);
     let open_dst = || {
@@ -289,20 +302,26 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Map, String> {
         remove_state()?;
         let dst = Arc::new(open_dst()?);
         dst.set_len(size).map_err(|e| ioerr(&args.dst, &e))?;
-        let failed = Arc::new(Mutex::new(None));
-        let through = Through {
-            dst: dst.clone(),
-            name: Arc::from(args.dst.as_str()),
-            failed: failed.clone(),
-            flush_later: args.state.is_some(),
+        let map = if args.needs_src_map() {
+            let failed = Arc::new(Mutex::new(None));
+            let through = Through {
+                dst: dst.clone(),
+                name: Arc::from(args.dst.as_str()),
+                failed: failed.clone(),
+                flush_later: args.state.is_some(),
+            };
+            let map = hash_src(&c, Some(through)).map_err(|e| {
+                failed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_else(|| ioerr(&args.src, &e))
+            })?;
+            Some(map)
+        } else {
+            copy_src(args, &c, dst.clone())?;
+            None
         };
-        let map = hash_src(&c, Some(through)).map_err(|e| {
-            failed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-                .unwrap_or_else(|| ioerr(&args.src, &e))
-        })?;
         (
             map,
             Arc::into_inner(dst).expect("workers are done with DST"),
@@ -339,7 +358,7 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Map, String> {
             if size != c.dst_size {
                 println!("resize {} -> {size}", c.dst_size);
             }
-            return Ok(src_map);
+            return Ok(Some(src_map));
         }
         if !todo.is_empty() || size != c.dst_size {
             remove_state()?;
@@ -352,7 +371,7 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Map, String> {
             &*c.src, &src_map, &dst, &todo, c.counts, c.progress, c.cancel, &args.dst,
         )
         .map_err(|e| ioerr(&args.src, &e))?;
-        (src_map, dst)
+        (Some(src_map), dst)
     };
 
     // Flushed before a state describes it, even when nothing was written
@@ -362,7 +381,7 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Map, String> {
     if args.state.is_some() {
         dst.sync_all().map_err(|e| ioerr(&args.dst, &e))?;
     }
-    if args.verify {
+    if let (true, Some(src_map)) = (args.verify, &src_map) {
         let o = MapOptions {
             open: dst_open_options(),
             ..c.opts.clone()
@@ -375,8 +394,8 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Map, String> {
             ));
         }
     }
-    if let Some(p) = &args.state {
-        state::save(p, &src_map, &dst, size).map_err(|e| ioerr(p.display(), &e))?;
+    if let (Some(p), Some(src_map)) = (&args.state, &src_map) {
+        state::save(p, src_map, &dst, size).map_err(|e| ioerr(p.display(), &e))?;
     }
     Ok(src_map)
 }
@@ -420,6 +439,29 @@ fn hash_src(c: &SyncCtx<'_>, through: Option<Through>) -> io::Result<Map> {
     // Only now are all reads done: is SRC still what we read?
     c.src.finish()?;
     Ok(map)
+}
+
+/// Copy SRC's data to a DST of zeros, hashing nothing.
+fn copy_src(args: &Args, c: &SyncCtx<'_>, dst: Arc<File>) -> Result<(), String> {
+    let mut sink = CopyThrough::new(CopyTarget {
+        src_name: Arc::from(args.src.as_str()),
+        dst,
+        dst_name: Arc::from(args.dst.as_str()),
+        block_size: c.opts.block_size,
+        threads: c.opts.threads,
+        counts: c.counts.clone(),
+        flush_later: false,
+    });
+    let read_size = c.opts.read_size.next_multiple_of(c.opts.block_size);
+    let mut on_read = |n: u64| {
+        c.counts.compared.fetch_add(n, Ordering::Relaxed);
+        c.progress.update(c.counts);
+    };
+    let read = blkimage::read_image(c.src.clone(), &mut sink, read_size, c.cancel, &mut on_read);
+    // The workers' failure first: it names its input; then the read loop's.
+    sink.finish()?;
+    read.map_err(|e| ioerr(&args.src, &e))?;
+    c.src.finish().map_err(|e| ioerr(&args.src, &e))
 }
 
 /// The map of `size` bytes of zeros.
