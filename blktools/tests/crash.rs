@@ -100,7 +100,12 @@ fn killed_at_random_points_then_rerun() {
     let src = src_qcow2(d, size, &["write -P 0x11 0 40M", "write -P 0x12 48M 8M"]);
     // How long a first copy takes here, to spread the kills over it.
     let t = Instant::now();
-    let probe = run(BLKSYNC, &[s(&src), s(&d.join("probe.raw")), "-t", "1"]);
+    // (--checksum: it hashes SRC while copying, as the killed runs with a
+    // state do; a plain copy is faster.)
+    let probe = run(
+        BLKSYNC,
+        &[s(&src), s(&d.join("probe.raw")), "-t", "1", "-c"],
+    );
     assert_eq!(probe.code, 0, "{}", probe.stderr);
     let span = (t.elapsed().as_micros() as u64 * 5 / 4).max(1000);
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -137,6 +142,74 @@ fn killed_at_random_points_then_rerun() {
         }
         finish_and_check(d, &src, &dst, &state);
     }
+    eprintln!("{killed} runs killed");
+}
+
+/// The same with an NBD DST (a qcow2 image through qemu-nbd): blksync
+/// killed at random moments, the server too after some of the kills (it
+/// loses what it had not flushed); a state left behind is the export's
+/// map, read through a fresh server, and the next run finishes the job.
+#[test]
+fn killed_at_random_points_nbd_dst() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let size = 32 * MIB;
+    let src = src_qcow2(d, size, &["write -P 0x11 0 20M", "write -P 0x12 24M 4M"]);
+    let dst = image(d, "dst.qcow2", "qcow2", size, &[]);
+    let state = d.join("dst.map");
+    let Some(mut server) = qemu_nbd(d, &dst, &[]) else {
+        return;
+    };
+    let t = Instant::now();
+    let probe = run(
+        BLKSYNC,
+        &[s(&src), s(&d.join("probe.raw")), "-t", "1", "-c"],
+    );
+    assert_eq!(probe.code, 0, "{}", probe.stderr);
+    let span = (t.elapsed().as_micros() as u64 * 3 / 2).max(1000);
+    let mut rng = Rng(0x5eed);
+    let mut killed = 0;
+    for round in 0..8u64 {
+        let off = rng.below(30) * MIB;
+        let cmds = [
+            format!(
+                "write -P {} {off} {}",
+                0x20 + round,
+                64 * 1024 * (1 + rng.below(32))
+            ),
+            format!("write -z {}M 1M", rng.below(31)),
+        ];
+        let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
+        write(&src, "qcow2", &cmds);
+        let args = [s(&src), &server.url, "--state", s(&state), "-t", "1"];
+        let delay = Duration::from_micros(rng.below(span));
+        if let Some((code, _)) = signal_after(spawn(&args), delay, libc::SIGKILL) {
+            assert_eq!(code, 128 + libc::SIGKILL);
+            killed += 1;
+        }
+        if round % 2 == 1 {
+            drop(server); // SIGKILL: unflushed writes are lost
+            server = qemu_nbd(d, &dst, &[]).unwrap();
+        }
+        if state.exists() {
+            let saved = Map::load(&state).expect("a state left behind loads");
+            let m = d.join("truth.map");
+            sh(BLKMAP, &[&server.url, s(&m)]);
+            assert_eq!(
+                Map::load(&m).unwrap(),
+                saved,
+                "the state left behind is not DST's map"
+            );
+        }
+    }
+    let out = run(
+        BLKSYNC,
+        &[s(&src), &server.url, "--state", s(&state), "--verify"],
+    );
+    assert_eq!(out.code, 0, "rerun: {}", out.stderr);
+    drop(server);
+    assert!(same(&src, &dst), "qemu-img compare: DST differs from SRC");
+    assert_eq!(checksum(d, &src), checksum(d, &dst));
     eprintln!("{killed} runs killed");
 }
 

@@ -33,6 +33,8 @@ enum Op {
         offset: u64,
         result: Option<Vec<Status>>,
     },
+    /// A write, write zeroes or flush: the reply says done or an error.
+    Plain,
 }
 
 // SAFETY: the pointer is only written by the reader thread while its owner
@@ -117,7 +119,17 @@ impl Connection {
         }
     }
 
-    fn send(&self, cookie: u64, op: Op, cmd: u16, offset: u64, len: u32) -> io::Result<Ticket> {
+    #[allow(clippy::too_many_arguments)]
+    fn send(
+        &self,
+        cookie: u64,
+        op: Op,
+        cmd: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) -> io::Result<Ticket> {
         {
             let mut st = self.shared.lock();
             if let Some((kind, msg)) = &st.dead {
@@ -133,10 +145,12 @@ impl Connection {
                 },
             );
         }
-        let req = request(cmd, 0, cookie, offset, len);
+        let req = request(cmd, flags, cookie, offset, len);
         let sent = {
             let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-            w.write_all(&req).and_then(|_| w.flush())
+            w.write_all(&req)
+                .and_then(|_| w.write_all(payload))
+                .and_then(|_| w.flush())
         };
         if let Err(e) = sent {
             // The reader may still hold this request: kill the connection,
@@ -162,7 +176,29 @@ impl Connection {
             len,
             covered: BTreeMap::new(),
         };
-        self.send(cookie, op, CMD_READ, offset, len)
+        self.send(cookie, op, CMD_READ, 0, offset, len, &[])
+    }
+
+    /// Send a write of `buf` at `offset`; the ticket is done when the
+    /// server says so.
+    pub fn start_write(&self, buf: &[u8], offset: u64) -> io::Result<Ticket> {
+        let cookie = self.cookie.fetch_add(1, Ordering::Relaxed);
+        let len = buf.len() as u32;
+        self.send(cookie, Op::Plain, CMD_WRITE, 0, offset, len, buf)
+    }
+
+    /// Send a write zeroes of `len` bytes at `offset` (the server may
+    /// punch a hole: NBD_CMD_FLAG_NO_HOLE is not set).
+    pub fn start_write_zeroes(&self, offset: u64, len: u32) -> io::Result<Ticket> {
+        let cookie = self.cookie.fetch_add(1, Ordering::Relaxed);
+        self.send(cookie, Op::Plain, CMD_WRITE_ZEROES, 0, offset, len, &[])
+    }
+
+    /// Flush: every write the server completed is on stable storage.
+    pub fn flush(&self) -> io::Result<()> {
+        let cookie = self.cookie.fetch_add(1, Ordering::Relaxed);
+        let t = self.send(cookie, Op::Plain, CMD_FLUSH, 0, 0, 0, &[])?;
+        self.wait(t).map(|_| ())
     }
 
     /// Block status of `[offset, offset + len)`: descriptors from `offset`.
@@ -172,7 +208,7 @@ impl Connection {
             offset,
             result: None,
         };
-        let t = self.send(cookie, op, CMD_BLOCK_STATUS, offset, len)?;
+        let t = self.send(cookie, op, CMD_BLOCK_STATUS, 0, offset, len, &[])?;
         match self.wait(t)? {
             Some(v) => Ok(v),
             None => Err(malformed("block status without a status chunk")),
@@ -190,7 +226,7 @@ impl Connection {
                 }
                 return Ok(match p.op {
                     Op::Status { result, .. } => result,
-                    Op::Read { .. } => None,
+                    Op::Read { .. } | Op::Plain => None,
                 });
             }
             if let Some((kind, msg)) = &st.dead {
@@ -297,14 +333,15 @@ fn handle_reply(
 ) -> io::Result<()> {
     let cookie = header.cookie();
     // What the request is, copied out so the lock is not held while reading.
-    let (is_read, ptr, offset, len) = {
+    let (is_read, is_plain, ptr, offset, len) = {
         let st = shared.lock();
         match st.pending.get(&cookie) {
             Some(p) if !p.done => match &p.op {
                 Op::Read {
                     ptr, offset, len, ..
-                } => (true, *ptr as usize, *offset, *len),
-                Op::Status { offset, .. } => (false, 0, *offset, 0),
+                } => (true, false, *ptr as usize, *offset, *len),
+                Op::Status { offset, .. } => (false, false, 0, *offset, 0),
+                Op::Plain => (false, true, 0, 0, 0),
             },
             _ => return Err(unknown_cookie(cookie)),
         }
@@ -330,6 +367,8 @@ fn handle_reply(
                 let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len as usize) };
                 read_full(r, buf)?;
                 finish(None);
+            } else if is_plain {
+                finish(None);
             } else {
                 return Err(malformed("simple reply without error to block status"));
             }
@@ -343,7 +382,7 @@ fn handle_reply(
             let mut err = None;
             if kind == REPLY_TYPE_OFFSET_DATA {
                 if !is_read {
-                    return Err(malformed("data chunk in a block status reply"));
+                    return Err(malformed("data chunk in a reply to no read"));
                 }
                 if plen < 9 {
                     return Err(malformed("short data chunk"));
@@ -367,15 +406,17 @@ fn handle_reply(
                     }
                     Chunk::Hole { offset: at, len: n } => {
                         if !is_read {
-                            return Err(malformed("hole chunk in a block status reply"));
+                            return Err(malformed("hole chunk in a reply to no read"));
                         }
                         let rel = claim(shared, cookie, offset, len, at, n)?;
                         // SAFETY: as above.
                         unsafe { std::ptr::write_bytes((ptr as *mut u8).add(rel), 0, n as usize) };
                     }
                     Chunk::BlockStatus { context, extents } => {
-                        if is_read {
-                            return Err(malformed("block status chunk in a read reply"));
+                        if is_read || is_plain {
+                            return Err(malformed(
+                                "block status chunk in a reply to no block status",
+                            ));
                         }
                         if Some(context) != export.allocation {
                             return Err(malformed(format!("unknown metadata context {context}")));

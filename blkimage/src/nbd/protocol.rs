@@ -22,6 +22,9 @@ pub const FLAG_C_NO_ZEROES: u32 = 1 << 1;
 
 // Transmission flags.
 pub const FLAG_HAS_FLAGS: u16 = 1 << 0;
+pub const FLAG_READ_ONLY: u16 = 1 << 1;
+pub const FLAG_SEND_FLUSH: u16 = 1 << 2;
+pub const FLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
 pub const FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 
 // Options.
@@ -44,7 +47,10 @@ pub const INFO_BLOCK_SIZE: u16 = 3;
 
 // Commands.
 pub const CMD_READ: u16 = 0;
+pub const CMD_WRITE: u16 = 1;
 pub const CMD_DISC: u16 = 2;
+pub const CMD_FLUSH: u16 = 3;
+pub const CMD_WRITE_ZEROES: u16 = 6;
 pub const CMD_BLOCK_STATUS: u16 = 7;
 
 // Structured reply chunks.
@@ -139,7 +145,7 @@ pub fn meta_context_data(export: &str, queries: &[&str]) -> Vec<u8> {
     v
 }
 
-/// A transmission request (no payload: reads, block status, disconnect).
+/// A transmission request's header (a write's payload follows it).
 pub fn request(cmd: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> [u8; 28] {
     let mut b = [0u8; 28];
     b[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());

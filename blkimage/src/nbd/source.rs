@@ -4,7 +4,10 @@
 
 use super::connection::{Connection, Ticket};
 use super::handshake::{self, Export, Greeting};
-use super::protocol::{FLAG_CAN_MULTI_CONN, STATE_HOLE, STATE_ZERO};
+use super::protocol::{
+    FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY, FLAG_SEND_FLUSH, FLAG_SEND_WRITE_ZEROES, STATE_HOLE,
+    STATE_ZERO,
+};
 use super::transport::{Socket, Split};
 use super::url::{Address, NbdUrl};
 use crate::source::{Extent, ExtentKind, Source};
@@ -167,6 +170,126 @@ impl Nbd {
         &self.conns[i]
     }
 
+    /// True if the export takes writes (the server did not say read-only).
+    pub fn is_writable(&self) -> bool {
+        self.export.flags & FLAG_READ_ONLY == 0
+    }
+
+    /// Check that `[offset, offset + len)` can be written: a writable
+    /// export, inside it, aligned to the server's minimum block size.
+    fn writable_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        if !self.is_writable() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "the export is read-only",
+            ));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= self.export.size)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "write past the end of the export",
+                )
+            })?;
+        let min = self.export.min_block.max(1) as u64;
+        if !offset.is_multiple_of(min) || !(end.is_multiple_of(min) || end == self.export.size) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "write of {len} bytes at {offset} is not aligned to the server's {min}-byte blocks"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Wait for every ticket; the first error.
+    fn wait_all(
+        tickets: Vec<(&Connection, Ticket)>,
+        mut first_err: Option<io::Error>,
+    ) -> io::Result<()> {
+        for (c, t) in tickets {
+            if let Err(e) = c.wait(t) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Write `buf` at `offset`: requests of at most 1 MiB (less if the
+    /// server says so) in flight together over the connections. The range
+    /// must be aligned to the server's minimum block size (or end at the
+    /// export's end). Durable only after [`Nbd::flush`].
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.writable_range(offset, buf.len() as u64)?;
+        let mut tickets = Vec::new();
+        let mut first_err = None;
+        for (i, piece) in buf.chunks(self.request_size).enumerate() {
+            let c = self.conn();
+            match c.start_write(piece, offset + (i * self.request_size) as u64) {
+                Ok(t) => tickets.push((c, t)),
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+        }
+        Self::wait_all(tickets, first_err)
+    }
+
+    /// Make `len` bytes at `offset` read as zeros: NBD_CMD_WRITE_ZEROES,
+    /// which lets the server punch a hole, when it has the command; else
+    /// zeros are written.
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.writable_range(offset, len)?;
+        if self.export.flags & FLAG_SEND_WRITE_ZEROES == 0 {
+            let zeros = vec![0u8; self.request_size];
+            let mut pos = offset;
+            while pos < offset + len {
+                let n = (offset + len - pos).min(zeros.len() as u64) as usize;
+                self.write_at(&zeros[..n], pos)?;
+                pos += n as u64;
+            }
+            return Ok(());
+        }
+        // The length field is 32 bits: split, keeping pieces aligned.
+        let min = self.export.min_block.max(1) as u64;
+        let step = STATUS_SIZE / min * min;
+        let mut tickets = Vec::new();
+        let mut first_err = None;
+        let mut pos = offset;
+        while pos < offset + len {
+            let n = (offset + len - pos).min(step);
+            let c = self.conn();
+            match c.start_write_zeroes(pos, n as u32) {
+                Ok(t) => tickets.push((c, t)),
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+            pos += n;
+        }
+        Self::wait_all(tickets, first_err)
+    }
+
+    /// Make every write the server completed durable: NBD_CMD_FLUSH on
+    /// each connection (one would do with multi-conn, but a flush per
+    /// connection is correct with or without it). A server that does not
+    /// offer flush (NBD_FLAG_SEND_FLUSH unset) has no write cache to flush,
+    /// by the protocol: nothing is sent.
+    pub fn flush(&self) -> io::Result<()> {
+        if self.export.flags & FLAG_SEND_FLUSH == 0 {
+            return Ok(());
+        }
+        for c in &self.conns {
+            c.flush()?;
+        }
+        Ok(())
+    }
+
     /// Read an aligned range: requests in flight together, then waited for.
     fn read_aligned(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut tickets: Vec<(&Connection, Ticket)> = Vec::new();
@@ -183,15 +306,7 @@ impl Nbd {
                 }
             }
         }
-        for (c, t) in tickets {
-            if let Err(e) = c.wait(t) {
-                first_err.get_or_insert(e);
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        Self::wait_all(tickets, first_err)
     }
 }
 

@@ -3,8 +3,10 @@
 #![allow(dead_code)] // each test file uses a part
 
 use blkhash::{Algorithm, Hasher, Options};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 pub const BLKMAP: &str = env!("CARGO_BIN_EXE_blkmap");
 pub const BLKDIFF: &str = env!("CARGO_BIN_EXE_blkdiff");
@@ -117,4 +119,59 @@ pub fn scratch() -> Option<tempfile::TempDir> {
 /// `src.qcow2` in `dir`: a qcow2 image of `size`, qemu-io commands run on it.
 pub fn src_qcow2(dir: &Path, size: u64, cmds: &[&str]) -> PathBuf {
     image(dir, "src.qcow2", "qcow2", size, cmds)
+}
+
+/// A server on a unix socket, killed when dropped.
+pub struct Server {
+    child: Child,
+    pub url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `cmd args` serving on `sock`; None (test skipped) if the server
+/// is not installed.
+pub fn serve(cmd: &str, args: &[&str], sock: &Path) -> Option<Server> {
+    let child = match Command::new(cmd)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(_) => {
+            eprintln!("{cmd} missing: test skipped (scripts/setup.sh installs it)");
+            return None;
+        }
+    };
+    let server = Server {
+        child,
+        url: format!("nbd+unix:///?socket={}", s(sock)),
+    };
+    // The socket file exists before the server listens: wait for a
+    // connection that succeeds.
+    let t = Instant::now();
+    while UnixStream::connect(sock).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10), "{cmd} did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(server)
+}
+
+/// qemu-nbd serving the qcow2 image `img` (writable unless `extra` says
+/// -r) on a socket in `dir`.
+pub fn qemu_nbd(dir: &Path, img: &Path, extra: &[&str]) -> Option<Server> {
+    let sock = dir.join(format!(
+        "{}.sock",
+        img.file_name().unwrap().to_str().unwrap()
+    ));
+    let mut args = vec!["-f", "qcow2", "-k", s(&sock), "--persistent"];
+    args.extend_from_slice(extra);
+    args.push(s(img));
+    serve("qemu-nbd", &args, &sock)
 }

@@ -1,14 +1,12 @@
 //! Writing DST: differing ranges after both maps are known, or every data
 //! block on the fly while SRC is hashed (a DST known to hold only zeros).
 
+use crate::target::Target;
 use blkhash::Hasher;
 use blkimage::{AlignedBuf, Fill, Sink, Source};
 use blkmap::{Block, Map, Range};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
-use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -93,7 +91,7 @@ impl Progress {
 pub fn copy_ranges(
     src: &dyn Source,
     map: &Map,
-    dst: &File,
+    dst: &Target,
     ranges: &[Range],
     counts: &Counts,
     progress: &Progress,
@@ -118,18 +116,13 @@ pub fn copy_ranges(
             }
             let n = (end - pos) as usize;
             if zero {
-                zero_range(
-                    dst,
-                    pos,
-                    n as u64,
-                    &mut buf.spare()[..n.min(CHUNK as usize)],
-                )
-                .map_err(|e| named(dst_name, e))?;
+                dst.zero_range(pos, n as u64, &mut buf.spare()[..n.min(CHUNK as usize)])
+                    .map_err(|e| named(dst_name, e))?;
                 Counts::add(&counts.zeroed, n as u64);
             } else {
                 let b = &mut buf.spare()[..n];
                 src.read_at(b, pos)?;
-                dst.write_all_at(b, pos).map_err(|e| named(dst_name, e))?;
+                dst.write_at(b, pos).map_err(|e| named(dst_name, e))?;
                 Counts::add(&counts.written, n as u64);
             }
             progress.update(counts);
@@ -144,32 +137,6 @@ pub fn named(name: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{name}: {}", blktools::reason(&e)))
 }
 
-/// Make `len` bytes at `offset` read as zeros: a hole punched (a file), a
-/// range zeroed by the device (a block device: the kernel does it without
-/// the data crossing), else zeros written from `buf`.
-pub fn zero_range(dst: &File, offset: u64, len: u64, buf: &mut [u8]) -> io::Result<()> {
-    // SAFETY: fallocate on an open descriptor; no memory is passed.
-    let rc = unsafe {
-        libc::fallocate(
-            dst.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset as libc::off_t,
-            len as libc::off_t,
-        )
-    };
-    if rc == 0 {
-        return Ok(());
-    }
-    buf.fill(0);
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(buf.len() as u64) as usize;
-        dst.write_all_at(&buf[..n], offset + done)?;
-        done += n as u64;
-    }
-    Ok(())
-}
-
 /// A sink for SRC when DST is known to hold only zeros (new, empty, or a
 /// file with no data allocated): each chunk is written to DST on the
 /// digest worker that read it, right after the read, its zero blocks
@@ -177,7 +144,7 @@ pub fn zero_range(dst: &File, offset: u64, len: u64, buf: &mut [u8]) -> io::Resu
 /// parallel with hashing.
 pub struct WriteThrough<'a> {
     pub hasher: &'a mut Hasher<AlignedBuf>,
-    pub dst: Arc<File>,
+    pub dst: Arc<Target>,
     pub dst_name: Arc<str>,
     pub block_size: usize,
     pub counts: Arc<Counts>,
@@ -207,7 +174,7 @@ impl Sink for WriteThrough<'_> {
                 fill(buf)?;
                 write_data(&dst, buf, offset, bs, &counts)
                     .and_then(|()| match early {
-                        true => start_writeback(&dst, offset, buf.len()),
+                        true => dst.start_writeback(offset, buf.len()),
                         false => Ok(()),
                     })
                     .map_err(|e| {
@@ -253,7 +220,7 @@ pub struct CopyThrough {
     workers: Vec<std::thread::JoinHandle<()>>,
     /// The first failure, named after the input it is about.
     failed: Arc<Mutex<Option<String>>>,
-    dst: Arc<File>,
+    dst: Arc<Target>,
     block_size: usize,
     counts: Arc<Counts>,
     pos: u64,
@@ -270,7 +237,7 @@ struct CopyJob {
 /// Where `CopyThrough` reads and writes, and how.
 pub struct CopyTarget {
     pub src_name: Arc<str>,
-    pub dst: Arc<File>,
+    pub dst: Arc<Target>,
     pub dst_name: Arc<str>,
     pub block_size: usize,
     pub threads: usize,
@@ -311,7 +278,7 @@ impl CopyThrough {
                                     .and_then(|()| {
                                         write_data(&dst, b, job.offset, bs, &counts)
                                             .and_then(|()| match early {
-                                                true => start_writeback(&dst, job.offset, b.len()),
+                                                true => dst.start_writeback(job.offset, b.len()),
                                                 false => Ok(()),
                                             })
                                             .map_err(|e| named(&dst_name, e))
@@ -407,40 +374,16 @@ impl Sink for CopyThrough {
     }
 }
 
-/// Ask the kernel to start writing back `len` bytes at `offset`, without
-/// waiting: a copy that ends with fsync then overlaps writing the device
-/// with reading and hashing SRC, instead of writing all of DST at the end
-/// (as `qemu-img convert -t writeback` does).
-fn start_writeback(dst: &File, offset: u64, len: usize) -> io::Result<()> {
-    // SAFETY: sync_file_range on an open descriptor; no memory is passed.
-    let rc = unsafe {
-        libc::sync_file_range(
-            dst.as_raw_fd(),
-            offset as libc::off64_t,
-            len as libc::off64_t,
-            libc::SYNC_FILE_RANGE_WRITE,
-        )
-    };
-    match rc {
-        0 => Ok(()),
-        // Not every file system or device has it; the final fsync does the work.
-        _ => match io::Error::last_os_error() {
-            e if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ESPIPE)) => Ok(()),
-            e => Err(e),
-        },
-    }
-}
-
 /// Write `buf` (SRC's bytes at `offset`) to a DST of zeros: runs of blocks
 /// holding data, one write each; zero blocks skipped.
-fn write_data(dst: &File, buf: &[u8], offset: u64, bs: usize, counts: &Counts) -> io::Result<()> {
+fn write_data(dst: &Target, buf: &[u8], offset: u64, bs: usize, counts: &Counts) -> io::Result<()> {
     let mut start = None;
     let mut at = 0;
     for block in buf.chunks(bs) {
         match (blkhash::is_zero(block), start) {
             (false, None) => start = Some(at),
             (true, Some(s)) => {
-                dst.write_all_at(&buf[s..at], offset + s as u64)?;
+                dst.write_at(&buf[s..at], offset + s as u64)?;
                 Counts::add(&counts.written, (at - s) as u64);
                 Counts::add(&counts.ranges, 1);
                 start = None;
@@ -450,7 +393,7 @@ fn write_data(dst: &File, buf: &[u8], offset: u64, bs: usize, counts: &Counts) -
         at += block.len();
     }
     if let Some(s) = start {
-        dst.write_all_at(&buf[s..], offset + s as u64)?;
+        dst.write_at(&buf[s..], offset + s as u64)?;
         Counts::add(&counts.written, (buf.len() - s) as u64);
         Counts::add(&counts.ranges, 1);
     }

@@ -3,7 +3,9 @@
 
 mod copy;
 mod state;
+mod target;
 
+use blkimage::nbd::Nbd;
 use blkimage::{Input, Source};
 use blkmap::{Block, Map};
 use blktools::{InputArgs, MapOptions, reason};
@@ -12,14 +14,15 @@ use copy::{CopyTarget, CopyThrough, Counts, Progress, WriteThrough};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use target::Target;
 
-/// Make DST (a raw file or block device) hold SRC's guest content, writing
-/// only the blocks that differ.
+/// Make DST (a raw file, a block device or an NBD export) hold SRC's guest
+/// content, writing only the blocks that differ.
 ///
 /// SRC is any image blksum reads (not a pipe). DST's blocks come from its
 /// state (--state MAP, saved by the last run) if it matches DST, else from
@@ -39,7 +42,8 @@ struct Args {
     #[arg(value_name = "SRC")]
     src: String,
 
-    /// The raw file or block device to bring up to date.
+    /// The raw file, block device or NBD URL (an export of SRC's size; a
+    /// qcow2 image through qemu-nbd) to bring up to date.
     #[arg(value_name = "DST")]
     dst: String,
 
@@ -107,6 +111,14 @@ enum Kind {
     Missing,
     File,
     Device,
+    Nbd,
+}
+
+impl Kind {
+    /// A regular file (or one to create): resized to SRC's size.
+    fn is_file(self) -> bool {
+        matches!(self, Kind::Missing | Kind::File)
+    }
 }
 
 fn err(name: impl std::fmt::Display, e: impl std::fmt::Display) -> String {
@@ -128,15 +140,13 @@ fn dst_open_options() -> blkimage::OpenOptions {
 }
 
 fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
-    if blkimage::nbd::is_url(&args.dst) {
-        return Err(err(
-            &args.dst,
-            "NBD destinations are not supported: DST must be a raw file or a block device \
-             (qemu-nbd --connect=/dev/nbdN makes an export or image a block device)",
-        ));
-    }
+    let nbd = match blkimage::nbd::is_url(&args.dst) {
+        true => Some(open_nbd_dst(&args.dst)?),
+        false => None,
+    };
     let dst_path = Path::new(&args.dst);
     let kind = match std::fs::metadata(dst_path) {
+        _ if nbd.is_some() => Kind::Nbd,
         Ok(m) if m.file_type().is_block_device() => Kind::Device,
         Ok(m) if m.is_file() => Kind::File,
         Ok(_) => {
@@ -170,19 +180,24 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     let size = src.size();
 
     let dst_read = match kind {
-        Kind::Missing => None,
+        Kind::Missing | Kind::Nbd => None,
         _ => Some(File::open(dst_path).map_err(|e| ioerr(&args.dst, &e))?),
     };
-    let dst_size = match &dst_read {
-        None => 0,
-        Some(f) => (&*f)
+    let dst_size = match (&dst_read, &nbd) {
+        (_, Some(n)) => n.size(),
+        (None, None) => 0,
+        (Some(f), None) => (&*f)
             .seek(io::SeekFrom::End(0))
             .map_err(|e| ioerr(&args.dst, &e))?,
     };
-    if kind == Kind::Device && dst_size != size {
+    if !kind.is_file() && dst_size != size {
+        let what = match kind {
+            Kind::Nbd => "an NBD export",
+            _ => "a block device",
+        };
         return Err(err(
             &args.dst,
-            format!("a block device of {dst_size} bytes, SRC is {size}: sizes must match"),
+            format!("{what} of {dst_size} bytes, SRC is {size}: sizes must match"),
         ));
     }
     if kind == Kind::File && dst_size > 0 {
@@ -193,15 +208,12 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     let mut dst_map = None;
     if let (Some(p), Some(loaded)) = (&args.state, loaded) {
         let verdict = loaded.and_then(|m| {
-            check_state(
-                &m,
-                p,
-                algorithm,
-                block_size,
-                kind,
-                dst_read.as_ref(),
-                dst_size,
-            )?;
+            let dst = match (&dst_read, &nbd) {
+                (Some(f), _) => Some(DstNow::File(f)),
+                (None, Some(n)) => Some(DstNow::Nbd(n)),
+                (None, None) => None,
+            };
+            check_state(&m, p, algorithm, block_size, dst, dst_size)?;
             Ok(m)
         });
         match (verdict, args.force_rescan) {
@@ -224,6 +236,9 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     // A DST known to hold only zeros is not read.
     let known_empty = dst_map.is_none()
         && match (&dst_read, kind) {
+            (_, Kind::Nbd) => {
+                reads_as_zeros(nbd.as_ref().expect("NBD DST")).map_err(|e| ioerr(&args.dst, &e))?
+            }
             (None, _) => true,
             (Some(f), Kind::File) => dst_size == 0 || holds_no_data(f),
             _ => false,
@@ -237,6 +252,7 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
             src,
             opts: &opts,
             kind,
+            nbd,
             dst_size,
             dst_map,
             known_empty,
@@ -271,6 +287,7 @@ struct SyncCtx<'a> {
     src: Arc<dyn Source>,
     opts: &'a MapOptions,
     kind: Kind,
+    nbd: Option<Arc<Nbd>>,
     dst_size: u64,
     dst_map: Option<Map>,
     known_empty: bool,
@@ -283,13 +300,15 @@ struct SyncCtx<'a> {
 fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Option<Map>, String> {
     let size = c.src.size();
     let dst_path = Path::new(&args.dst);
-    let open_dst = || {
-        OpenOptions::new()
+    let open_dst = || match &c.nbd {
+        Some(n) => Ok(Target::Nbd(n.clone())),
+        None => OpenOptions::new()
             .write(true)
             .create(c.kind == Kind::Missing)
             .truncate(false)
             .open(dst_path)
-            .map_err(|e| ioerr(&args.dst, &e))
+            .map(Target::File)
+            .map_err(|e| ioerr(&args.dst, &e)),
     };
     let remove_state = || match &args.state {
         Some(p) => state::remove(p).map_err(|e| ioerr(p.display(), &e)),
@@ -336,15 +355,7 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Option<Map>, String> {
             let dst_map = match known {
                 Some(m) => Ok(m),
                 None if c.known_empty => zeros_map(c.opts, c.dst_size),
-                None => {
-                    let o = MapOptions {
-                        open: dst_open_options(),
-                        ..c.opts.clone()
-                    };
-                    blkimage::open(&args.dst, &o.open)
-                        .and_then(|i| blktools::map_input_until(i, &o, c.cancel))
-                        .map(|m| m.map)
-                }
+                None => map_dst(args, c, c.cancel),
             };
             (hs.join().expect("hashing thread"), dst_map)
         });
@@ -364,7 +375,7 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Option<Map>, String> {
             remove_state()?;
         }
         let dst = open_dst()?;
-        if c.kind != Kind::Device && size != c.dst_size {
+        if c.kind.is_file() && size != c.dst_size {
             dst.set_len(size).map_err(|e| ioerr(&args.dst, &e))?;
         }
         copy::copy_ranges(
@@ -377,17 +388,17 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Option<Map>, String> {
     // Flushed before a state describes it, even when nothing was written
     // (a run killed before may have left its writes in the page cache
     // only). Without a state there is nothing to keep true: like cp and
-    // qemu-img convert, the writes are left to the page cache.
-    if args.state.is_some() {
-        dst.sync_all().map_err(|e| ioerr(&args.dst, &e))?;
+    // qemu-img convert, the writes are left to the page cache. An NBD
+    // export is always flushed: once blksync is gone nobody would flush
+    // the server's cache (qemu-nbd keeps qcow2 metadata there; killed,
+    // it loses the writes).
+    if args.state.is_some() || c.kind == Kind::Nbd {
+        dst.sync().map_err(|e| ioerr(&args.dst, &e))?;
     }
     if let (true, Some(src_map)) = (args.verify, &src_map) {
-        let o = MapOptions {
-            open: dst_open_options(),
-            ..c.opts.clone()
-        };
-        let again = blktools::map_image(&args.dst, &o).map_err(|e| ioerr(&args.dst, &e))?;
-        if again.map.checksum() != src_map.checksum() {
+        let never = AtomicBool::new(false);
+        let again = map_dst(args, &c, &never).map_err(|e| ioerr(&args.dst, &e))?;
+        if again.checksum() != src_map.checksum() {
             return Err(err(
                 &args.dst,
                 "verification failed: checksum differs from SRC's",
@@ -395,14 +406,18 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Option<Map>, String> {
         }
     }
     if let (Some(p), Some(src_map)) = (&args.state, &src_map) {
-        state::save(p, src_map, &dst, size).map_err(|e| ioerr(p.display(), &e))?;
+        let file = match &dst {
+            Target::File(f) => Some(f),
+            Target::Nbd(_) => None,
+        };
+        state::save(p, src_map, file, size).map_err(|e| ioerr(p.display(), &e))?;
     }
     Ok(src_map)
 }
 
 /// Where SRC's chunks go besides the hasher, when DST is written on the fly.
 struct Through {
-    dst: Arc<File>,
+    dst: Arc<Target>,
     name: Arc<str>,
     failed: Arc<Mutex<Option<String>>>,
     flush_later: bool,
@@ -441,8 +456,68 @@ fn hash_src(c: &SyncCtx<'_>, through: Option<Through>) -> io::Result<Map> {
     Ok(map)
 }
 
+/// DST's map, read and hashed: its raw bytes through the page cache (it
+/// is written through it too), or the export through the connection
+/// blksync writes with (a server may take one client only).
+fn map_dst(args: &Args, c: &SyncCtx<'_>, cancel: &AtomicBool) -> io::Result<Map> {
+    let o = MapOptions {
+        open: dst_open_options(),
+        ..c.opts.clone()
+    };
+    let input = match &c.nbd {
+        Some(n) => Input::Image(Box::new(SharedNbd(n.clone()))),
+        None => blkimage::open(&args.dst, &o.open)?,
+    };
+    blktools::map_input_until(input, &o, cancel).map(|m| m.map)
+}
+
+/// The DST connection as an input to hash.
+struct SharedNbd(Arc<Nbd>);
+
+impl Source for SharedNbd {
+    fn format(&self) -> &str {
+        self.0.format()
+    }
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<blkimage::Extent>> {
+        self.0.extents(offset, len)
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+}
+
+/// Connect to an NBD DST, which must take writes.
+fn open_nbd_dst(url: &str) -> Result<Arc<Nbd>, String> {
+    let nbd = blkimage::nbd::open_url(url, &Default::default()).map_err(|e| ioerr(url, &e))?;
+    if !nbd.is_writable() {
+        return Err(err(url, "the export is read-only"));
+    }
+    Ok(Arc::new(nbd))
+}
+
+/// True if the whole export reads as zeros, by its block status (never
+/// read: an export without block status is not known to be empty).
+fn reads_as_zeros(n: &Nbd) -> io::Result<bool> {
+    if !n.has_block_status() {
+        return Ok(false);
+    }
+    let mut pos = 0;
+    while pos < n.size() {
+        for e in n.extents(pos, n.size() - pos)? {
+            if !e.kind.is_zero() {
+                return Ok(false);
+            }
+            pos = e.end();
+        }
+    }
+    Ok(true)
+}
+
 /// Copy SRC's data to a DST of zeros, hashing nothing.
-fn copy_src(args: &Args, c: &SyncCtx<'_>, dst: Arc<File>) -> Result<(), String> {
+fn copy_src(args: &Args, c: &SyncCtx<'_>, dst: Arc<Target>) -> Result<(), String> {
     let mut sink = CopyThrough::new(CopyTarget {
         src_name: Arc::from(args.src.as_str()),
         dst,
@@ -496,16 +571,21 @@ fn to_write(src_map: &Map, dst_map: &Map, dst_size: u64) -> Result<Vec<blkmap::R
     Ok(todo)
 }
 
+/// DST as it is now, to check a state against.
+enum DstNow<'a> {
+    File(&'a File),
+    Nbd(&'a Nbd),
+}
+
 /// Why the state `m` (from `p`) is not DST's, if it is not. Cheap checks
-/// only: parameters, size, the side record (same file, size and times),
-/// and a few sampled blocks read from DST.
+/// only: parameters, size, the side record (same file, size and times;
+/// none for NBD exports), and a few sampled blocks read from DST.
 fn check_state(
     m: &Map,
     p: &Path,
     algorithm: blkhash::Algorithm,
     block_size: usize,
-    kind: Kind,
-    dst: Option<&File>,
+    dst: Option<DstNow<'_>>,
     dst_size: u64,
 ) -> Result<(), String> {
     if let Some(why) = blktools::map_mismatch(m, algorithm, block_size) {
@@ -520,15 +600,18 @@ fn check_state(
             m.size()
         ));
     }
-    if let Some(side) = state::load_side(p, m)? {
-        let meta = dst.metadata().map_err(|e| reason(&e))?;
+    if let (DstNow::File(f), Some(side)) = (&dst, state::load_side(p, m)?) {
+        let meta = f.metadata().map_err(|e| reason(&e))?;
         let now = state::Side::of(m, &meta, dst_size);
         if let Some(why) = side.changed(&now) {
             return Err(format!("DST changed since the state was saved: {why}"));
         }
     }
-    debug_assert!(kind != Kind::Missing);
-    match state::check_samples(dst, m) {
+    let read_at = |buf: &mut [u8], offset: u64| match &dst {
+        DstNow::File(f) => f.read_exact_at(buf, offset),
+        DstNow::Nbd(n) => n.read_at(buf, offset),
+    };
+    match state::check_samples(&read_at, m) {
         Ok(None) => Ok(()),
         Ok(Some(i)) => Err(format!(
             "DST changed since the state was saved: its block {i} (offset {}) does not hold what the state says",
@@ -567,9 +650,9 @@ fn refuse_image_dst(path: &Path, name: &str, size: u64, src: &dyn Source) -> Res
     Err(err(
         name,
         format!(
-            "a {format} image: DST must be a raw file or a block device, and this one would be \
-             overwritten with SRC's raw bytes (write to a raw file, or attach the image as a block \
-             device with qemu-nbd --connect=/dev/nbdN -f {format} {name} and give /dev/nbdN)"
+            "a {format} image: a file DST must be raw, and this one would be overwritten with \
+             SRC's raw bytes (serve the image: qemu-nbd -f {format} -k SOCK {name}, and give \
+             nbd+unix:///?socket=SOCK as DST)"
         ),
     ))
 }

@@ -220,7 +220,10 @@ fn samples(map: &Map) -> Vec<u64> {
 
 /// Read a few of DST's blocks and check them against `map`: the first one
 /// that differs, if any (DST changed behind the state).
-pub fn check_samples(dst: &File, map: &Map) -> io::Result<Option<u64>> {
+pub fn check_samples(
+    read_at: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
+    map: &Map,
+) -> io::Result<Option<u64>> {
     let bs = map.block_size() as u64;
     let alg = map.algorithm();
     let mut buf = vec![0u8; bs as usize];
@@ -228,7 +231,7 @@ pub fn check_samples(dst: &File, map: &Map) -> io::Result<Option<u64>> {
     for i in samples(map) {
         let offset = i * bs;
         let n = bs.min(map.size() - offset) as usize;
-        dst.read_exact_at(&mut buf[..n], offset)?;
+        read_at(&mut buf[..n], offset)?;
         let ok = match map.block(i) {
             Some(Block::Zero) => blkhash::is_zero(&buf[..n]),
             Some(Block::Data(d)) => {
@@ -264,10 +267,20 @@ pub fn remove(state: &Path) -> io::Result<()> {
 
 /// Save `map` as the state of DST (already flushed), then its side record,
 /// each atomically (temporary file, fsync, rename, directory fsync).
-pub fn save(state: &Path, map: &Map, dst: &File, dst_size: u64) -> io::Result<()> {
+pub fn save(state: &Path, map: &Map, dst: Option<&File>, dst_size: u64) -> io::Result<()> {
     map.save(state)?;
-    let side = Side::of(map, &dst.metadata()?, dst_size);
     let path = side_path(state);
+    let Some(dst) = dst else {
+        // An NBD export has no identity or times to record: its state is
+        // checked by size and sampled blocks only. A record left by an
+        // earlier DST would not be this one's.
+        return match std::fs::remove_file(&path) {
+            Ok(()) => sync_dir(&path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        };
+    };
+    let side = Side::of(map, &dst.metadata()?, dst_size);
     let tmp = {
         let mut p = path.as_os_str().to_owned();
         p.push(format!(".tmp{}", std::process::id()));
