@@ -13,6 +13,7 @@ targets from our issue with PASS/FAIL.
     python3 bench/run.py --only qcow2,compressed
     python3 bench/run.py --only sync --sync-size 256m   # blksync, smaller images
     python3 bench/run.py --only sync --settle 5         # each write from settled memory
+    python3 bench/run.py --only sync_nbd --link-rate 1G # blksync to an NBD export over a link
 
 Environment:
     BLKSUM_REF          the reference blksum binary (rows skipped if unset)
@@ -33,6 +34,7 @@ import platform
 import random
 import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -51,7 +53,7 @@ KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
 CASES = ["speed", "random", "holes", "zero", "empty", "qcow2", "compressed", "nbd", "sync",
-         "lib"]
+         "sync_nbd", "lib"]
 ALL_CASES = CASES
 
 
@@ -230,6 +232,23 @@ def run_case(cmds, runs, timeout):
             if c.prep:
                 c.prep(r)
             c.samples.append(run_once(c.argv_for(r) if c.argv_for else c.argv, timeout))
+
+
+def serve(argv, sock):
+    """Start a server on the unix socket `sock`; returns once a connection
+    succeeds (the socket file exists before the server listens)."""
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.socket(socket.AF_UNIX) as c:
+                c.connect(str(sock))
+            return p
+        except OSError:
+            time.sleep(0.05)
+    p.terminate()
+    p.wait()
+    raise RuntimeError(f"{argv[0]} did not start on {sock}")
 
 
 def warm(path):
@@ -628,7 +647,9 @@ class Bench:
             elif len(group) > 1:
                 r(f"Checksums agree ({names}): {next(iter(sums))}")
                 r()
-        r("Commands: " + "; ".join(f"{c.name}: `{' '.join(c.argv)}`" for c in cmds))
+        # Alternating commands: their first run's argv.
+        r("Commands: " + "; ".join(
+            f"{c.name}: `{' '.join(c.argv_for(0) if c.argv_for else c.argv)}`" for c in cmds))
         r()
 
     def memory_target(self, section, cmds):
@@ -921,6 +942,23 @@ class Bench:
 
     # -- delta copy (blksync)
 
+    def changed_image(self, a, size, bs):
+        """B: A with 1% of its blocks rewritten, spread by a seeded generator."""
+        b = Path(self.a.dir) / f"random-{short(size)}.changed.img"
+        if not b.exists() or b.stat().st_size != size or b.stat().st_mtime_ns < a.stat().st_mtime_ns:
+            log(f"making {b} (1% of the blocks of {a.name} changed)")
+            tmp = b.with_name(b.name + ".tmp")
+            shutil.copyfile(a, tmp)
+            rng = random.Random(6)
+            blocks = size // bs
+            with open(tmp, "r+b") as f:
+                for i in rng.sample(range(blocks), max(1, blocks // 100)):
+                    f.seek(i * bs)
+                    f.write(os.urandom(bs))
+                os.fsync(f.fileno())
+            os.rename(tmp, b)
+        return b
+
     def case_sync(self):
         size = self.a.sync_size or (64 * MiB if self.a.quick else 2 * GiB)
         bs = 64 * KiB
@@ -938,20 +976,7 @@ class Bench:
         a = self.image("random", size)
         if not a:
             return
-        # B: A with 1% of its blocks rewritten, spread by a seeded generator.
-        b = d / f"random-{short(size)}.changed.img"
-        if not b.exists() or b.stat().st_size != size or b.stat().st_mtime_ns < a.stat().st_mtime_ns:
-            log(f"making {b} (1% of the blocks of {a.name} changed)")
-            tmp = b.with_name(b.name + ".tmp")
-            shutil.copyfile(a, tmp)
-            rng = random.Random(6)
-            blocks = size // bs
-            with open(tmp, "r+b") as f:
-                for i in rng.sample(range(blocks), max(1, blocks // 100)):
-                    f.seek(i * bs)
-                    f.write(os.urandom(bs))
-                os.fsync(f.fileno())
-            os.rename(tmp, b)
+        b = self.changed_image(a, size, bs)
         blksync = str(RELEASE / "blksync")
         dst, state = d / "sync-dst.raw", d / "sync-dst.map"
         first, full = d / "sync-first.raw", d / "sync-full.raw"
@@ -1044,6 +1069,92 @@ class Bench:
             p.unlink(missing_ok=True)
         self.r()
 
+    def case_sync_nbd(self):
+        """blksync to an NBD export behind a link of --link-rate bits/s
+        (nbdkit's file plugin with its rate filter): the delta copy's use
+        case, keeping a remote copy of an image up to date. The full copy
+        is qemu-img convert to an export of its own, behind the same rate."""
+        size = self.a.sync_size or (64 * MiB if self.a.quick else 2 * GiB)
+        bs = 64 * KiB
+        rate = self.a.link_rate
+        self.r(f"## Delta copy to an NBD export over a {rate}bit/s link (nbdkit file plugin, "
+               f"rate filter; {human(size)} of random data, 1% of 64 KiB blocks changed)")
+        self.r()
+        qemu_img, nbdkit = shutil.which("qemu-img"), shutil.which("nbdkit")
+        if not qemu_img or not nbdkit:
+            self.r.problem("FAILED: sync_nbd needs qemu-img and nbdkit (scripts/setup.sh)")
+            return
+        d = Path(self.a.dir)
+        d.mkdir(parents=True, exist_ok=True)
+        a = self.image("random", size)
+        if not a:
+            return
+        b = self.changed_image(a, size, bs)
+        blksync, blkmap = str(RELEASE / "blksync"), str(RELEASE / "blkmap")
+        dst, state = d / "sync-nbd-dst.raw", d / "sync-nbd-dst.map"
+        full = d / "sync-nbd-full.raw"
+        for p in (dst, state, Path(f"{state}.dst"), full):
+            p.unlink(missing_ok=True)
+        # DST holds A and the state is its map, made locally (untimed).
+        for argv in (["cp", "--sparse=always", str(a), str(dst)], [blkmap, str(a), str(state)],
+                     ["truncate", "-s", str(size), str(full)]):
+            p = run_once(argv, self.a.timeout)
+            if p.rc != 0:
+                self.r.problem(f"FAILED: sync_nbd: {argv[0]}: {p.err.strip()[-300:]}")
+                return
+        warm(a)
+        warm(b)
+        with tempfile.TemporaryDirectory(prefix="blkhash-bench-sync-nbd-") as tmp:
+            servers, urls = [], {}
+            try:
+                for key, path in (("dst", dst), ("full", full)):
+                    sock = Path(tmp) / f"{key}.sock"
+                    servers.append(serve([nbdkit, "--foreground", "-U", str(sock),
+                                          "--filter=rate", "file", str(path), f"rate={rate}"],
+                                         sock))
+                    urls[key] = f"nbd+unix:///?socket={sock}"
+                # Run 1 A->B, run 2 B->A, ...: 1% of the blocks every time.
+                update = Cmd("blksync update over NBD, state", [], ours=True,
+                             argv_for=lambda r: [blksync, "--cache", str(b if r % 2 == 0 else a),
+                                                 urls["dst"], "--state", str(state)])
+                c = {
+                    "update": update,
+                    "blksum": Cmd("blksum SRC", [self.blksum, "--cache", str(b)], ours=True),
+                    "convert": Cmd("qemu-img convert -n to NBD", [
+                        qemu_img, "convert", "-n", "-f", "raw", "-O", "raw", str(b),
+                        urls["full"]]),
+                    # Flushed at the end, as blksync always flushes an export.
+                    "convert_wb": Cmd("qemu-img convert -n -t writeback to NBD", [
+                        qemu_img, "convert", "-n", "-t", "writeback", "-f", "raw", "-O", "raw",
+                        str(b), urls["full"]]),
+                }
+                cmds = list(c.values())
+                run_case(cmds, self.a.runs, self.a.timeout)
+            finally:
+                for p in servers:
+                    p.terminate()
+                    p.wait()
+        s = "sync_nbd"
+        self.results(s, cmds, size)
+        last = b if (self.a.runs - 1) % 2 == 0 else a
+        check = run_once([self.blksum, "--cache", str(dst)], self.a.timeout)
+        want = run_once([self.blksum, "--cache", str(last)], self.a.timeout)
+        if check.rc != 0 or want.rc != 0 or check.out.split()[:1] != want.out.split()[:1]:
+            self.r.problem(f"MISMATCH: sync_nbd: DST after the updates is not {last.name}")
+        else:
+            self.r(f"DST after the last update has {last.name}'s checksum: "
+                   f"{check.out.split()[0]}")
+            self.r()
+        self.ratios([(c["convert"], c["update"]), (c["convert_wb"], c["update"]),
+                     (c["update"], c["blksum"])])
+        self.ratio_target(s, c, "convert", "update", "≥", 10,
+                          f"update over a {rate}bit/s link ≥ 10× faster than qemu-img convert")
+        self.ratio_target(s, c, "update", "blksum", "≤", 1.3,
+                          "update over NBD within 1.3× of blksum hashing SRC")
+        for p in (dst, state, full):
+            p.unlink(missing_ok=True)
+        self.r()
+
     # -- library benchmark
 
     # -- NBD cases
@@ -1075,13 +1186,9 @@ class Bench:
                     sock = Path(tmp) / f"{key}.sock"
                     # Page cache on the server side (qemu-nbd's default
                     # cache=writeback), shared so several connections work.
-                    servers.append(subprocess.Popen(
+                    servers.append(serve(
                         [qemu_nbd, "--read-only", "--persistent", "--shared=8", "-f", "raw",
-                         "-k", str(sock), str(img)],
-                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
-                    deadline = time.monotonic() + 10
-                    while not sock.exists() and time.monotonic() < deadline:
-                        time.sleep(0.05)
+                         "-k", str(sock), str(img)], sock))
                     urls[key] = f"nbd+unix:///?socket={sock}"
                 c = {
                     "nbd": self.url_cmd("blksum sha256 (nbd+unix)", self.blksum, urls["holes"]),
@@ -1212,6 +1319,9 @@ def main():
                          "with free page reporting, freed page-cache memory is returned to "
                          "the host a few seconds later; waiting lets every command start "
                          "from that settled state instead of racing it")
+    ap.add_argument("--link-rate", default="1G",
+                    help="sync_nbd case: the link's bits per second, as nbdkit's rate filter "
+                         "takes it (default %(default)s: a 1 Gbit/s network)")
     ap.add_argument("--timeout", type=float, default=1800,
                     help="seconds before a command is killed (default %(default)s)")
     a = ap.parse_args()
