@@ -179,3 +179,56 @@ fn raw_file_through_nbdkit_multi_conn() {
     drop(server);
     check_same(d, &src, &dst);
 }
+
+/// A server whose writes or write zeroes fail (nbdkit's error filter):
+/// blksync names DST and the server's error, exits 1, prints no checksum
+/// and leaves no state behind.
+#[test]
+fn failing_writes_and_zeroes_are_errors() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let size = 8 * MIB;
+    let src = src_qcow2(d, size, &["write -P 0x11 0 3M"]);
+    let state = d.join("dst.map");
+    // An empty DST gets SRC's data (writes); one holding data where SRC
+    // has zeros gets write zeroes there.
+    let cases = [
+        (
+            "empty.raw",
+            &[][..],
+            "error-pwrite=EIO",
+            "error-pwrite-rate=100%",
+            "EIO",
+        ),
+        (
+            "data.raw",
+            &["write -P 0x11 0 3M", "write -P 0x22 4M 1M"][..],
+            "error-zero=ENOSPC",
+            "error-zero-rate=100%",
+            "ENOSPC",
+        ),
+    ];
+    for (name, cmds, error, rate, why) in cases {
+        let dst = image(d, name, "raw", size, cmds);
+        let sock = d.join(format!("{name}.sock"));
+        let args = [
+            "--foreground",
+            "-U",
+            s(&sock),
+            "--filter=error",
+            "file",
+            s(&dst),
+            error,
+            rate,
+        ];
+        let Some(server) = serve("nbdkit", &args, &sock) else {
+            return;
+        };
+        let out = run(BLKSYNC, &[s(&src), &server.url, "--state", s(&state), "-c"]);
+        assert_eq!(out.code, 1, "{}", out.stderr);
+        assert!(out.stderr.contains(&server.url), "{}", out.stderr);
+        assert!(out.stderr.contains(why), "{}", out.stderr);
+        assert_eq!(out.stdout, "");
+        assert!(!state.exists(), "a state was saved for a DST not written");
+    }
+}

@@ -149,7 +149,7 @@ pub fn serve(cmd: &str, args: &[&str], sock: &Path) -> Option<Server> {
             return None;
         }
     };
-    let server = Server {
+    let mut server = Server {
         child,
         url: format!("nbd+unix:///?socket={}", s(sock)),
     };
@@ -157,6 +157,9 @@ pub fn serve(cmd: &str, args: &[&str], sock: &Path) -> Option<Server> {
     // connection that succeeds.
     let t = Instant::now();
     while UnixStream::connect(sock).is_err() {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            panic!("{cmd} {args:?} exited: {status}");
+        }
         assert!(t.elapsed() < Duration::from_secs(10), "{cmd} did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
