@@ -34,6 +34,16 @@ pub fn parse_block_size(s: &str) -> Result<usize, String> {
     Ok(n as usize)
 }
 
+/// A timeout in seconds (fractions allowed), more than 0 and at most 10^6.
+pub fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t > 0.0 && t <= 1e6 => Ok(std::time::Duration::from_secs_f64(t)),
+        _ => Err(format!(
+            "timeout must be seconds from 0 to 1000000, not '{s}'"
+        )),
+    }
+}
+
 /// An I/O error's reason without Rust's " (os error N)" suffix.
 pub fn reason(e: &io::Error) -> String {
     let s = e.to_string();

@@ -1,7 +1,7 @@
 //! Command-line arguments.
 
 use blkhash::{Algorithm, MAX_THREADS};
-pub use blkimage::units::{parse_block_size, parse_size};
+pub use blkimage::units::{parse_block_size, parse_size, parse_timeout};
 use clap::Parser;
 
 /// Compute blkhash checksums of disk images: raw and qcow2 files, block
@@ -142,15 +142,6 @@ pub struct Args {
 
 fn parse_format(s: &str) -> Result<blkimage::Format, String> {
     s.parse()
-}
-
-fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
-    match s.parse::<f64>() {
-        Ok(t) if t > 0.0 && t <= 1e6 => Ok(std::time::Duration::from_secs_f64(t)),
-        _ => Err(format!(
-            "timeout must be seconds from 0 to 1000000, not '{s}'"
-        )),
-    }
 }
 
 fn parse_digest(s: &str) -> Result<Algorithm, String> {

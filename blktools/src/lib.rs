@@ -39,6 +39,17 @@ pub struct InputArgs {
     /// Use the page cache (default: direct I/O where possible).
     #[arg(long)]
     pub cache: bool,
+
+    /// NBD: seconds a server may stay silent, while a request waits, before
+    /// the input or DST fails (also the connect timeout) [default: no limit].
+    #[arg(long, value_name = "SECONDS", value_parser = blkimage::units::parse_timeout)]
+    pub timeout: Option<std::time::Duration>,
+
+    /// NBD over TLS (nbds://, nbds+unix://): the directory with ca-cert.pem
+    /// (and client-cert.pem, client-key.pem), when the URL has no
+    /// tls-certificates=DIR [default: the system's CAs].
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<std::path::PathBuf>,
 }
 
 impl InputArgs {
@@ -67,9 +78,19 @@ impl InputArgs {
                 cache: self.cache,
                 format: self.format,
                 no_backing: self.no_backing,
+                nbd: self.nbd_options(),
                 ..Default::default()
             },
             ..MapOptions::default()
+        }
+    }
+
+    /// How to connect to NBD servers.
+    pub fn nbd_options(&self) -> blkimage::nbd::NbdOptions {
+        blkimage::nbd::NbdOptions {
+            timeout: self.timeout,
+            tls_certificates: self.tls_certificates.clone(),
+            ..Default::default()
         }
     }
 }

@@ -232,3 +232,42 @@ fn failing_writes_and_zeroes_are_errors() {
         assert!(!state.exists(), "a state was saved for a DST not written");
     }
 }
+
+/// A server that stops answering writes (nbdkit's delay filter, 30 s per
+/// write): with --timeout 1, blksync gives up within seconds, names DST,
+/// and saves no state.
+#[test]
+fn silent_server_times_out() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let src = src_qcow2(d, 4 * MIB, &["write -P 0x11 0 1M"]);
+    let dst = image(d, "dst.raw", "raw", 4 * MIB, &[]);
+    let state = d.join("dst.map");
+    let sock = d.join("slow.sock");
+    let args = [
+        "--foreground",
+        "-U",
+        s(&sock),
+        "--filter=delay",
+        "file",
+        s(&dst),
+        "delay-write=30",
+    ];
+    let Some(server) = serve("nbdkit", &args, &sock) else {
+        return;
+    };
+    let t = std::time::Instant::now();
+    let out = run(
+        BLKSYNC,
+        &[s(&src), &server.url, "--state", s(&state), "--timeout", "1"],
+    );
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(10),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(out.stderr.contains(&server.url), "{}", out.stderr);
+    assert!(out.stderr.contains("did not answer"), "{}", out.stderr);
+    assert!(!state.exists());
+}

@@ -141,7 +141,7 @@ fn dst_open_options() -> blkimage::OpenOptions {
 
 fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     let nbd = match blkimage::nbd::is_url(&args.dst) {
-        true => Some(open_nbd_dst(&args.dst)?),
+        true => Some(open_nbd_dst(&args.dst, &args.input.nbd_options())?),
         false => None,
     };
     let dst_path = Path::new(&args.dst);
@@ -490,8 +490,8 @@ impl Source for SharedNbd {
 }
 
 /// Connect to an NBD DST, which must take writes.
-fn open_nbd_dst(url: &str) -> Result<Arc<Nbd>, String> {
-    let nbd = blkimage::nbd::open_url(url, &Default::default()).map_err(|e| ioerr(url, &e))?;
+fn open_nbd_dst(url: &str, opts: &blkimage::nbd::NbdOptions) -> Result<Arc<Nbd>, String> {
+    let nbd = blkimage::nbd::open_url(url, opts).map_err(|e| ioerr(url, &e))?;
     if !nbd.is_writable() {
         return Err(err(url, "the export is read-only"));
     }
