@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
 seconds=${1:-60}
-targets=(qcow2 nbd_reply blkmap)
+targets=(qcow2 nbd_reply nbd_transmission blkmap)
 
 # cargo fuzz needs nightly flags (sanitizers); without a nightly toolchain,
 # let the stable compiler accept them.
@@ -69,12 +69,33 @@ map_seeds() {
     rm -rf "$tmp"
 }
 
+# Replies to the nbd_transmission target's requests (cookies 1-5: read,
+# write, write zeroes, block status, flush): simple, and structured with
+# block status.
+reply_seeds() {
+    python3 - "$1" <<'PY'
+import struct, sys
+d = sys.argv[1]
+def simple(cookie, err=0):
+    return struct.pack(">IIQ", 0x67446698, err, cookie)
+def chunk(flags, kind, cookie, payload):
+    return struct.pack(">IHHQI", 0x668e33ef, flags, kind, cookie, len(payload)) + payload
+with open(f"{d}/seed-simple", "wb") as f:
+    f.write(bytes([0]) + simple(1) + b"\x11" * 4096 + simple(2) + simple(3, 5) + simple(5))
+with open(f"{d}/seed-structured", "wb") as f:
+    f.write(bytes([3]) + chunk(1, 1, 1, struct.pack(">Q", 0) + b"\x22" * 4096)
+            + chunk(1, 0, 2, b"") + simple(3) + chunk(1, 5, 4, struct.pack(">III", 1, 1 << 20, 3))
+            + chunk(0, 32769, 5, struct.pack(">IH", 5, 2) + b"no") + chunk(1, 0, 5, b""))
+PY
+}
+
 for t in "${targets[@]}"; do
     corpus=corpus/$t
     mkdir -p "$corpus"
     if [ -z "$(ls -A "$corpus")" ]; then
         case $t in
             blkmap) map_seeds "$corpus" ;;
+            nbd_transmission) reply_seeds "$corpus" ;;
             *) seeds "$corpus" ;;
         esac
     fi

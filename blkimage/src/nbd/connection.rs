@@ -530,3 +530,67 @@ fn peer_gone(e: io::Error) -> io::Error {
         e
     }
 }
+
+/// For the `nbd_transmission` fuzz target: a hostile server's `replies`
+/// to one of each request kind in flight on one connection (a read, a
+/// write, a write zeroes, a block status, a flush). Bit 0 of `flags` says
+/// structured replies were negotiated, bit 1 that block status was. Every
+/// outcome is fine but a panic, a hang or a write outside a read's buffer.
+pub fn fuzz_replies(replies: &[u8], flags: u8) {
+    use std::io::{BufReader, Cursor, Read};
+    // The replies are released only once every request is registered, so
+    // each run is deterministic.
+    struct Gated {
+        inner: Cursor<Vec<u8>>,
+        open: Arc<(Mutex<bool>, Condvar)>,
+    }
+    impl Read for Gated {
+        fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+            let (m, c) = &*self.open;
+            let mut open = m.lock().unwrap();
+            while !*open {
+                open = c.wait(open).unwrap();
+            }
+            self.inner.read(b)
+        }
+    }
+    let open = Arc::new((Mutex::new(false), Condvar::new()));
+    let split = Split {
+        reader: Box::new(BufReader::new(Gated {
+            inner: Cursor::new(replies.to_vec()),
+            open: open.clone(),
+        })),
+        writer: Box::new(io::sink()),
+        shutdown: Arc::new(|| {}),
+    };
+    let export = Export {
+        size: 1 << 20,
+        flags: 0,
+        structured: flags & 1 != 0,
+        allocation: (flags & 2 != 0).then_some(1),
+        min_block: 1,
+        preferred_block: 4096,
+        max_payload: 1 << 20,
+    };
+    let conn = Connection::new(split, export, None);
+    let mut buf = vec![0u8; 4096];
+    let data = vec![0x55u8; 4096];
+    let mut tickets = Vec::new();
+    // SAFETY: every ticket is waited for below, before `buf` is dropped.
+    tickets.extend(unsafe { conn.start_read(&mut buf, 0) });
+    tickets.extend(conn.start_write(&data, 4096));
+    tickets.extend(conn.start_write_zeroes(8192, 4096));
+    let cookie = conn.cookie.fetch_add(1, Ordering::Relaxed);
+    let status = Op::Status {
+        offset: 0,
+        result: None,
+    };
+    tickets.extend(conn.send(cookie, status, CMD_BLOCK_STATUS, 0, 0, 1 << 20, &[]));
+    let cookie = conn.cookie.fetch_add(1, Ordering::Relaxed);
+    tickets.extend(conn.send(cookie, Op::Plain, CMD_FLUSH, 0, 0, 0, &[]));
+    *open.0.lock().unwrap() = true;
+    open.1.notify_all();
+    for t in tickets {
+        let _ = conn.wait(t);
+    }
+}

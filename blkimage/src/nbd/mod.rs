@@ -18,6 +18,8 @@ mod tls;
 mod transport;
 pub mod url;
 
+#[doc(hidden)]
+pub use connection::fuzz_replies;
 pub use qemu::{QemuExport, probe_format};
 pub use source::{Nbd, NbdOptions};
 pub use url::{NbdUrl, is_url};
