@@ -131,7 +131,7 @@ pub fn default_threads() -> usize {
 
 /// What the hasher saw of one block or run of blocks, reported in block order
 /// to an observer (see [`Hasher::set_observer`]).
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockEvent<'a> {
     /// Block `index` holds data with this digest (a short last block included).
     Data { index: u64, digest: &'a [u8] },

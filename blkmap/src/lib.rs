@@ -345,31 +345,55 @@ impl Map {
 
     /// The runs of blocks, in order.
     pub fn runs(&self) -> impl Iterator<Item = Run<'_>> + '_ {
+        self.body.runs.iter().map(|r| self.run(r))
+    }
+
+    fn run(&self, r: &RunEntry) -> Run<'_> {
         let len = self.algorithm.output_len();
-        self.body.runs.iter().map(move |r| Run {
+        Run {
             first: r.first,
             count: r.count,
             digests: r
                 .data
                 .map(|at| &self.body.digests[at..at + r.count as usize * len]),
-        })
+        }
     }
 
     /// Block `index`, or `None` past the end.
     pub fn block(&self, index: u64) -> Option<Block<'_>> {
+        let r = self.run_at(index)?;
+        Some(match r.digests {
+            None => Block::Zero,
+            Some(d) => {
+                let len = self.algorithm.output_len();
+                let start = (index - r.first) as usize * len;
+                Block::Data(&d[start..start + len])
+            }
+        })
+    }
+
+    /// The run that holds block `index`, or `None` past the end: a walk
+    /// over a range of blocks takes one look-up per run, not per block.
+    ///
+    /// ```
+    /// use blkhash::{Hasher, Options};
+    /// use blkmap::MapBuilder;
+    /// let mut h = Hasher::new(Options::new().block_size(512)).unwrap();
+    /// let builder = MapBuilder::attach(&mut h).unwrap();
+    /// h.update(&[1u8; 1024]);
+    /// h.update_zeros(1 << 20);
+    /// let map = builder.finalize(h).unwrap();
+    /// let zeros = map.run_at(5).unwrap();
+    /// assert_eq!((zeros.first, zeros.count, zeros.digests), (2, 2048, None));
+    /// assert_eq!(map.run_at(1).unwrap().digests.map(<[u8]>::len), Some(64));
+    /// assert!(map.run_at(2050).is_none());
+    /// ```
+    pub fn run_at(&self, index: u64) -> Option<Run<'_>> {
         if index >= self.blocks() {
             return None;
         }
         let i = self.body.runs.partition_point(|r| r.first <= index) - 1;
-        let r = &self.body.runs[i];
-        Some(match r.data {
-            None => Block::Zero,
-            Some(at) => {
-                let len = self.algorithm.output_len();
-                let start = at + (index - r.first) as usize * len;
-                Block::Data(&self.body.digests[start..start + len])
-            }
-        })
+        Some(self.run(&self.body.runs[i]))
     }
 
     /// The digest of block `index` (the zero-block digest for a zero block).

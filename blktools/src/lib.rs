@@ -2,7 +2,7 @@
 //! options, opening an input (an image blkimage reads, or a saved map) and
 //! hashing it into a block map.
 
-use blkhash::{Algorithm, Hasher, MAX_THREADS, Options};
+use blkhash::{Algorithm, BlockEvent, Hasher, MAX_THREADS, Options};
 use blkimage::{AlignedBuf, Input, OpenOptions, Source};
 use blkmap::{Map, MapBuilder};
 use std::fs::File;
@@ -151,12 +151,26 @@ pub fn map_image(name: &str, opts: &MapOptions) -> io::Result<Mapped> {
 
 /// A hasher for `opts` with a map builder observing it.
 pub fn hasher(opts: &MapOptions) -> io::Result<(Hasher<AlignedBuf>, MapBuilder)> {
+    hasher_also(opts, |_| {})
+}
+
+/// A hasher for `opts` with a map builder observing it, and `also` seeing
+/// every block event first, in block order.
+pub fn hasher_also(
+    opts: &MapOptions,
+    mut also: impl FnMut(BlockEvent<'_>) + Send + 'static,
+) -> io::Result<(Hasher<AlignedBuf>, MapBuilder)> {
     let hopts = Options::new()
         .algorithm(opts.algorithm)
         .block_size(opts.block_size)
         .threads(opts.threads);
     let mut h = Hasher::with_buffers(hopts).map_err(io::Error::other)?;
-    let builder = MapBuilder::attach(&mut h)?;
+    let builder = MapBuilder::new(opts.algorithm, opts.block_size)?;
+    let mut build = builder.observer();
+    h.set_observer(move |e| {
+        also(e);
+        build(e);
+    });
     Ok((h, builder))
 }
 

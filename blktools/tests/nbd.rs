@@ -233,6 +233,67 @@ fn failing_writes_and_zeroes_are_errors() {
     }
 }
 
+/// An update with a valid state writes while SRC is still hashed: a server
+/// that fails those writes (EIO) ends the run with exit 1, naming DST and
+/// the error, no checksum printed, and the state gone (DST may be partly
+/// written); a rerun through a working server finishes the job.
+#[test]
+fn failing_writes_during_an_update_with_a_state() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let size = 16 * MIB;
+    let src = src_qcow2(d, size, &["write -P 0x11 0 6M", "write -P 0x33 12M 2M"]);
+    let dst = image(d, "dst.raw", "raw", size, &[]);
+    let state = d.join("dst.map");
+    // nbdkit [--filter=F] file DST [the filter's parameters]
+    let serve_dst = |name: &str, filter: &[&str], params: &[&str]| {
+        let sock = d.join(format!("{name}.sock"));
+        let mut args = vec!["--foreground", "-U", s(&sock)];
+        args.extend(filter);
+        args.extend(["file", s(&dst)]);
+        args.extend(params);
+        serve("nbdkit", &args, &sock)
+    };
+    let Some(good) = serve_dst("good", &[], &[]) else {
+        return;
+    };
+    let out = run(BLKSYNC, &[s(&src), &good.url, "--state", s(&state)]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    drop(good);
+    assert!(state.exists());
+    write(
+        &src,
+        "qcow2",
+        &["write -P 0x44 1M 64k", "write -P 0x55 15M 128k"],
+    );
+
+    let Some(failing) = serve_dst(
+        "failing",
+        &["--filter=error"],
+        &["error-pwrite=EIO", "error-pwrite-rate=100%"],
+    ) else {
+        return;
+    };
+    let out = run(
+        BLKSYNC,
+        &[s(&src), &failing.url, "--state", s(&state), "-c"],
+    );
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stderr.contains(&failing.url), "{}", out.stderr);
+    assert!(out.stderr.contains("EIO"), "{}", out.stderr);
+    assert_eq!(out.stdout, "");
+    assert!(!state.exists(), "the state outlived a failed write");
+    drop(failing);
+
+    let Some(good) = serve_dst("again", &[], &[]) else {
+        return;
+    };
+    let out = run(BLKSYNC, &[s(&src), &good.url, "--state", s(&state)]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    drop(good);
+    check_same(d, &src, &dst);
+}
+
 /// A server that stops answering writes (nbdkit's delay filter, 30 s per
 /// write): with --timeout 1, blksync gives up within seconds, names DST,
 /// and saves no state.

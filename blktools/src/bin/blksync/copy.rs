@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Bytes per write when copying ranges: large writes, few system calls.
-const CHUNK: u64 = 8 << 20;
+pub const CHUNK: u64 = 8 << 20;
 
 /// What the run has done so far, shared with the digest workers.
 #[derive(Default)]
@@ -84,48 +84,98 @@ impl Progress {
     }
 }
 
+/// Bytes a zeroing op covers at most: one hole punched per op, and
+/// progress and Ctrl-C are seen between ops.
+const ZERO_CHUNK: u64 = 1 << 30;
+
+/// One thing to do to DST: copy a stretch of SRC, or make a stretch read
+/// as zeros.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Op {
+    pub offset: u64,
+    pub len: u64,
+    pub zero: bool,
+}
+
+impl Op {
+    pub fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+
+    /// The most bytes one op may cover: a data op is read into a buffer
+    /// of `CHUNK` bytes.
+    pub fn max_len(zero: bool) -> u64 {
+        if zero { ZERO_CHUNK } else { CHUNK }
+    }
+
+    /// Do it. `buf` holds at least `CHUNK` bytes.
+    pub fn apply(&self, w: &Writer<'_>, buf: &mut AlignedBuf) -> Result<(), String> {
+        if w.cancel.load(Ordering::Relaxed) {
+            return Err(blkimage::interrupted().to_string());
+        }
+        Counts::add(&w.counts.ranges, 1);
+        if self.zero {
+            let b = &mut buf.spare()[..(self.len.min(CHUNK)) as usize];
+            w.dst
+                .zero_range(self.offset, self.len, b)
+                .map_err(|e| named(w.dst_name, e).to_string())?;
+            Counts::add(&w.counts.zeroed, self.len);
+        } else {
+            let b = &mut buf.spare()[..self.len as usize];
+            w.src
+                .read_at(b, self.offset)
+                .map_err(|e| named(w.src_name, e).to_string())?;
+            w.dst
+                .write_at(b, self.offset)
+                .map_err(|e| named(w.dst_name, e).to_string())?;
+            Counts::add(&w.counts.written, self.len);
+        }
+        w.progress.update(w.counts);
+        Ok(())
+    }
+}
+
+/// What applying ops needs: both sides, their names, and the run's
+/// counters, progress and Ctrl-C flag.
+pub struct Writer<'a> {
+    pub src: &'a dyn Source,
+    pub src_name: &'a str,
+    pub dst: &'a Target,
+    pub dst_name: &'a str,
+    pub counts: &'a Counts,
+    pub progress: &'a Progress,
+    pub cancel: &'a AtomicBool,
+}
+
+/// A buffer for [`Op::apply`].
+pub fn op_buffer() -> AlignedBuf {
+    AlignedBuf::new(CHUNK as usize)
+}
+
 /// Copy `ranges` of SRC (whose map is `map`) to DST: data read and written
 /// in large runs, zero blocks punched out or zeroed. Stops with an
 /// "interrupted" error once `cancel` is set.
-#[allow(clippy::too_many_arguments)]
-pub fn copy_ranges(
-    src: &dyn Source,
-    map: &Map,
-    dst: &Target,
-    ranges: &[Range],
-    counts: &Counts,
-    progress: &Progress,
-    cancel: &AtomicBool,
-    dst_name: &str,
-) -> io::Result<()> {
+pub fn copy_ranges(w: &Writer<'_>, map: &Map, ranges: &[Range]) -> Result<(), String> {
     let bs = map.block_size() as u64;
-    let mut buf = AlignedBuf::new(CHUNK.max(bs) as usize);
+    let mut buf = op_buffer();
     let is_zero = |pos: u64| map.block(pos / bs) == Some(Block::Zero);
     for r in ranges {
-        Counts::add(&counts.ranges, 1);
         let mut pos = r.offset;
         while pos < r.end() {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(blkimage::interrupted());
-            }
-            // A stretch of blocks of one kind, at most a chunk.
+            // A stretch of blocks of one kind, at most an op's length (a
+            // block larger than that takes several).
             let zero = is_zero(pos);
+            let max = pos + Op::max_len(zero);
             let mut end = ((pos / bs + 1) * bs).min(r.end());
-            while end < r.end() && end - pos < CHUNK && is_zero(end) == zero {
+            while end < r.end() && end < max && is_zero(end) == zero {
                 end = ((end / bs + 1) * bs).min(r.end());
             }
-            let n = (end - pos) as usize;
-            if zero {
-                dst.zero_range(pos, n as u64, &mut buf.spare()[..n.min(CHUNK as usize)])
-                    .map_err(|e| named(dst_name, e))?;
-                Counts::add(&counts.zeroed, n as u64);
-            } else {
-                let b = &mut buf.spare()[..n];
-                src.read_at(b, pos)?;
-                dst.write_at(b, pos).map_err(|e| named(dst_name, e))?;
-                Counts::add(&counts.written, n as u64);
-            }
-            progress.update(counts);
+            let op = Op {
+                offset: pos,
+                len: end.min(max) - pos,
+                zero,
+            };
+            op.apply(w, &mut buf)?;
             pos = end;
         }
     }

@@ -4,13 +4,15 @@
 mod copy;
 mod state;
 mod target;
+mod update;
 
+use blkhash::BlockEvent;
 use blkimage::nbd::Nbd;
 use blkimage::{Input, Source};
 use blkmap::{Block, Map};
 use blktools::{InputArgs, MapOptions, reason};
 use clap::Parser;
-use copy::{CopyTarget, CopyThrough, Counts, Progress, WriteThrough};
+use copy::{CopyTarget, CopyThrough, Counts, Progress, WriteThrough, Writer};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek};
 use std::os::fd::AsRawFd;
@@ -296,6 +298,21 @@ struct SyncCtx<'a> {
     progress: &'a Progress,
 }
 
+impl SyncCtx<'_> {
+    /// What copying ranges from SRC to `dst` needs.
+    fn writer<'a>(&'a self, args: &'a Args, dst: &'a Target) -> Writer<'a> {
+        Writer {
+            src: &*self.src,
+            src_name: &args.src,
+            dst,
+            dst_name: &args.dst,
+            counts: self.counts,
+            progress: self.progress,
+            cancel: self.cancel,
+        }
+    }
+}
+
 /// Bring DST up to date; SRC's map, unless the run did not need it.
 fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Option<Map>, String> {
     let size = c.src.size();
@@ -329,7 +346,7 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Option<Map>, String> {
                 failed: failed.clone(),
                 flush_later: args.state.is_some(),
             };
-            let map = hash_src(&c, Some(through)).map_err(|e| {
+            let map = hash_src(&c, Some(through), |_| {}).map_err(|e| {
                 failed
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -345,13 +362,40 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Option<Map>, String> {
             map,
             Arc::into_inner(dst).expect("workers are done with DST"),
         )
+    } else if let Some(known) = c.dst_map.take_if(|_| !args.dry_run) {
+        // DST's blocks are known from its state: the blocks that differ are
+        // written while SRC is hashed, not after.
+        let dst = open_dst()?;
+        let resize = size != c.dst_size;
+        if resize {
+            remove_state()?;
+            dst.set_len(size).map_err(|e| ioerr(&args.dst, &e))?;
+        }
+        let (mut differ, ops) = update::Differ::new(known, size);
+        let w = c.writer(args, &dst);
+        let watch = move |e: BlockEvent<'_>| differ.event(e);
+        let (hashed, written) = std::thread::scope(|s| {
+            let writer = s.spawn(|| {
+                update::write_ops(ops, &w, update::writers(&dst), || match resize {
+                    true => Ok(()),
+                    false => remove_state(),
+                })
+            });
+            // The hasher owns `watch`: once it is done, the writer's queue
+            // closes and the writer ends.
+            let hashed = hash_src(&c, None, watch);
+            (hashed, writer.join().expect("writer thread"))
+        });
+        // DST's failure first: SRC's hashing goes on after it.
+        written?;
+        (Some(hashed.map_err(|e| ioerr(&args.src, &e))?), dst)
     } else {
         // Both maps: SRC hashed; DST's from its state, else zeros, else
         // hashed (at the same time as SRC).
         let known = c.dst_map.take();
         let c = &c;
         let (src_map, dst_map) = std::thread::scope(|s| {
-            let hs = s.spawn(|| hash_src(c, None));
+            let hs = s.spawn(|| hash_src(c, None, |_| {}));
             let dst_map = match known {
                 Some(m) => Ok(m),
                 None if c.known_empty => zeros_map(c.opts, c.dst_size),
@@ -378,10 +422,8 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Option<Map>, String> {
         if c.kind.is_file() && size != c.dst_size {
             dst.set_len(size).map_err(|e| ioerr(&args.dst, &e))?;
         }
-        copy::copy_ranges(
-            &*c.src, &src_map, &dst, &todo, c.counts, c.progress, c.cancel, &args.dst,
-        )
-        .map_err(|e| ioerr(&args.src, &e))?;
+        let w = c.writer(args, &dst);
+        copy::copy_ranges(&w, &src_map, &todo)?;
         (Some(src_map), dst)
     };
 
@@ -424,9 +466,13 @@ struct Through {
 }
 
 /// Hash SRC into its map, counting what is compared; with `through`, each
-/// chunk is also written to DST.
-fn hash_src(c: &SyncCtx<'_>, through: Option<Through>) -> io::Result<Map> {
-    let (mut h, builder) = blktools::hasher(c.opts)?;
+/// chunk is also written to DST. `watch` sees every block event.
+fn hash_src(
+    c: &SyncCtx<'_>,
+    through: Option<Through>,
+    watch: impl FnMut(BlockEvent<'_>) + Send + 'static,
+) -> io::Result<Map> {
+    let (mut h, builder) = blktools::hasher_also(c.opts, watch)?;
     let read_size = c.opts.read_size.next_multiple_of(c.opts.block_size);
     let mut on_read = |n: u64| {
         c.counts.compared.fetch_add(n, Ordering::Relaxed);

@@ -1,0 +1,266 @@
+//! An update whose DST map is known (its state): each block of SRC is
+//! compared with DST's as its digest joins the checksum, in block order, and
+//! the blocks that differ are written by a writer thread while the rest of
+//! SRC is still being hashed. The update then takes about as long as
+//! hashing SRC, not hashing and then copying (the Bvckup design: no
+//! whole-file step on the critical path).
+//!
+//! The writer re-reads the blocks that differ from SRC rather than taking
+//! them from the digest workers: the workers' buffers are reused as soon as
+//! a chunk is digested, and a copy kept for the writer would cost every
+//! block a copy to save the few that changed a read.
+
+use crate::copy::{Op, Writer, op_buffer};
+use crate::target::Target;
+use blkhash::BlockEvent;
+use blkmap::{Block, Map};
+use crossbeam_channel::{Receiver, Sender};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Turns SRC's block events into ops for the blocks where DST differs.
+/// Owned by the hasher's observer; when the hasher is done it drops this,
+/// which sends the last op and closes the writer's queue.
+pub struct Differ {
+    dst: Map,
+    size: u64,
+    block_size: u64,
+    pending: Option<Op>,
+    ops: Sender<Op>,
+}
+
+impl Differ {
+    /// For a SRC of `size` bytes and DST holding what `dst` says (and
+    /// zeros past its end: a file grown to SRC's size reads as zeros).
+    pub fn new(dst: Map, size: u64) -> (Differ, Receiver<Op>) {
+        let (ops, rx) = crossbeam_channel::unbounded();
+        let block_size = dst.block_size() as u64;
+        let d = Differ {
+            dst,
+            size,
+            block_size,
+            pending: None,
+            ops,
+        };
+        (d, rx)
+    }
+
+    pub fn event(&mut self, e: BlockEvent<'_>) {
+        match e {
+            BlockEvent::Data { index, digest } => {
+                let zero = digest == self.dst.zero_digest();
+                let same = match self.dst.block(index) {
+                    Some(Block::Data(d)) => d == digest,
+                    Some(Block::Zero) | None => zero,
+                };
+                if !same {
+                    self.push(index, 1, zero);
+                }
+            }
+            BlockEvent::Zeros { index, count } => {
+                // DST's data blocks in the range become zeros; a run at a
+                // time, so a TiB of zeros costs one look-up per DST run.
+                let end = index + count;
+                let mut at = index;
+                while at < end {
+                    let Some(run) = self.dst.run_at(at) else {
+                        break; // past DST's end: zeros already
+                    };
+                    let run_end = (run.first + run.count).min(end);
+                    if run.digests.is_some() {
+                        self.push(at, run_end - at, true);
+                    }
+                    at = run_end;
+                }
+            }
+        }
+    }
+
+    /// Blocks `first..first + count` differ: extend the pending op, or
+    /// queue it and start another.
+    fn push(&mut self, first: u64, count: u64, zero: bool) {
+        let max = Op::max_len(zero);
+        let mut offset = first * self.block_size;
+        let end = ((first + count) * self.block_size).min(self.size);
+        while offset < end {
+            if let Some(p) = &mut self.pending
+                && p.zero == zero
+                && p.end() == offset
+                && p.len < max
+            {
+                let n = (end - offset).min(max - p.len);
+                p.len += n;
+                offset += n;
+                continue;
+            }
+            let len = (end - offset).min(max);
+            if let Some(p) = self.pending.replace(Op { offset, len, zero }) {
+                self.send(p);
+            }
+            offset += len;
+        }
+    }
+
+    fn send(&self, op: Op) {
+        // A writer that stopped has failed and says why; nothing to add.
+        let _ = self.ops.send(op);
+    }
+}
+
+impl Drop for Differ {
+    fn drop(&mut self) {
+        if let Some(p) = self.pending.take() {
+            self.send(p);
+        }
+    }
+}
+
+/// Writers applying ops at once: an NBD export takes requests in flight
+/// (each write waits a round trip, so several hide the link's latency); a
+/// file takes one (parallel writes to one file spin on its inode lock).
+pub fn writers(dst: &Target) -> usize {
+    match dst {
+        Target::Nbd(_) => 4,
+        Target::File(_) => 1,
+    }
+}
+
+/// Apply the ops as they come, on `writers` threads, until the queue
+/// closes; `before_first` runs once, before any op (it removes the state:
+/// a state must never describe a DST being written). The first failure
+/// stops every writer.
+pub fn write_ops(
+    ops: Receiver<Op>,
+    w: &Writer<'_>,
+    writers: usize,
+    before_first: impl Fn() -> Result<(), String> + Sync,
+) -> Result<(), String> {
+    let ready = OnceLock::new();
+    let failed = AtomicBool::new(false);
+    let write = || {
+        let mut buf = None;
+        for op in &ops {
+            if failed.load(Ordering::Relaxed) {
+                continue; // drain: the run has failed
+            }
+            let done = ready
+                .get_or_init(&before_first)
+                .clone()
+                .and_then(|()| op.apply(w, buf.get_or_insert_with(op_buffer)));
+            if let Err(e) = done {
+                failed.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+        Ok(())
+    };
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..writers.max(1)).map(|_| s.spawn(write)).collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("writer thread"))
+            .fold(Ok(()), Result::and)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blkhash::{Hasher, Options};
+    use blkmap::MapBuilder;
+
+    const BS: usize = 4096;
+
+    fn map(build: impl FnOnce(&mut Hasher)) -> Map {
+        let mut h = Hasher::new(Options::new().block_size(BS)).unwrap();
+        let b = MapBuilder::attach(&mut h).unwrap();
+        build(&mut h);
+        b.finalize(h).unwrap()
+    }
+
+    /// The ops a Differ queues for SRC (hashed by `src`) against `dst`.
+    fn ops(dst: Map, size: u64, src: impl FnOnce(&mut Hasher)) -> Vec<Op> {
+        let (differ, rx) = Differ::new(dst, size);
+        let differ = std::sync::Mutex::new(differ);
+        let mut h = Hasher::new(Options::new().block_size(BS)).unwrap();
+        h.set_observer(move |e| differ.lock().unwrap().event(e));
+        src(&mut h);
+        assert_eq!(h.len(), size);
+        h.finalize();
+        rx.iter().collect()
+    }
+
+    fn op(offset: usize, len: usize, zero: bool) -> Op {
+        Op {
+            offset: offset as u64,
+            len: len as u64,
+            zero,
+        }
+    }
+
+    #[test]
+    fn only_differing_blocks() {
+        let dst = map(|h| {
+            h.update(&[1u8; 4 * BS]);
+            h.update_zeros(4 * BS as u64);
+            h.update(&[2u8; 4 * BS]);
+        });
+        let got = ops(dst, 12 * BS as u64, |h| {
+            h.update(&[1u8; 2 * BS]); // same
+            h.update(&[9u8; 2 * BS]); // data changed
+            h.update(&[0u8; BS]); // written zeros over a hole: same
+            h.update(&[3u8; BS]); // data over a hole
+            h.update_zeros(2 * BS as u64); // same
+            h.update_zeros(BS as u64); // zeros over data
+            h.update(&[2u8; 3 * BS]); // same
+        });
+        assert_eq!(
+            got,
+            [
+                op(2 * BS, 2 * BS, false),
+                op(5 * BS, BS, false),
+                op(8 * BS, BS, true)
+            ]
+        );
+    }
+
+    #[test]
+    fn grown_and_short_tail() {
+        // DST: 2.5 blocks; SRC: 5 blocks, the new ones zeros but one.
+        let dst = map(|h| h.update(&[1u8; 2 * BS + BS / 2]));
+        let got = ops(dst, 5 * BS as u64 + 100, |h| {
+            h.update(&[1u8; 2 * BS]);
+            h.update(&[1u8; BS]); // DST's short block, now full
+            h.update_zeros(BS as u64); // past DST's end: a hole already
+            h.update(&[7u8; BS + 100]);
+        });
+        assert_eq!(got, [op(2 * BS, BS, false), op(4 * BS, BS + 100, false)]);
+    }
+
+    #[test]
+    fn long_runs_split_into_ops() {
+        let blocks = 3 * crate::copy::CHUNK as usize / BS;
+        let dst = map(|h| h.update_zeros((blocks * BS) as u64));
+        let got = ops(dst, (blocks * BS) as u64, |h| {
+            h.update(&vec![5u8; blocks * BS]);
+        });
+        let chunk = crate::copy::CHUNK as usize;
+        assert_eq!(
+            got,
+            [
+                op(0, chunk, false),
+                op(chunk, chunk, false),
+                op(2 * chunk, chunk, false)
+            ]
+        );
+        // Zeros over a large DST that is mostly zeros: only its data.
+        let size = 1u64 << 36;
+        let dst = map(|h| {
+            h.update(&[1u8; BS]);
+            h.update_zeros(size - 2 * BS as u64);
+            h.update(&[1u8; BS]);
+        });
+        let got = ops(dst, size, |h| h.update_zeros(size));
+        assert_eq!(got, [op(0, BS, true), op(size as usize - BS, BS, true)]);
+    }
+}
