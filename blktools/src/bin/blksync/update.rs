@@ -168,6 +168,7 @@ mod tests {
     use super::*;
     use blkhash::{Hasher, Options};
     use blkmap::MapBuilder;
+    use proptest::prelude::*;
 
     const BS: usize = 4096;
 
@@ -235,6 +236,58 @@ mod tests {
             h.update(&[7u8; BS + 100]);
         });
         assert_eq!(got, [op(2 * BS, BS, false), op(4 * BS, BS + 100, false)]);
+    }
+
+    /// An image as pieces of whole blocks (0: known zeros, 1: written
+    /// zeros, else data of that byte) and a short tail of data.
+    fn image() -> impl Strategy<Value = (Vec<(usize, u8)>, usize)> {
+        (
+            prop::collection::vec((1usize..4, 0u8..5), 0..12),
+            0usize..BS,
+        )
+    }
+
+    fn feed(h: &mut Hasher, (pieces, tail): &(Vec<(usize, u8)>, usize)) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for &(blocks, kind) in pieces {
+            let n = blocks * BS;
+            match kind {
+                0 => h.update_zeros(n as u64),
+                1 => h.update(&vec![0u8; n]),
+                b => h.update(&vec![b; n]),
+            }
+            bytes.resize(bytes.len() + n, if kind < 2 { 0 } else { kind });
+        }
+        h.update(&vec![7u8; *tail]);
+        bytes.resize(bytes.len() + tail, 7);
+        bytes
+    }
+
+    proptest! {
+        /// Any DST and SRC (sizes, data, written zeros, holes, short last
+        /// blocks): DST's bytes with the ops applied are SRC's.
+        #[test]
+        fn ops_make_dst_equal_to_src(dst in image(), src in image()) {
+            let mut dst_bytes = Vec::new();
+            let dst_map = map(|h| dst_bytes = feed(h, &dst));
+            let mut src_bytes = Vec::new();
+            let size = {
+                let mut h = Hasher::new(Options::new().block_size(BS)).unwrap();
+                feed(&mut h, &src).len() as u64
+            };
+            let got = ops(dst_map, size, |h| src_bytes = feed(h, &src));
+            // A file DST is resized to SRC's size first (grown with zeros).
+            dst_bytes.resize(src_bytes.len(), 0);
+            for op in got {
+                let r = op.offset as usize..op.end() as usize;
+                if op.zero {
+                    dst_bytes[r].fill(0);
+                } else {
+                    dst_bytes[r.clone()].copy_from_slice(&src_bytes[r]);
+                }
+            }
+            prop_assert_eq!(dst_bytes, src_bytes);
+        }
     }
 
     #[test]
