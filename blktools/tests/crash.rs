@@ -213,6 +213,82 @@ fn killed_at_random_points_nbd_dst() {
     eprintln!("{killed} runs killed");
 }
 
+/// Wait until no process has `path` on its command line (a private
+/// qemu-nbd serving it, which exits on the parent-death SIGTERM).
+fn wait_unserved(path: &Path) {
+    let t = Instant::now();
+    loop {
+        let serving = std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == s(path).as_bytes()))
+        });
+        if !serving {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the private qemu-nbd outlived blksync by 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The same with a qcow2 file as DST, which blksync serves itself with a
+/// private qemu-nbd: killed at random moments, blksync takes the server
+/// with it (SIGTERM from the kernel: qemu-nbd flushes and closes the
+/// image), the image stays consistent (qemu-img check), a state left
+/// behind is its map, and the next run finishes the job.
+#[test]
+fn killed_at_random_points_served_image_dst() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let size = 32 * MIB;
+    let src = src_qcow2(d, size, &["write -P 0x11 0 20M", "write -P 0x12 24M 4M"]);
+    let dst = image(d, "dst.qcow2", "qcow2", size, &[]);
+    let state = d.join("dst.map");
+    let args = [s(&src), s(&dst), "--state", s(&state), "-t", "1"];
+    let t = Instant::now();
+    let probe = run(BLKSYNC, &args);
+    assert_eq!(probe.code, 0, "{}", probe.stderr);
+    let span = (t.elapsed().as_micros() as u64 * 3 / 2).max(1000);
+    let mut rng = Rng(0xd57);
+    let mut killed = 0;
+    for round in 0..6u64 {
+        let off = rng.below(30) * MIB;
+        let cmds = [
+            format!(
+                "write -P {} {off} {}",
+                0x40 + round,
+                64 * 1024 * (1 + rng.below(32))
+            ),
+            format!("write -z {}M 1M", rng.below(31)),
+        ];
+        let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
+        write(&src, "qcow2", &cmds);
+        let delay = Duration::from_micros(rng.below(span));
+        if let Some((code, _)) = signal_after(spawn(&args), delay, libc::SIGKILL) {
+            assert_eq!(code, 128 + libc::SIGKILL);
+            killed += 1;
+        }
+        wait_unserved(&dst);
+        let check = run("qemu-img", &["check", s(&dst)]);
+        assert_eq!(
+            check.code, 0,
+            "qemu-img check: {}{}",
+            check.stdout, check.stderr
+        );
+        state_is_truthful(d, &dst, &state);
+    }
+    let out = run(
+        BLKSYNC,
+        &[s(&src), s(&dst), "--state", s(&state), "--verify"],
+    );
+    assert_eq!(out.code, 0, "rerun: {}", out.stderr);
+    assert!(same(&src, &dst), "qemu-img compare: DST differs from SRC");
+    assert_eq!(checksum(d, &src), checksum(d, &dst));
+    eprintln!("{killed} runs killed");
+}
+
 /// Ctrl-C and SIGTERM stop a run promptly with 130 and 143, during a first
 /// copy (DST written while SRC is read) and during an update (SRC being
 /// hashed, the state still in place and still true).

@@ -117,6 +117,109 @@ fn qcow2_through_qemu_nbd() {
     check(server);
 }
 
+/// blksync with TMPDIR set to `tmp` (where the private qemu-nbd's socket
+/// directory goes, to check it is removed).
+fn sync_in(tmp: &Path, args: &[&str]) -> Out {
+    let out = std::process::Command::new(BLKSYNC)
+        .args(args)
+        .env("TMPDIR", tmp)
+        .output()
+        .unwrap();
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn format_of(img: &Path) -> String {
+    let out = run("qemu-img", &["info", "--output=json", s(img)]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    v["format"].as_str().unwrap().to_string()
+}
+
+/// A qcow2 file as DST, no server given: blksync serves it writable with
+/// a private qemu-nbd (stopped, its directory removed, by the time blksync
+/// exits), so the image keeps its format and gets SRC's guest content:
+/// first copy, an update with a state (only the change written, a zeroed
+/// range deallocated), --verify. Other formats QEMU writes work the same;
+/// an image of another virtual size and a LUKS image are refused by name.
+#[test]
+fn image_file_dst_through_a_private_qemu_nbd() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let tmp = d.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let left = || std::fs::read_dir(&tmp).unwrap().count();
+    let size = 32 * MIB;
+    let src = src_qcow2(d, size, &["write -P 0x11 0 8M", "write -P 0x22 20M 4M"]);
+    let dst = image(d, "dst.qcow2", "qcow2", size, &[]);
+    let state = d.join("dst.map");
+
+    let out = sync_in(&tmp, &[s(&src), s(&dst), "--state", s(&state)]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(written(&out.stderr), 12 * MIB);
+    assert_eq!(left(), 0, "the private server's directory is left");
+    assert_eq!(format_of(&dst), "qcow2");
+    check_same(d, &src, &dst);
+
+    write(&src, "qcow2", &["write -P 0x33 1M 64k", "write -z 20M 2M"]);
+    let out = sync_in(&tmp, &[s(&src), s(&dst), "--state", s(&state), "--verify"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(written(&out.stderr), 64 * 1024, "{}", out.stderr);
+    assert!(out.stderr.contains("2097152 zeroed"), "{}", out.stderr);
+    assert_eq!(left(), 0);
+    check_same(d, &src, &dst);
+    // Stopped with SIGTERM, the server flushed and closed the image.
+    let check = run("qemu-img", &["check", s(&dst)]);
+    assert_eq!(check.code, 0, "{}{}", check.stdout, check.stderr);
+    assert!(
+        !allocated(&dst)
+            .iter()
+            .any(|&(start, len)| start < 22 * MIB && start + len > 20 * MIB),
+        "the zeroed range is still allocated in DST: {:?}",
+        allocated(&dst)
+    );
+
+    for fmt in ["vdi", "vhdx"] {
+        let other = image(d, &format!("dst.{fmt}"), fmt, size, &[]);
+        let out = sync_in(&tmp, &[s(&src), s(&other)]);
+        assert_eq!(out.code, 0, "{fmt}: {}", out.stderr);
+        assert_eq!(format_of(&other), fmt);
+        check_same(d, &src, &other);
+    }
+
+    let small = image(d, "small.qcow2", "qcow2", size / 2, &[]);
+    let before = std::fs::read(&small).unwrap();
+    let out = sync_in(&tmp, &[s(&src), s(&small)]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    let want = format!("a qcow2 image of {} bytes, SRC is {size}", size / 2);
+    assert!(out.stderr.contains(&want), "{}", out.stderr);
+    assert!(out.stderr.contains(s(&small)), "{}", out.stderr);
+    assert_eq!(std::fs::read(&small).unwrap(), before);
+    assert_eq!(left(), 0);
+
+    let luks = d.join("dst.luks");
+    sh(
+        "qemu-img",
+        &[
+            "create",
+            "-f",
+            "luks",
+            "--object",
+            "secret,id=s0,data=pass",
+            "-o",
+            "key-secret=s0,iter-time=10",
+            s(&luks),
+            "32M",
+        ],
+    );
+    let out = sync_in(&tmp, &[s(&src), s(&luks)]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stderr.contains("a LUKS image"), "{}", out.stderr);
+}
+
 /// Exports blksync cannot bring to SRC's content are refused by name, and
 /// left untouched: read-only, of another size.
 #[test]

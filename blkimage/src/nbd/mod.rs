@@ -20,7 +20,7 @@ pub mod url;
 
 #[doc(hidden)]
 pub use connection::fuzz_replies;
-pub use qemu::{QemuExport, probe_format};
+pub use qemu::{QemuExport, QemuTarget, probe_format};
 pub use source::{Nbd, NbdOptions};
 pub use url::{NbdUrl, is_url};
 

@@ -12,6 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The formats handed to qemu-nbd (QEMU's driver names).
@@ -77,14 +78,32 @@ pub fn probe_format(file: &File, size: u64) -> io::Result<Option<&'static str>> 
     Ok(fmt)
 }
 
+/// How long a writable qemu-nbd may take to flush and exit on SIGTERM
+/// before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A running qemu-nbd and its private directory.
 struct Server {
     child: Child,
     dir: Option<tempfile::TempDir>,
+    /// Writable: stopped with SIGTERM, on which qemu-nbd flushes and
+    /// closes the image (a killed one loses the qcow2 metadata it caches).
+    graceful: bool,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
+        if self.graceful {
+            // SAFETY: kill on the pid of our own child, not yet reaped.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let start = Instant::now();
+            while start.elapsed() < STOP_TIMEOUT {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(d) = self.dir.take() {
@@ -138,124 +157,169 @@ impl QemuExport {
         secret: Option<&Path>,
         opts: &NbdOptions,
     ) -> io::Result<QemuExport> {
-        let secret = if format == "luks" {
-            let Some(secret) = secret else {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "a LUKS image: give its passphrase with --secret-file FILE",
-                ));
-            };
-            // Our own message for a missing file, not qemu-nbd's.
-            File::open(secret).map_err(|e| {
-                io::Error::new(e.kind(), format!("secret file {}: {e}", secret.display()))
-            })?;
-            Some(std::path::absolute(secret)?)
-        } else {
-            None
+        let (nbd, server) = serve(path, format, cache, secret, false, opts)?;
+        Ok(QemuExport {
+            nbd,
+            _server: server,
+        })
+    }
+}
+
+/// An image written through a private qemu-nbd (qcow2, or any format QEMU
+/// writes): the connection to write it with, and the server, stopped with
+/// SIGTERM (it flushes and closes the image) when this is dropped.
+pub struct QemuTarget {
+    // Dropped in this order: disconnect, then stop the server.
+    nbd: Arc<Nbd>,
+    _server: Server,
+}
+
+impl QemuTarget {
+    /// Serve `path` in `format` writable (`--cache=writeback`, flushed by
+    /// NBD_CMD_FLUSH; `--discard=unmap`, so zeroed ranges free their
+    /// clusters) and connect to it.
+    pub fn open(path: &Path, format: &str, opts: &NbdOptions) -> io::Result<QemuTarget> {
+        let (nbd, server) = serve(path, format, true, None, true, opts)?;
+        Ok(QemuTarget {
+            nbd: Arc::new(nbd),
+            _server: server,
+        })
+    }
+
+    /// The connection; the server runs as long as this target lives.
+    pub fn nbd(&self) -> Arc<Nbd> {
+        self.nbd.clone()
+    }
+}
+
+/// Start a private qemu-nbd on `path` and connect to it.
+fn serve(
+    path: &Path,
+    format: &str,
+    cache: bool,
+    secret: Option<&Path>,
+    writable: bool,
+    opts: &NbdOptions,
+) -> io::Result<(Nbd, Server)> {
+    let secret = if format == "luks" {
+        let Some(secret) = secret else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a LUKS image: give its passphrase with --secret-file FILE",
+            ));
         };
-        let dir = tempfile::Builder::new().prefix("blksum-").tempdir()?;
-        let sock = dir.path().join("nbd.sock");
-        let log = dir.path().join("qemu-nbd.log");
-        let path = std::path::absolute(path)?;
-        let mut cmd = Command::new("qemu-nbd");
-        cmd.arg("--read-only")
-            .arg(format!("--socket={}", sock.display()))
-            .arg(format!(
-                "--cache={}",
-                if cache { "writeback" } else { "none" }
-            ))
-            .arg(format!("--shared={}", opts.connections.max(1)));
-        match &secret {
-            // The passphrase stays in its file: never on a command line.
-            Some(secret) => cmd
-                .arg("--object")
-                .arg(format!("secret,id=sec0,file={}", qemu_escape(secret)?))
-                .arg("--image-opts")
-                .arg(format!(
-                    "driver=luks,key-secret=sec0,file.filename={}",
-                    qemu_escape(&path)?
-                )),
-            None => cmd.arg(format!("--format={format}")).arg("--").arg(&path),
-        };
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log)?);
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                // Not in our process group: a terminal's Ctrl-C is ours to
-                // handle; and if we die, the server goes too.
-                libc::setpgid(0, 0);
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                io::Error::new(
-                    e.kind(),
-                    format!("{format} images are read with qemu-nbd: install qemu-utils"),
-                )
-            } else {
-                io::Error::new(e.kind(), format!("cannot run qemu-nbd: {e}"))
-            }
+        // Our own message for a missing file, not qemu-nbd's.
+        File::open(secret).map_err(|e| {
+            io::Error::new(e.kind(), format!("secret file {}: {e}", secret.display()))
         })?;
-        let mut server = Server {
-            child,
-            dir: Some(dir),
-        };
-        let url = NbdUrl {
-            address: Address::Unix(sock.clone()),
-            export: String::new(),
-            tls: false,
-            tls_certificates: None,
-            tls_hostname: None,
-        };
-        let failed = |status: std::process::ExitStatus| {
-            let msg = std::fs::read_to_string(&log).unwrap_or_default();
-            io::Error::other(format!("qemu-nbd failed ({status}): {}", msg.trim()))
-        };
-        let start = Instant::now();
-        loop {
-            if let Some(status) = server.child.try_wait()? {
-                return Err(failed(status));
-            }
-            if sock.exists() {
-                match Nbd::connect(&url, opts) {
-                    Ok(mut nbd) => {
-                        nbd.set_format(format);
-                        return Ok(QemuExport {
-                            nbd,
-                            _server: server,
-                        });
-                    }
-                    Err(e)
-                        if !matches!(
-                            e.kind(),
-                            io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
-                        ) || start.elapsed() > START_TIMEOUT =>
-                    {
-                        // qemu-nbd may listen before it fails to open the
-                        // image: its own message says more than ours.
-                        for _ in 0..200 {
-                            if let Some(status) = server.child.try_wait()? {
-                                return Err(failed(status));
-                            }
-                            std::thread::sleep(Duration::from_millis(5));
-                        }
-                        return Err(e);
-                    }
-                    Err(_) => {}
-                }
-            }
-            if start.elapsed() > START_TIMEOUT {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "qemu-nbd did not start listening",
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(5));
+        Some(std::path::absolute(secret)?)
+    } else {
+        None
+    };
+    let dir = tempfile::Builder::new().prefix("blksum-").tempdir()?;
+    let sock = dir.path().join("nbd.sock");
+    let log = dir.path().join("qemu-nbd.log");
+    let path = std::path::absolute(path)?;
+    let mut cmd = Command::new("qemu-nbd");
+    cmd.arg(if writable {
+        "--discard=unmap"
+    } else {
+        "--read-only"
+    })
+    .arg(format!("--socket={}", sock.display()))
+    .arg(format!(
+        "--cache={}",
+        if cache { "writeback" } else { "none" }
+    ))
+    .arg(format!("--shared={}", opts.connections.max(1)));
+    match &secret {
+        // The passphrase stays in its file: never on a command line.
+        Some(secret) => cmd
+            .arg("--object")
+            .arg(format!("secret,id=sec0,file={}", qemu_escape(secret)?))
+            .arg("--image-opts")
+            .arg(format!(
+                "driver=luks,key-secret=sec0,file.filename={}",
+                qemu_escape(&path)?
+            )),
+        None => cmd.arg(format!("--format={format}")).arg("--").arg(&path),
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&log)?);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            // Not in our process group: a terminal's Ctrl-C is ours to
+            // handle; and if we die, the server goes too.
+            libc::setpgid(0, 0);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            io::Error::new(
+                e.kind(),
+                format!("{format} images go through qemu-nbd: install qemu-utils"),
+            )
+        } else {
+            io::Error::new(e.kind(), format!("cannot run qemu-nbd: {e}"))
         }
+    })?;
+    let mut server = Server {
+        child,
+        dir: Some(dir),
+        graceful: writable,
+    };
+    let url = NbdUrl {
+        address: Address::Unix(sock.clone()),
+        export: String::new(),
+        tls: false,
+        tls_certificates: None,
+        tls_hostname: None,
+    };
+    let failed = |status: std::process::ExitStatus| {
+        let msg = std::fs::read_to_string(&log).unwrap_or_default();
+        io::Error::other(format!("qemu-nbd failed ({status}): {}", msg.trim()))
+    };
+    let start = Instant::now();
+    loop {
+        if let Some(status) = server.child.try_wait()? {
+            return Err(failed(status));
+        }
+        if sock.exists() {
+            match Nbd::connect(&url, opts) {
+                Ok(mut nbd) => {
+                    nbd.set_format(format);
+                    return Ok((nbd, server));
+                }
+                Err(e)
+                    if !matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+                    ) || start.elapsed() > START_TIMEOUT =>
+                {
+                    // qemu-nbd may listen before it fails to open the
+                    // image: its own message says more than ours.
+                    for _ in 0..200 {
+                        if let Some(status) = server.child.try_wait()? {
+                            return Err(failed(status));
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    return Err(e);
+                }
+                Err(_) => {}
+            }
+        }
+        if start.elapsed() > START_TIMEOUT {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "qemu-nbd did not start listening",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

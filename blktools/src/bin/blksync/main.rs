@@ -7,7 +7,7 @@ mod target;
 mod update;
 
 use blkhash::BlockEvent;
-use blkimage::nbd::Nbd;
+use blkimage::nbd::{Nbd, QemuTarget};
 use blkimage::{Input, Source};
 use blkmap::{Block, Map};
 use blktools::{InputArgs, MapOptions, reason};
@@ -44,8 +44,9 @@ struct Args {
     #[arg(value_name = "SRC")]
     src: String,
 
-    /// The raw file, block device or NBD URL (an export of SRC's size; a
-    /// qcow2 image through qemu-nbd) to bring up to date.
+    /// The raw file, block device, NBD URL (an export of SRC's size) or
+    /// image of SRC's virtual size in another format (qcow2, vmdk...,
+    /// written through a private qemu-nbd) to bring up to date.
     #[arg(value_name = "DST")]
     dst: String,
 
@@ -181,6 +182,15 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     };
     let size = src.size();
 
+    let served = match kind {
+        Kind::File => serve_image_dst(dst_path, args, &*src)?,
+        _ => None,
+    };
+    let (kind, nbd) = match &served {
+        Some(t) => (Kind::Nbd, Some(t.target.nbd())),
+        None => (kind, nbd),
+    };
+
     let dst_read = match kind {
         Kind::Missing | Kind::Nbd => None,
         _ => Some(File::open(dst_path).map_err(|e| ioerr(&args.dst, &e))?),
@@ -193,17 +203,15 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
             .map_err(|e| ioerr(&args.dst, &e))?,
     };
     if !kind.is_file() && dst_size != size {
-        let what = match kind {
-            Kind::Nbd => "an NBD export",
-            _ => "a block device",
+        let what = match (kind, &served) {
+            (_, Some(t)) => format!("a {} image", t.format),
+            (Kind::Nbd, None) => "an NBD export".to_string(),
+            _ => "a block device".to_string(),
         };
         return Err(err(
             &args.dst,
             format!("{what} of {dst_size} bytes, SRC is {size}: sizes must match"),
         ));
-    }
-    if kind == Kind::File && dst_size > 0 {
-        refuse_image_dst(dst_path, &args.dst, dst_size, &*src)?;
     }
 
     // Is the state DST's?
@@ -674,31 +682,48 @@ fn holds_no_data(f: &File) -> bool {
     rc < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO)
 }
 
-/// A DST file that is an image of another format (qcow2, vmdk...) would be
-/// overwritten with SRC's raw bytes: refused, unless it starts as SRC's
-/// guest content does (a raw copy of a disk that holds an image itself).
-fn refuse_image_dst(path: &Path, name: &str, size: u64, src: &dyn Source) -> Result<(), String> {
+/// A DST file that is an image of another format, served writable by a
+/// private qemu-nbd.
+struct Served {
+    format: &'static str,
+    target: QemuTarget,
+}
+
+/// A DST file that is an image of another format (qcow2, vmdk...): written
+/// through a private qemu-nbd, so that its guest content becomes SRC's and
+/// its format stays (as `qemu-img convert -n` writes into an image). A raw
+/// file that starts as SRC's guest content does (the copy of a disk that
+/// holds an image itself) stays raw. A LUKS image is refused: its
+/// passphrase has no way in here.
+fn serve_image_dst(path: &Path, args: &Args, src: &dyn Source) -> Result<Option<Served>, String> {
+    let name = &args.dst;
     let raw = blkimage::RawFile::open(path, false).map_err(|e| ioerr(name, &e))?;
+    let f = File::open(path).map_err(|e| ioerr(name, &e))?;
+    let size = f.metadata().map_err(|e| ioerr(name, &e))?.len();
+    if size == 0 {
+        return Ok(None);
+    }
     let format = if blkimage::qcow2::probe(&raw).map_err(|e| ioerr(name, &e))? {
         Some("qcow2")
     } else {
-        let f = File::open(path).map_err(|e| ioerr(name, &e))?;
         blkimage::nbd::probe_format(&f, size).map_err(|e| ioerr(name, &e))?
     };
     let Some(format) = format else {
-        return Ok(());
+        return Ok(None);
     };
     let n = size.min(src.size()).min(512) as usize;
     let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
     if raw.read_at(&mut a, 0).is_ok() && src.read_at(&mut b, 0).is_ok() && a == b {
-        return Ok(());
+        return Ok(None);
     }
-    Err(err(
-        name,
-        format!(
-            "a {format} image: a file DST must be raw, and this one would be overwritten with \
-             SRC's raw bytes (serve the image: qemu-nbd -f {format} -k SOCK {name}, and give \
-             nbd+unix:///?socket=SOCK as DST)"
-        ),
-    ))
+    if format == "luks" {
+        return Err(err(
+            name,
+            "a LUKS image: blksync cannot unlock it (serve it with qemu-nbd and its \
+             passphrase, and give the export's URL as DST)",
+        ));
+    }
+    let target =
+        QemuTarget::open(path, format, &args.input.nbd_options()).map_err(|e| ioerr(name, &e))?;
+    Ok(Some(Served { format, target }))
 }
