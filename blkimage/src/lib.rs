@@ -41,6 +41,23 @@ pub enum Format {
     Qemu(&'static str),
 }
 
+impl Format {
+    /// The name QEMU (and `-f`) knows it by.
+    ///
+    /// ```
+    /// let f: blkimage::Format = "vmdk".parse().unwrap();
+    /// assert_eq!(f.name(), "vmdk");
+    /// assert_eq!(blkimage::Format::Qcow2.name(), "qcow2");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Raw => "raw",
+            Format::Qcow2 => "qcow2",
+            Format::Qemu(name) => name,
+        }
+    }
+}
+
 impl std::str::FromStr for Format {
     type Err = String;
     fn from_str(s: &str) -> Result<Format, String> {

@@ -182,6 +182,38 @@ fn image_file_dst_through_a_private_qemu_nbd() {
         allocated(&dst)
     );
 
+    // A DST that does not exist is created in the format -O names; an
+    // existing one must be of it.
+    let made = d.join("made.qcow2");
+    let out = sync_in(&tmp, &[s(&src), s(&made), "-O", "qcow2", "-n"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!made.exists(), "a dry run created DST");
+    let made_state = d.join("made.map");
+    let args = [s(&src), s(&made), "-O", "qcow2", "--state", s(&made_state)];
+    let out = sync_in(&tmp, &args);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(format_of(&made), "qcow2");
+    check_same(d, &src, &made);
+    let out = sync_in(&tmp, &args);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(written(&out.stderr), 0, "{}", out.stderr);
+    let out = sync_in(&tmp, &[s(&src), s(&made), "-O", "raw"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("a qcow2 image, not raw"),
+        "{}",
+        out.stderr
+    );
+    let raw = image(d, "some.raw", "raw", size, &["write -P 0x5 0 1M"]);
+    let out = sync_in(&tmp, &[s(&src), s(&raw), "-O", "qcow2"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("a raw image, not qcow2"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(format_of(&raw), "raw");
+
     for fmt in ["vdi", "vhdx"] {
         let other = image(d, &format!("dst.{fmt}"), fmt, size, &[]);
         let out = sync_in(&tmp, &[s(&src), s(&other)]);

@@ -62,6 +62,13 @@ struct Args {
     #[arg(long)]
     force_rescan: bool,
 
+    /// DST's format: a DST that does not exist is created in it (raw: a
+    /// sparse file; qcow2, or another format QEMU writes: `qemu-img
+    /// create`), and an existing file must be of it [default: an existing
+    /// DST's, else raw].
+    #[arg(short = 'O', long, value_name = "FORMAT", value_parser = blktools::parse_format)]
+    output_format: Option<blkimage::Format>,
+
     #[command(flatten)]
     input: InputArgs,
 
@@ -182,10 +189,31 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     };
     let size = src.size();
 
+    let kind = match (kind, args.output_format) {
+        (Kind::Missing, Some(f)) if f != blkimage::Format::Raw && !args.dry_run => {
+            create_image(&args.dst, f.name(), size)?;
+            Kind::File
+        }
+        (k, _) => k,
+    };
     let served = match kind {
         Kind::File => serve_image_dst(dst_path, args, &*src)?,
         _ => None,
     };
+    let have = match (&served, kind) {
+        (Some(t), _) => Some(t.format),
+        (None, Kind::File | Kind::Device) => Some("raw"),
+        // An export is what its server makes of it; nothing exists yet.
+        (None, Kind::Nbd | Kind::Missing) => None,
+    };
+    if let (Some(have), Some(want)) = (have, args.output_format)
+        && have != want.name()
+    {
+        return Err(err(
+            &args.dst,
+            format!("a {have} image, not {} (-O {})", want.name(), want.name()),
+        ));
+    }
     let (kind, nbd) = match &served {
         Some(t) => (Kind::Nbd, Some(t.target.nbd())),
         None => (kind, nbd),
@@ -726,4 +754,24 @@ fn serve_image_dst(path: &Path, args: &Args, src: &dyn Source) -> Result<Option<
     let target =
         QemuTarget::open(path, format, &args.input.nbd_options()).map_err(|e| ioerr(name, &e))?;
     Ok(Some(Served { format, target }))
+}
+
+/// Create DST, `size` bytes of zeros in `format`, with `qemu-img create`.
+fn create_image(name: &str, format: &str, size: u64) -> Result<(), String> {
+    let out = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", format, name, &size.to_string()])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => err(
+                name,
+                format!("{format} images are created with qemu-img: install qemu-utils"),
+            ),
+            _ => err(name, format!("cannot run qemu-img: {e}")),
+        })?;
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr);
+        return Err(err(name, format!("qemu-img create failed: {}", why.trim())));
+    }
+    Ok(())
 }
