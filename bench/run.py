@@ -980,13 +980,20 @@ class Bench:
         blksync = str(RELEASE / "blksync")
         dst, state = d / "sync-dst.raw", d / "sync-dst.map"
         first, full = d / "sync-first.raw", d / "sync-full.raw"
-        for p in (dst, state, Path(f"{state}.dst")):
+        # The same kept as a qcow2 image, which blksync writes through a
+        # private qemu-nbd; its full copy is a conversion to qcow2.
+        dst_q, state_q = d / "sync-dst.qcow2", d / "sync-dst-qcow2.map"
+        full_q = d / "sync-full.qcow2"
+        for p in (dst, state, Path(f"{state}.dst"), dst_q, state_q):
             p.unlink(missing_ok=True)
-        # DST and its state: a first copy of A (untimed).
-        p = run_once([blksync, "--cache", str(a), str(dst), "--state", str(state)], self.a.timeout)
-        if p.rc != 0:
-            self.r.problem(f"FAILED: sync: first copy to set up DST: {p.err.strip()[-300:]}")
-            return
+        # DSTs and their states: first copies of A (untimed).
+        for argv in ([blksync, "--cache", str(a), str(dst), "--state", str(state)],
+                     [blksync, "--cache", str(a), str(dst_q), "-O", "qcow2", "--state",
+                      str(state_q)]):
+            p = run_once(argv, self.a.timeout)
+            if p.rc != 0:
+                self.r.problem(f"FAILED: sync: first copy to set up DST: {p.err.strip()[-300:]}")
+                return
         warm(a)
         warm(b)
 
@@ -999,7 +1006,7 @@ class Bench:
             # pages (their writeback would be charged to whoever runs next).
             # Removing only one's own target let a command inherit the
             # memory another's removal had just freed.
-            for path in (full, *first_state):
+            for path in (full, full_q, *first_state):
                 path.unlink(missing_ok=True)
             os.sync()
             time.sleep(self.a.settle)
@@ -1022,6 +1029,13 @@ class Bench:
             "convert_wb": Cmd("qemu-img convert -t writeback", [
                 qemu_img, "convert", "-t", "writeback", "-f", "raw", "-O", "raw", str(b),
                 str(full)], prep=clean),
+            "update_qcow2": Cmd("blksync update, state, qcow2 DST", [], ours=True, prep=clean,
+                                argv_for=lambda r: [blksync, "--cache",
+                                                    str(b if r % 2 == 0 else a), str(dst_q),
+                                                    "--state", str(state_q)]),
+            "convert_qcow2": Cmd("qemu-img convert -O qcow2", [
+                qemu_img, "convert", "-f", "raw", "-O", "qcow2", str(b), str(full_q)],
+                prep=clean),
             "first": Cmd("blksync first copy", [blksync, "--cache", str(a), str(first)],
                          ours=True, prep=clean),
             "convert_first": Cmd("qemu-img convert (first)", [qemu_img, "convert", "-f", "raw",
@@ -1040,18 +1054,21 @@ class Bench:
         run_case(cmds, self.a.runs, self.a.timeout)
         s = "sync"
         self.results(s, cmds, size)
-        # The last update left DST as its source: same checksum, checked.
+        # The last updates left both DSTs as their source: same checksum.
         last = b if (self.a.runs - 1) % 2 == 0 else a
-        check = run_once([self.blksum, "--cache", str(dst)], self.a.timeout)
         want = run_once([self.blksum, "--cache", str(last)], self.a.timeout)
-        if check.rc != 0 or want.rc != 0 or check.out.split()[:1] != want.out.split()[:1]:
-            self.r.problem(f"MISMATCH: sync: DST after the updates is not {last.name}")
-        else:
-            self.r(f"DST after the last update has {last.name}'s checksum: "
-                   f"{check.out.split()[0]}")
-            self.r()
+        for path in (dst, dst_q):
+            check = run_once([self.blksum, "--cache", str(path)], self.a.timeout)
+            if check.rc != 0 or want.rc != 0 or check.out.split()[:1] != want.out.split()[:1]:
+                self.r.problem(f"MISMATCH: sync: {path.name} after the updates is not "
+                               f"{last.name}")
+            else:
+                self.r(f"{path.name} after the last update has {last.name}'s checksum: "
+                       f"{check.out.split()[0]}")
+                self.r()
         self.ratios([(c["cp"], c["update"]), (c["convert"], c["update"]),
                      (c["convert_wb"], c["update"]), (c["update"], c["blksum"]),
+                     (c["convert_qcow2"], c["update_qcow2"]), (c["update_qcow2"], c["blksum"]),
                      (c["first"], c["convert_first"]),
                      (c["first_state"], c["convert_wb_first"])])
         self.ratio_target(s, c, "cp", "update", "≥", 10,
@@ -1065,7 +1082,7 @@ class Bench:
         self.ratio_target(s, c, "first_state", "convert_wb_first", "≤", 1.3,
                           "first copy saving a new state (DST flushed) within 1.3× of "
                           "qemu-img convert -t writeback (flushed)")
-        for p in (full, *first_state):
+        for p in (full, full_q, *first_state):
             p.unlink(missing_ok=True)
         self.r()
 
