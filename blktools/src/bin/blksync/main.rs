@@ -236,9 +236,13 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
             (Kind::Nbd, None) => "an NBD export".to_string(),
             _ => "a block device".to_string(),
         };
+        let hint = match &served {
+            Some(_) => format!(" (qemu-img resize {} {size})", args.dst),
+            None => String::new(),
+        };
         return Err(err(
             &args.dst,
-            format!("{what} of {dst_size} bytes, SRC is {size}: sizes must match"),
+            format!("{what} of {dst_size} bytes, SRC is {size}: sizes must match{hint}"),
         ));
     }
 
