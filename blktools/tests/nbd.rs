@@ -232,6 +232,30 @@ fn image_file_dst_through_a_private_qemu_nbd() {
     assert_eq!(std::fs::read(&small).unwrap(), before);
     assert_eq!(left(), 0);
 
+    // An image whose data lives in another file: written there, as QEMU
+    // does; --no-backing refuses it, the other file untouched.
+    let data = d.join("data.raw");
+    let ext = d.join("ext.qcow2");
+    let opt = format!("data_file={}", s(&data));
+    sh(
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "-o", &opt, s(&ext), "32M"],
+    );
+    write(&data, "raw", &["write -P 0x99 0 1M"]);
+    let before = std::fs::read(&data).unwrap();
+    let out = sync_in(&tmp, &[s(&src), s(&ext), "--no-backing"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stderr.contains("external data file"), "{}", out.stderr);
+    assert_eq!(std::fs::read(&data).unwrap(), before);
+    let vdi = image(d, "refs.vdi", "vdi", size, &[]);
+    let out = sync_in(&tmp, &[s(&src), s(&vdi), "--no-backing"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stderr.contains("only qcow2 DSTs"), "{}", out.stderr);
+    let out = sync_in(&tmp, &[s(&src), s(&ext)]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    check_same(d, &src, &ext);
+    assert_ne!(std::fs::read(&data).unwrap(), before);
+
     let luks = d.join("dst.luks");
     sh(
         "qemu-img",

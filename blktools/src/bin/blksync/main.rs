@@ -755,6 +755,26 @@ fn serve_image_dst(path: &Path, args: &Args, src: &dyn Source) -> Result<Option<
              passphrase, and give the export's URL as DST)",
         ));
     }
+    // qemu-nbd follows an image's references to other files (an external
+    // data file is written): --no-backing refuses them, as for SRC.
+    if args.input.no_backing {
+        if format != "qcow2" {
+            return Err(err(
+                name,
+                format!(
+                    "a {format} image may refer to other files, which qemu-nbd would write; \
+                     with --no-backing only qcow2 DSTs are taken (their references are checked)"
+                ),
+            ));
+        }
+        let opts = blkimage::OpenOptions {
+            cache: true,
+            format: Some(blkimage::Format::Qcow2),
+            no_backing: true,
+            ..Default::default()
+        };
+        blkimage::open(name, &opts).map_err(|e| ioerr(name, &e))?;
+    }
     let target =
         QemuTarget::open(path, format, &args.input.nbd_options()).map_err(|e| ioerr(name, &e))?;
     Ok(Some(Served { format, target }))
