@@ -84,6 +84,36 @@ fn sync_writes_only_the_differences() {
     check_same(d, &src, &dst);
 }
 
+/// Blocks larger than one write (8 MiB): a changed 32 MiB block is
+/// written whole, in pieces, with a state (written while SRC is hashed)
+/// and without one (DST read, then copied); a zeroed one is zeroed whole.
+#[test]
+fn blocks_larger_than_a_write() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let size = 96 * MIB;
+    let src = src_qcow2(d, size, &["write -P 0x11 0 96M"]);
+    let dst = d.join("dst.raw");
+    let state = d.join("dst.map");
+    let bs = ["--block-size", "32m"];
+    let (code, err) = sync(&[&[s(&src), s(&dst), "--state", s(&state)][..], &bs].concat());
+    assert_eq!(code, 0, "{err}");
+    check_same(d, &src, &dst);
+
+    write(&src, "qcow2", &["write -P 0x22 40M 4k", "write -z 64M 32M"]);
+    let (code, err) = sync(&[&[s(&src), s(&dst), "--state", s(&state)][..], &bs].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(written(&err), 32 * MIB, "{err}");
+    assert!(err.contains(&format!("{} zeroed", 32 * MIB)), "{err}");
+    check_same(d, &src, &dst);
+
+    write(&src, "qcow2", &["write -P 0x33 1M 4k"]);
+    let (code, err) = sync(&[&[s(&src), s(&dst)][..], &bs].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(written(&err), 32 * MIB, "{err}");
+    check_same(d, &src, &dst);
+}
+
 /// qemu-io changes between runs (data, written zeros, discards, in chosen
 /// ranges, some across block boundaries), with a state and without one.
 #[test]

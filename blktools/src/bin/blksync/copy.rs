@@ -176,7 +176,7 @@ pub fn copy_ranges(w: &Writer<'_>, map: &Map, ranges: &[Range]) -> Result<(), St
                 zero,
             };
             op.apply(w, &mut buf)?;
-            pos = end;
+            pos = op.end();
         }
     }
     Ok(())
