@@ -1,13 +1,13 @@
 //! An update whose DST map is known (its state): each block of SRC is
 //! compared with DST's as its digest joins the checksum, in block order, and
-//! the blocks that differ are written by a writer thread while the rest of
+//! the blocks that differ are written by writer threads while the rest of
 //! SRC is still being hashed. The update then takes about as long as
 //! hashing SRC, not hashing and then copying (the Bvckup design: no
 //! whole-file step on the critical path).
 //!
-//! The writer re-reads the blocks that differ from SRC rather than taking
+//! The writers re-read the blocks that differ from SRC rather than taking
 //! them from the digest workers: the workers' buffers are reused as soon as
-//! a chunk is digested, and a copy kept for the writer would cost every
+//! a chunk is digested, and a copy kept for the writers would cost every
 //! block a copy to save the few that changed a read.
 
 use crate::copy::{Op, Writer, op_buffer};
