@@ -61,6 +61,31 @@ fn signal_after(mut child: Child, delay: Duration, sig: i32) -> Option<(i32, Dur
     Some((code, t.elapsed()))
 }
 
+/// Change SRC (a 32 MiB qcow2 image) at random places, data of `pattern`
+/// and written zeros, then run blksync with `args` and SIGKILL it after a
+/// random part of `span` microseconds: true if it was killed (false if it
+/// ended first).
+fn change_then_kill(rng: &mut Rng, src: &Path, pattern: u64, args: &[&str], span: u64) -> bool {
+    let off = rng.below(30) * MIB;
+    let cmds = [
+        format!(
+            "write -P {pattern} {off} {}",
+            64 * 1024 * (1 + rng.below(32))
+        ),
+        format!("write -z {}M 1M", rng.below(31)),
+    ];
+    let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
+    write(src, "qcow2", &cmds);
+    let delay = Duration::from_micros(rng.below(span));
+    match signal_after(spawn(args), delay, libc::SIGKILL) {
+        Some((code, _)) => {
+            assert_eq!(code, 128 + libc::SIGKILL);
+            true
+        }
+        None => false,
+    }
+}
+
 /// What a stopped run may leave: no state, or one that is DST's map.
 fn state_is_truthful(dir: &Path, dst: &Path, state: &Path) {
     if !state.exists() {
@@ -170,21 +195,8 @@ fn killed_at_random_points_nbd_dst() {
     let mut rng = Rng(0x5eed);
     let mut killed = 0;
     for round in 0..8u64 {
-        let off = rng.below(30) * MIB;
-        let cmds = [
-            format!(
-                "write -P {} {off} {}",
-                0x20 + round,
-                64 * 1024 * (1 + rng.below(32))
-            ),
-            format!("write -z {}M 1M", rng.below(31)),
-        ];
-        let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
-        write(&src, "qcow2", &cmds);
         let args = [s(&src), &server.url, "--state", s(&state), "-t", "1"];
-        let delay = Duration::from_micros(rng.below(span));
-        if let Some((code, _)) = signal_after(spawn(&args), delay, libc::SIGKILL) {
-            assert_eq!(code, 128 + libc::SIGKILL);
+        if change_then_kill(&mut rng, &src, 0x20 + round, &args, span) {
             killed += 1;
         }
         if round % 2 == 1 {
@@ -254,20 +266,7 @@ fn killed_at_random_points_served_image_dst() {
     let mut rng = Rng(0xd57);
     let mut killed = 0;
     for round in 0..6u64 {
-        let off = rng.below(30) * MIB;
-        let cmds = [
-            format!(
-                "write -P {} {off} {}",
-                0x40 + round,
-                64 * 1024 * (1 + rng.below(32))
-            ),
-            format!("write -z {}M 1M", rng.below(31)),
-        ];
-        let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
-        write(&src, "qcow2", &cmds);
-        let delay = Duration::from_micros(rng.below(span));
-        if let Some((code, _)) = signal_after(spawn(&args), delay, libc::SIGKILL) {
-            assert_eq!(code, 128 + libc::SIGKILL);
+        if change_then_kill(&mut rng, &src, 0x40 + round, &args, span) {
             killed += 1;
         }
         wait_unserved(&dst);
