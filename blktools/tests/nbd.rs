@@ -182,6 +182,28 @@ fn image_file_dst_through_a_private_qemu_nbd() {
         allocated(&dst)
     );
 
+    // The image changed behind the state (its file's times, in the side
+    // record taken once the server was gone): refused, then rescanned.
+    assert!(
+        d.join("dst.map.dst").exists(),
+        "no side record for a served image"
+    );
+    write(&dst, "qcow2", &["write -P 0x99 5M 4k"]);
+    let out = sync_in(&tmp, &[s(&src), s(&dst), "--state", s(&state)]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("DST changed since the state was saved"),
+        "{}",
+        out.stderr
+    );
+    let out = sync_in(
+        &tmp,
+        &[s(&src), s(&dst), "--state", s(&state), "--force-rescan"],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(written(&out.stderr), 64 * 1024, "{}", out.stderr);
+    check_same(d, &src, &dst);
+
     // A DST that does not exist is created in the format -O names; an
     // existing one must be of it.
     let made = d.join("made.qcow2");

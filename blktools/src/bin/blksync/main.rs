@@ -196,6 +196,12 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
         }
         (k, _) => k,
     };
+    // The file as it is before a server opens it: a served image's state
+    // is checked against it.
+    let file_meta = match kind {
+        Kind::File => Some(std::fs::metadata(dst_path).map_err(|e| ioerr(&args.dst, &e))?),
+        _ => None,
+    };
     let served = match kind {
         Kind::File => serve_image_dst(dst_path, args, &*src)?,
         _ => None,
@@ -252,7 +258,7 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
         let verdict = loaded.and_then(|m| {
             let dst = match (&dst_read, &nbd) {
                 (Some(f), _) => Some(DstNow::File(f)),
-                (None, Some(n)) => Some(DstNow::Nbd(n)),
+                (None, Some(n)) => Some(DstNow::Nbd(n, served.as_ref().and(file_meta.as_ref()))),
                 (None, None) => None,
             };
             check_state(&m, p, algorithm, block_size, dst, dst_size)?;
@@ -307,6 +313,14 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     let src_map = result?;
     if args.dry_run {
         return Ok(());
+    }
+    // A served image's file changes until its server has closed it: its
+    // side record is taken once the server is gone.
+    if let (Some(t), Some(p), Some(m)) = (served, &args.state, &src_map) {
+        drop(t);
+        let meta = std::fs::metadata(dst_path).map_err(|e| ioerr(&args.dst, &e))?;
+        state::save_side(p, Some(state::Side::of(m, &meta, meta.len())))
+            .map_err(|e| ioerr(p.display(), &e))?;
     }
     let blocks = size.div_ceil(block_size as u64);
     let (written, zeroed) = (Counts::get(&counts.written), Counts::get(&counts.zeroed));
@@ -660,7 +674,9 @@ fn to_write(src_map: &Map, dst_map: &Map, dst_size: u64) -> Result<Vec<blkmap::R
 /// DST as it is now, to check a state against.
 enum DstNow<'a> {
     File(&'a File),
-    Nbd(&'a Nbd),
+    /// An export; for an image file blksync serves, the file as it was
+    /// before the server opened it.
+    Nbd(&'a Nbd, Option<&'a std::fs::Metadata>),
 }
 
 /// Why the state `m` (from `p`) is not DST's, if it is not. Cheap checks
@@ -686,16 +702,22 @@ fn check_state(
             m.size()
         ));
     }
-    if let (DstNow::File(f), Some(side)) = (&dst, state::load_side(p, m)?) {
-        let meta = f.metadata().map_err(|e| reason(&e))?;
-        let now = state::Side::of(m, &meta, dst_size);
-        if let Some(why) = side.changed(&now) {
-            return Err(format!("DST changed since the state was saved: {why}"));
+    let now = match &dst {
+        DstNow::File(f) => {
+            let meta = f.metadata().map_err(|e| reason(&e))?;
+            Some(state::Side::of(m, &meta, dst_size))
         }
+        DstNow::Nbd(_, Some(meta)) => Some(state::Side::of(m, meta, meta.len())),
+        DstNow::Nbd(_, None) => None,
+    };
+    if let (Some(now), Some(side)) = (now, state::load_side(p, m)?)
+        && let Some(why) = side.changed(&now)
+    {
+        return Err(format!("DST changed since the state was saved: {why}"));
     }
     let read_at = |buf: &mut [u8], offset: u64| match &dst {
         DstNow::File(f) => f.read_exact_at(buf, offset),
-        DstNow::Nbd(n) => n.read_at(buf, offset),
+        DstNow::Nbd(n, _) => n.read_at(buf, offset),
     };
     match state::check_samples(&read_at, m) {
         Ok(None) => Ok(()),

@@ -269,18 +269,26 @@ pub fn remove(state: &Path) -> io::Result<()> {
 /// each atomically (temporary file, fsync, rename, directory fsync).
 pub fn save(state: &Path, map: &Map, dst: Option<&File>, dst_size: u64) -> io::Result<()> {
     map.save(state)?;
+    let side = match dst {
+        Some(f) => Some(Side::of(map, &f.metadata()?, dst_size)),
+        None => None,
+    };
+    save_side(state, side)
+}
+
+/// Save the side record of the state (atomically), or remove it: an NBD
+/// export has no identity or times to record (its state is checked by
+/// size and sampled blocks only), and a record left by an earlier DST
+/// would not be this one's.
+pub fn save_side(state: &Path, side: Option<Side>) -> io::Result<()> {
     let path = side_path(state);
-    let Some(dst) = dst else {
-        // An NBD export has no identity or times to record: its state is
-        // checked by size and sampled blocks only. A record left by an
-        // earlier DST would not be this one's.
+    let Some(side) = side else {
         return match std::fs::remove_file(&path) {
             Ok(()) => sync_dir(&path),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),
         };
     };
-    let side = Side::of(map, &dst.metadata()?, dst_size);
     let tmp = {
         let mut p = path.as_os_str().to_owned();
         p.push(format!(".tmp{}", std::process::id()));
