@@ -179,9 +179,8 @@ fn killed_at_random_points_nbd_dst() {
     let Some(dir) = scratch() else { return };
     let d = dir.path();
     let size = 32 * MIB;
-    let src = src_qcow2(d, size, &["write -P 0x11 0 20M", "write -P 0x12 24M 4M"]);
-    let dst = image(d, "dst.qcow2", "qcow2", size, &[]);
-    let state = d.join("dst.map");
+    let (src, dst, state) =
+        qcow2_src_dst(d, size, &["write -P 0x11 0 20M", "write -P 0x12 24M 4M"]);
     let Some(mut server) = qemu_nbd(d, &dst, &[]) else {
         return;
     };
@@ -255,9 +254,8 @@ fn killed_at_random_points_served_image_dst() {
     let Some(dir) = scratch() else { return };
     let d = dir.path();
     let size = 32 * MIB;
-    let src = src_qcow2(d, size, &["write -P 0x11 0 20M", "write -P 0x12 24M 4M"]);
-    let dst = image(d, "dst.qcow2", "qcow2", size, &[]);
-    let state = d.join("dst.map");
+    let (src, dst, state) =
+        qcow2_src_dst(d, size, &["write -P 0x11 0 20M", "write -P 0x12 24M 4M"]);
     let args = [s(&src), s(&dst), "--state", s(&state), "-t", "1"];
     let t = Instant::now();
     let probe = run(BLKSYNC, &args);

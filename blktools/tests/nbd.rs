@@ -46,6 +46,17 @@ fn allocated(img: &Path) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// Nothing of the range `from..to` is allocated in the qcow2 image `img`
+/// (a range blksync zeroed).
+fn assert_deallocated(img: &Path, from: u64, to: u64) {
+    let a = allocated(img);
+    assert!(
+        !a.iter()
+            .any(|&(start, len)| start < to && start + len > from),
+        "the zeroed range is still allocated in {img:?}: {a:?}",
+    );
+}
+
 /// A qcow2 DST through qemu-nbd: first copy (the empty image is not read:
 /// block status says it holds nothing), updates with a state after
 /// qemu-io changes to SRC (only the changes written; a zeroed range
@@ -56,9 +67,7 @@ fn qcow2_through_qemu_nbd() {
     let Some(dir) = scratch() else { return };
     let d = dir.path();
     let size = 32 * MIB;
-    let src = src_qcow2(d, size, &["write -P 0x11 0 8M", "write -P 0x22 20M 4M"]);
-    let dst = image(d, "dst.qcow2", "qcow2", size, &[]);
-    let state = d.join("dst.map");
+    let (src, dst, state) = qcow2_src_dst(d, size, &["write -P 0x11 0 8M", "write -P 0x22 20M 4M"]);
     let check = |server: Server| {
         drop(server); // qemu-img reads the image once the server is gone
         check_same(d, &src, &dst);
@@ -83,13 +92,7 @@ fn qcow2_through_qemu_nbd() {
     assert_eq!(written(&out.stderr), 64 * 1024, "{}", out.stderr);
     assert!(out.stderr.contains("2097152 zeroed"), "{}", out.stderr);
     check(server);
-    assert!(
-        !allocated(&dst)
-            .iter()
-            .any(|&(start, len)| start < 22 * MIB && start + len > 20 * MIB),
-        "the zeroed range is still allocated in DST: {:?}",
-        allocated(&dst)
-    );
+    assert_deallocated(&dst, 20 * MIB, 22 * MIB);
 
     // No state: DST is read and compared; only the change is written.
     write(&src, "qcow2", &["write -P 0x44 30M 128k"]);
@@ -153,9 +156,7 @@ fn image_file_dst_through_a_private_qemu_nbd() {
     std::fs::create_dir(&tmp).unwrap();
     let left = || std::fs::read_dir(&tmp).unwrap().count();
     let size = 32 * MIB;
-    let src = src_qcow2(d, size, &["write -P 0x11 0 8M", "write -P 0x22 20M 4M"]);
-    let dst = image(d, "dst.qcow2", "qcow2", size, &[]);
-    let state = d.join("dst.map");
+    let (src, dst, state) = qcow2_src_dst(d, size, &["write -P 0x11 0 8M", "write -P 0x22 20M 4M"]);
 
     let out = sync_in(&tmp, &[s(&src), s(&dst), "--state", s(&state)]);
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -174,13 +175,7 @@ fn image_file_dst_through_a_private_qemu_nbd() {
     // Stopped with SIGTERM, the server flushed and closed the image.
     let check = run("qemu-img", &["check", s(&dst)]);
     assert_eq!(check.code, 0, "{}{}", check.stdout, check.stderr);
-    assert!(
-        !allocated(&dst)
-            .iter()
-            .any(|&(start, len)| start < 22 * MIB && start + len > 20 * MIB),
-        "the zeroed range is still allocated in DST: {:?}",
-        allocated(&dst)
-    );
+    assert_deallocated(&dst, 20 * MIB, 22 * MIB);
 
     // The image changed behind the state (its file's times, in the side
     // record taken once the server was gone): refused, then rescanned.

@@ -121,6 +121,14 @@ pub fn src_qcow2(dir: &Path, size: u64, cmds: &[&str]) -> PathBuf {
     image(dir, "src.qcow2", "qcow2", size, cmds)
 }
 
+/// `src.qcow2` of `size` with qemu-io `cmds` run on it, an empty
+/// `dst.qcow2` of the same size, and the path of DST's state `dst.map`.
+pub fn qcow2_src_dst(dir: &Path, size: u64, cmds: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
+    let src = src_qcow2(dir, size, cmds);
+    let dst = image(dir, "dst.qcow2", "qcow2", size, &[]);
+    (src, dst, dir.join("dst.map"))
+}
+
 /// A server on a unix socket, killed when dropped.
 pub struct Server {
     child: Child,

@@ -202,12 +202,12 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
         Kind::File => Some(std::fs::metadata(dst_path).map_err(|e| ioerr(&args.dst, &e))?),
         _ => None,
     };
-    let served = match kind {
-        Kind::File => serve_image_dst(dst_path, args, &*src)?,
-        _ => None,
+    let image_format = match &file_meta {
+        Some(meta) => image_dst_format(dst_path, args, &*src, meta)?,
+        None => None,
     };
-    let have = match (&served, kind) {
-        (Some(t), _) => Some(t.format),
+    let have = match (image_format, kind) {
+        (Some(f), _) => Some(f),
         (None, Kind::File | Kind::Device) => Some("raw"),
         // An export is what its server makes of it; nothing exists yet.
         (None, Kind::Nbd | Kind::Missing) => None,
@@ -220,6 +220,14 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
             format!("a {have} image, not {} (-O {})", want.name(), want.name()),
         ));
     }
+    let served = match image_format {
+        Some(format) => Some(Served {
+            format,
+            target: QemuTarget::open(dst_path, format, &args.input.nbd_options())
+                .map_err(|e| ioerr(&args.dst, &e))?,
+        }),
+        None => None,
+    };
     let (kind, nbd) = match &served {
         Some(t) => (Kind::Nbd, Some(t.target.nbd())),
         None => (kind, nbd),
@@ -429,16 +437,14 @@ fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Option<Map>, String> {
         let w = c.writer(args, &dst);
         let watch = move |e: BlockEvent<'_>| differ.event(e);
         let (hashed, written) = std::thread::scope(|s| {
-            let writer = s.spawn(|| {
-                update::write_ops(ops, &w, update::writers(&dst), || match resize {
-                    true => Ok(()),
-                    false => remove_state(),
-                })
+            // The hasher owns `watch`: once it is done, the writers' queue
+            // closes and they end.
+            let hasher = s.spawn(|| hash_src(&c, None, watch));
+            let written = update::write_ops(ops, &w, update::writers(&dst), || match resize {
+                true => Ok(()),
+                false => remove_state(),
             });
-            // The hasher owns `watch`: once it is done, the writer's queue
-            // closes and the writer ends.
-            let hashed = hash_src(&c, None, watch);
-            (hashed, writer.join().expect("writer thread"))
+            (hasher.join().expect("hashing thread"), written)
         });
         // DST's failure first: SRC's hashing goes on after it.
         written?;
@@ -743,20 +749,26 @@ struct Served {
     target: QemuTarget,
 }
 
-/// A DST file that is an image of another format (qcow2, vmdk...): written
-/// through a private qemu-nbd, so that its guest content becomes SRC's and
-/// its format stays (as `qemu-img convert -n` writes into an image). A raw
-/// file that starts as SRC's guest content does (the copy of a disk that
-/// holds an image itself) stays raw. A LUKS image is refused: its
-/// passphrase has no way in here.
-fn serve_image_dst(path: &Path, args: &Args, src: &dyn Source) -> Result<Option<Served>, String> {
+/// The format of a DST file that is an image of another format (qcow2,
+/// vmdk...), to write through a private qemu-nbd, so that its guest
+/// content becomes SRC's and its format stays (as `qemu-img convert -n`
+/// writes into an image); `None` for a raw file. A raw file that starts as
+/// SRC's guest content does (the copy of a disk that holds an image
+/// itself) stays raw. A LUKS image is refused: its passphrase has no way
+/// in here.
+fn image_dst_format(
+    path: &Path,
+    args: &Args,
+    src: &dyn Source,
+    meta: &std::fs::Metadata,
+) -> Result<Option<&'static str>, String> {
     let name = &args.dst;
-    let raw = blkimage::RawFile::open(path, false).map_err(|e| ioerr(name, &e))?;
-    let f = File::open(path).map_err(|e| ioerr(name, &e))?;
-    let size = f.metadata().map_err(|e| ioerr(name, &e))?.len();
+    let size = meta.len();
     if size == 0 {
         return Ok(None);
     }
+    let raw = blkimage::RawFile::open(path, false).map_err(|e| ioerr(name, &e))?;
+    let f = File::open(path).map_err(|e| ioerr(name, &e))?;
     let format = if blkimage::qcow2::probe(&raw).map_err(|e| ioerr(name, &e))? {
         Some("qcow2")
     } else {
@@ -797,9 +809,7 @@ fn serve_image_dst(path: &Path, args: &Args, src: &dyn Source) -> Result<Option<
         };
         blkimage::open(name, &opts).map_err(|e| ioerr(name, &e))?;
     }
-    let target =
-        QemuTarget::open(path, format, &args.input.nbd_options()).map_err(|e| ioerr(name, &e))?;
-    Ok(Some(Served { format, target }))
+    Ok(Some(format))
 }
 
 /// Create DST, `size` bytes of zeros in `format`, with `qemu-img create`.
