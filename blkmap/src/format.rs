@@ -157,28 +157,47 @@ impl Map {
     /// directory flushed. `path` is the old file or the new one, never a
     /// part of one.
     pub fn save(&self, path: impl AsRef<Path>) -> io::Result<()> {
-        let path = path.as_ref();
-        let name = path
-            .file_name()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a file name"))?;
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let (tmp, file) = create_temp(dir, name)?;
-        let result = (|| {
-            let mut w = BufWriter::with_capacity(1 << 20, file);
-            self.write_to(&mut w)?;
-            let file = w.into_inner().map_err(|e| e.into_error())?;
-            file.sync_all()?;
-            fs::rename(&tmp, path)
-        })();
-        if let Err(e) = result {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
-        }
-        File::open(dir)?.sync_all()
+        write_atomic(path.as_ref(), |w| self.write_to(w))
     }
+}
+
+/// Write a file atomically: `write` fills a new temporary file in `path`'s
+/// directory (created, never an existing file), which is flushed to disk
+/// and renamed over `path`; then the directory is flushed. Whoever reads
+/// `path` sees the old file or the new one, never a part of one.
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("blkmap-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir).unwrap();
+/// let p = dir.join("out");
+/// blkmap::write_atomic(&p, |w| w.write_all(b"hello")).unwrap();
+/// assert_eq!(std::fs::read(&p).unwrap(), b"hello");
+/// std::fs::remove_dir_all(&dir).unwrap();
+/// ```
+pub fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
+) -> io::Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a file name"))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let (tmp, file) = create_temp(dir, name)?;
+    let result = (|| {
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        write(&mut w)?;
+        let file = w.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    File::open(dir)?.sync_all()
 }
 
 /// A new file `.NAME.tmp-PID-N` in `dir`.

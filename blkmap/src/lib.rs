@@ -44,7 +44,7 @@ mod format;
 
 pub use builder::MapBuilder;
 pub use diff::{Diff, Mismatch, Range, diff};
-pub use format::{MAGIC, VERSION, is_map};
+pub use format::{MAGIC, VERSION, is_map, write_atomic};
 
 use blkhash::{Algorithm, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, to_hex};
 use std::fmt;

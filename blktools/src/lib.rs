@@ -2,6 +2,9 @@
 //! options, opening an input (an image blkimage reads, or a saved map) and
 //! hashing it into a block map.
 
+pub mod guard;
+pub mod state;
+
 use blkhash::{Algorithm, BlockEvent, Hasher, MAX_THREADS, Options};
 use blkimage::{AlignedBuf, Input, OpenOptions, Source};
 use blkmap::{Map, MapBuilder};
@@ -35,6 +38,11 @@ pub struct InputArgs {
     /// Refuse images that refer to other files (qcow2 backing and data files).
     #[arg(long)]
     pub no_backing: bool,
+
+    /// LUKS images: the file that holds the passphrase, its bytes as they
+    /// are (as QEMU's `--object secret,file=FILE` reads them).
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<std::path::PathBuf>,
 
     /// Use the page cache (default: direct I/O where possible).
     #[arg(long)]
@@ -78,8 +86,8 @@ impl InputArgs {
                 cache: self.cache,
                 format: self.format,
                 no_backing: self.no_backing,
+                secret_file: self.secret_file.clone(),
                 nbd: self.nbd_options(),
-                ..Default::default()
             },
             ..MapOptions::default()
         }
@@ -116,6 +124,8 @@ pub struct MapOptions {
     /// Bytes per read, before rounding up to whole blocks.
     pub read_size: usize,
     pub open: OpenOptions,
+    /// Set by Ctrl-C or SIGTERM: hashing stops with an "interrupted" error.
+    pub cancel: Arc<AtomicBool>,
 }
 
 impl Default for MapOptions {
@@ -126,6 +136,7 @@ impl Default for MapOptions {
             threads: blkhash::default_threads(),
             read_size: 1 << 20,
             open: OpenOptions::default(),
+            cancel: Arc::default(),
         }
     }
 }
@@ -176,7 +187,7 @@ pub fn hasher_also(
 
 /// Hash an opened input into a map.
 pub fn map_input(input: Input, opts: &MapOptions) -> io::Result<Mapped> {
-    map_input_until(input, opts, &AtomicBool::new(false))
+    map_input_until(input, opts, &opts.cancel)
 }
 
 /// Hash an opened input into a map; stop with an error once `cancel` is set.

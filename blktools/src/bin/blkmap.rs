@@ -1,5 +1,6 @@
 //! blkmap: write the block map of an image, and print its checksum.
 
+use blkimage::signals::Signals;
 use blktools::{InputArgs, checksum_line, reason};
 use clap::Parser;
 use std::io::{self, Write};
@@ -30,8 +31,24 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // Before anything is read: OUT must not replace what it would destroy.
+    let out = blktools::guard::Output {
+        path: std::path::Path::new(&args.out),
+        what: "a block map",
+        own_kind: Some(blkmap::is_map),
+    };
+    let image = blktools::guard::Input {
+        name: &args.image,
+        role: "the image",
+    };
+    if let Err(e) = blktools::guard::check_outputs(&[out], &[image]) {
+        eprintln!("blkmap: {e}");
+        return ExitCode::FAILURE;
+    }
     let (algorithm, block_size) = args.input.params(None);
-    let opts = args.input.map_options(algorithm, block_size);
+    let mut opts = args.input.map_options(algorithm, block_size);
+    let signals = Signals::install(&format!("blkmap: {}: interrupted", args.image));
+    opts.cancel = signals.cancel.clone();
     let mapped = if args.image == "-" {
         blktools::map_stdin(&opts, false)
     } else {
@@ -39,6 +56,10 @@ fn main() -> ExitCode {
     };
     let map = match mapped {
         Ok(m) => m.map,
+        Err(_) if signals.cancelled() => {
+            eprintln!("blkmap: {}: interrupted", args.image);
+            return ExitCode::from(signals.exit_status());
+        }
         Err(e) => {
             eprintln!("blkmap: {}: {}", args.image, reason(&e));
             return ExitCode::FAILURE;

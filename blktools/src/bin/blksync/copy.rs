@@ -97,19 +97,37 @@ pub struct Op {
     pub zero: bool,
 }
 
+/// An op and, for a data op, the digests SRC's blocks had when they were
+/// hashed (one per block, in order): what the copy must still read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Job {
+    pub op: Op,
+    pub digests: Vec<u8>,
+}
+
 impl Op {
     pub fn end(&self) -> u64 {
         self.offset + self.len
     }
 
-    /// The most bytes one op may cover: a data op is read into a buffer
-    /// of `CHUNK` bytes.
-    pub fn max_len(zero: bool) -> u64 {
-        if zero { ZERO_CHUNK } else { CHUNK }
+    /// The most bytes one op may cover with blocks of `block_size`: a data
+    /// op is whole blocks (so the blocks it copies can be digested again),
+    /// read `CHUNK` bytes at a time.
+    pub fn max_len(zero: bool, block_size: u64) -> u64 {
+        match zero {
+            true => ZERO_CHUNK,
+            false if block_size >= CHUNK => block_size,
+            false => CHUNK / block_size * block_size,
+        }
     }
 
-    /// Do it. `buf` holds at least `CHUNK` bytes.
-    pub fn apply(&self, w: &Writer<'_>, buf: &mut AlignedBuf) -> Result<(), String> {
+    /// Do it, for `job`. `buf` holds at least `CHUNK` bytes.
+    pub fn apply(
+        &self,
+        w: &Writer<'_>,
+        buf: &mut AlignedBuf,
+        digests: &[u8],
+    ) -> Result<(), String> {
         if w.cancel.load(Ordering::Relaxed) {
             return Err(blkimage::interrupted().to_string());
         }
@@ -121,16 +139,111 @@ impl Op {
                 .map_err(|e| named(w.dst_name, e).to_string())?;
             Counts::add(&w.counts.zeroed, self.len);
         } else {
-            let b = &mut buf.spare()[..self.len as usize];
-            w.src
-                .read_at(b, self.offset)
-                .map_err(|e| named(w.src_name, e).to_string())?;
-            w.dst
-                .write_at(b, self.offset)
-                .map_err(|e| named(w.dst_name, e).to_string())?;
-            Counts::add(&w.counts.written, self.len);
+            let mut check = w
+                .check
+                .map(|(alg, bs)| Recheck::new(alg, bs, self, digests));
+            let mut done = 0;
+            while done < self.len {
+                let n = (self.len - done).min(CHUNK) as usize;
+                let b = &mut buf.spare()[..n];
+                let at = self.offset + done;
+                w.src
+                    .read_at(b, at)
+                    .map_err(|e| named(w.src_name, e).to_string())?;
+                if let Some(c) = &mut check {
+                    c.feed(b)
+                        .map_err(|block| changed(w.src_name, block, c.bs))?;
+                }
+                w.dst
+                    .write_at(b, at)
+                    .map_err(|e| named(w.dst_name, e).to_string())?;
+                Counts::add(&w.counts.written, n as u64);
+                done += n as u64;
+            }
         }
         w.progress.update(w.counts);
+        Ok(())
+    }
+}
+
+fn changed(src: &str, block: u64, bs: u64) -> String {
+    format!(
+        "{src}: SRC changed while it was copied (its block {block}, offset {}, no longer \
+         holds what was hashed): nothing claims DST holds SRC; rerun when SRC is not written",
+        block * bs
+    )
+}
+
+/// SRC's blocks digested again as the copy reads them, against the digests
+/// they had when SRC was hashed: a SRC written during the run (a VM still
+/// running) fails the copy instead of leaving a state or a checksum that
+/// does not describe DST.
+struct Recheck<'a> {
+    alg: blkhash::Algorithm,
+    bs: u64,
+    /// The next block to complete, its end (short at the op's end), and
+    /// the digests left.
+    block: u64,
+    end: u64,
+    op_end: u64,
+    digests: &'a [u8],
+    /// The digest of a block larger than one read, and its bytes so far.
+    partial: Option<Box<dyn blkhash::Streaming>>,
+    filled: usize,
+    out: Vec<u8>,
+}
+
+impl<'a> Recheck<'a> {
+    fn new(alg: blkhash::Algorithm, bs: u64, op: &Op, digests: &'a [u8]) -> Recheck<'a> {
+        Recheck {
+            alg,
+            bs,
+            block: op.offset / bs,
+            end: (op.offset + bs).min(op.end()),
+            op_end: op.end(),
+            digests,
+            partial: None,
+            filled: 0,
+            out: vec![0; alg.output_len()],
+        }
+    }
+
+    /// Take the next bytes of the op; `Err(block)` for a block whose
+    /// digest is not the one hashed.
+    fn feed(&mut self, mut data: &[u8]) -> Result<(), u64> {
+        let dl = self.alg.output_len();
+        while !data.is_empty() {
+            let start = self.block * self.bs;
+            let need = (self.end - start) as usize;
+            let expect = self.digests.get(..dl).ok_or(self.block)?;
+            match self.partial.take() {
+                None if data.len() >= need => {
+                    self.alg.digest_into(&data[..need], &mut self.out);
+                    data = &data[need..];
+                }
+                partial => {
+                    // A block larger than one read: digested as it comes.
+                    let mut s = partial.unwrap_or_else(|| self.alg.streaming());
+                    let filled = self.filled;
+                    let n = (need - filled).min(data.len());
+                    s.update(&data[..n]);
+                    data = &data[n..];
+                    self.filled += n;
+                    if self.filled < need {
+                        self.partial = Some(s);
+                        continue;
+                    }
+                    self.out = s.finalize();
+                }
+            }
+            if self.out != expect {
+                return Err(self.block);
+            }
+            self.filled = 0;
+            self.digests = &self.digests[dl..];
+            self.block += 1;
+            self.end = ((self.block + 1) * self.bs).min(self.op_end);
+        }
         Ok(())
     }
 }
@@ -145,6 +258,9 @@ pub struct Writer<'a> {
     pub counts: &'a Counts,
     pub progress: &'a Progress,
     pub cancel: &'a AtomicBool,
+    /// SRC's digest and block size, when the blocks copied must still be
+    /// what was hashed (a state or a checksum will claim so).
+    pub check: Option<(blkhash::Algorithm, u64)>,
 }
 
 /// A buffer for [`Op::apply`].
@@ -159,13 +275,16 @@ pub fn copy_ranges(w: &Writer<'_>, map: &Map, ranges: &[Range]) -> Result<(), St
     let bs = map.block_size() as u64;
     let mut buf = op_buffer();
     let is_zero = |pos: u64| map.block(pos / bs) == Some(Block::Zero);
+    let mut digests = Vec::new();
     for r in ranges {
-        let mut pos = r.offset;
+        // From the start of its block (past a short DST's end a range starts
+        // inside one): SRC's bytes before it are written again, harmlessly,
+        // and the whole block can be digested again.
+        let mut pos = r.offset / bs * bs;
         while pos < r.end() {
-            // A stretch of blocks of one kind, at most an op's length (a
-            // block larger than that takes several).
+            // A stretch of whole blocks of one kind, at most an op's length.
             let zero = is_zero(pos);
-            let max = pos + Op::max_len(zero);
+            let max = pos + Op::max_len(zero, bs);
             let mut end = ((pos / bs + 1) * bs).min(r.end());
             while end < r.end() && end < max && is_zero(end) == zero {
                 end = ((end / bs + 1) * bs).min(r.end());
@@ -175,7 +294,15 @@ pub fn copy_ranges(w: &Writer<'_>, map: &Map, ranges: &[Range]) -> Result<(), St
                 len: end.min(max) - pos,
                 zero,
             };
-            op.apply(w, &mut buf)?;
+            digests.clear();
+            if !zero {
+                for b in op.offset / bs..op.end().div_ceil(bs) {
+                    if let Some(Block::Data(d)) = map.block(b) {
+                        digests.extend_from_slice(d);
+                    }
+                }
+            }
+            op.apply(w, &mut buf, &digests)?;
             pos = op.end();
         }
     }

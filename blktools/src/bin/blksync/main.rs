@@ -2,7 +2,6 @@
 //! blocks that differ.
 
 mod copy;
-mod state;
 mod target;
 mod update;
 
@@ -10,13 +9,13 @@ use blkhash::BlockEvent;
 use blkimage::nbd::{Nbd, QemuTarget};
 use blkimage::{Input, Source};
 use blkmap::{Block, Map};
-use blktools::{InputArgs, MapOptions, reason};
+use blktools::{InputArgs, MapOptions, guard, reason, state};
 use clap::Parser;
 use copy::{CopyTarget, CopyThrough, Counts, Progress, WriteThrough, Writer};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -89,6 +88,11 @@ struct Args {
     /// SRC is hashed while it is copied.
     #[arg(short, long)]
     checksum: bool,
+
+    /// When another run holds DST or the state, wait for it to end
+    /// [default: fail at once, naming it].
+    #[arg(long)]
+    wait: bool,
 }
 
 impl Args {
@@ -102,7 +106,10 @@ fn main() -> ExitCode {
     let args = Args::parse();
     // Ctrl-C and SIGTERM stop the run between chunks; a second one kills
     // at once (as in blksum). Either way the state is never ahead of DST.
-    let signals = blkimage::signals::Signals::install();
+    let signals = blkimage::signals::Signals::install(&format!(
+        "blksync: {} -> {}: interrupted",
+        args.src, args.dst
+    ));
     match run(&args, &signals.cancel) {
         Ok(()) => ExitCode::SUCCESS,
         Err(_) if signals.cancelled() => {
@@ -150,6 +157,7 @@ fn dst_open_options() -> blkimage::OpenOptions {
 }
 
 fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
+    let _state_lock = guard_outputs(args, cancel)?;
     let nbd = match blkimage::nbd::is_url(&args.dst) {
         true => Some(open_nbd_dst(&args.dst, &args.input.nbd_options())?),
         false => None,
@@ -167,6 +175,19 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Kind::Missing,
         Err(e) => return Err(ioerr(&args.dst, &e)),
+    };
+
+    // One run at a time writes DST: locked before it or its state is read.
+    let wait = match args.wait {
+        true => guard::Wait::Until(cancel),
+        false => guard::Wait::No,
+    };
+    let mut _dst_lock = match kind {
+        Kind::File | Kind::Device => {
+            let f = File::open(dst_path).map_err(|e| ioerr(&args.dst, &e))?;
+            Some(guard::lock(f, &args.dst, wait)?)
+        }
+        Kind::Missing | Kind::Nbd => None,
     };
 
     // The state first: it says how to hash (unless -d/--block-size do).
@@ -189,6 +210,21 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     };
     let size = src.size();
 
+    // A missing DST is created now, by one run only, and locked.
+    if kind == Kind::Missing && !args.dry_run {
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(dst_path)
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::AlreadyExists => err(
+                    &args.dst,
+                    "created by another process while blksync started: rerun",
+                ),
+                _ => ioerr(&args.dst, &e),
+            })?;
+        _dst_lock = Some(guard::lock(f, &args.dst, wait)?);
+    }
     let kind = match (kind, args.output_format) {
         (Kind::Missing, Some(f)) if f != blkimage::Format::Raw && !args.dry_run => {
             create_image(&args.dst, f.name(), size)?;
@@ -347,6 +383,65 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     Ok(())
 }
 
+/// Check that the state, its side record and its lock file can be written
+/// without destroying data (none is SRC or DST, each is a regular file of
+/// its own kind or missing), that SRC is not DST, and lock the state for
+/// the run.
+fn guard_outputs(args: &Args, cancel: &AtomicBool) -> Result<Option<guard::Lock>, String> {
+    let inputs = [
+        guard::Input {
+            name: &args.src,
+            role: "SRC",
+        },
+        guard::Input {
+            name: &args.dst,
+            role: "DST",
+        },
+    ];
+    if let (Ok(a), Ok(b)) = (std::fs::metadata(&args.src), std::fs::metadata(&args.dst))
+        && (a.dev(), a.ino()) == (b.dev(), b.ino())
+        && !blkimage::nbd::is_url(&args.src)
+    {
+        return Err(err(
+            &args.dst,
+            format!("is SRC ({}): nothing to copy", args.src),
+        ));
+    }
+    let Some(p) = &args.state else {
+        return Ok(None);
+    };
+    let (side, lock) = (state::side_path(p), state::lock_path(p));
+    let outputs = [
+        guard::Output {
+            path: p,
+            what: "a block map (the state)",
+            own_kind: Some(blkmap::is_map),
+        },
+        guard::Output {
+            path: &side,
+            what: "the state's side record",
+            own_kind: Some(state::is_side),
+        },
+        guard::Output {
+            path: &lock,
+            what: "the state's lock file",
+            own_kind: None,
+        },
+    ];
+    guard::check_outputs(&outputs, &inputs)?;
+    // A dry run writes nothing: it creates no lock file, and locks one
+    // that exists.
+    if args.dry_run && !lock.exists() {
+        return Ok(None);
+    }
+    let wait = match args.wait {
+        true => guard::Wait::Until(cancel),
+        false => guard::Wait::No,
+    };
+    let f = guard::open_lock_file(&lock)?;
+    guard::lock(f, &p.display().to_string(), wait).map(Some)
+}
+
 struct SyncCtx<'a> {
     src: Arc<dyn Source>,
     opts: &'a MapOptions,
@@ -371,6 +466,8 @@ impl SyncCtx<'_> {
             counts: self.counts,
             progress: self.progress,
             cancel: self.cancel,
+            check: (args.state.is_some() || args.checksum)
+                .then_some((self.opts.algorithm, self.opts.block_size as u64)),
         }
     }
 }

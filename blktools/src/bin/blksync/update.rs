@@ -10,7 +10,7 @@
 //! a chunk is digested, and a copy kept for the writers would cost every
 //! block a copy to save the few that changed a read.
 
-use crate::copy::{Op, Writer, op_buffer};
+use crate::copy::{Job, Op, Writer, op_buffer};
 use crate::target::Target;
 use blkhash::BlockEvent;
 use blkmap::{Block, Map};
@@ -25,14 +25,14 @@ pub struct Differ {
     dst: Map,
     size: u64,
     block_size: u64,
-    pending: Option<Op>,
-    ops: Sender<Op>,
+    pending: Option<Job>,
+    ops: Sender<Job>,
 }
 
 impl Differ {
     /// For a SRC of `size` bytes and DST holding what `dst` says (and
     /// zeros past its end: a file grown to SRC's size reads as zeros).
-    pub fn new(dst: Map, size: u64) -> (Differ, Receiver<Op>) {
+    pub fn new(dst: Map, size: u64) -> (Differ, Receiver<Job>) {
         let (ops, rx) = crossbeam_channel::unbounded();
         let block_size = dst.block_size() as u64;
         let d = Differ {
@@ -55,6 +55,9 @@ impl Differ {
                 };
                 if !same {
                     self.push(index, 1, zero);
+                    if !zero && let Some(p) = &mut self.pending {
+                        p.digests.extend_from_slice(digest);
+                    }
                 }
             }
             BlockEvent::Zeros { index, count } => {
@@ -77,13 +80,14 @@ impl Differ {
     }
 
     /// Blocks `first..first + count` differ: extend the pending op, or
-    /// queue it and start another.
+    /// queue it and start another (a data block is never split: its
+    /// digest follows it).
     fn push(&mut self, first: u64, count: u64, zero: bool) {
-        let max = Op::max_len(zero);
+        let max = Op::max_len(zero, self.block_size);
         let mut offset = first * self.block_size;
         let end = ((first + count) * self.block_size).min(self.size);
         while offset < end {
-            if let Some(p) = &mut self.pending
+            if let Some(Job { op: p, .. }) = &mut self.pending
                 && p.zero == zero
                 && p.end() == offset
                 && p.len < max
@@ -94,16 +98,21 @@ impl Differ {
                 continue;
             }
             let len = (end - offset).min(max);
-            if let Some(p) = self.pending.replace(Op { offset, len, zero }) {
+            let op = Op { offset, len, zero };
+            let next = Job {
+                op,
+                digests: Vec::new(),
+            };
+            if let Some(p) = self.pending.replace(next) {
                 self.send(p);
             }
             offset += len;
         }
     }
 
-    fn send(&self, op: Op) {
+    fn send(&self, job: Job) {
         // A writer that stopped has failed and says why; nothing to add.
-        let _ = self.ops.send(op);
+        let _ = self.ops.send(job);
     }
 }
 
@@ -130,7 +139,7 @@ pub fn writers(dst: &Target) -> usize {
 /// a state must never describe a DST being written). The first failure
 /// stops every writer.
 pub fn write_ops(
-    ops: Receiver<Op>,
+    ops: Receiver<Job>,
     w: &Writer<'_>,
     writers: usize,
     before_first: impl Fn() -> Result<(), String> + Sync,
@@ -139,14 +148,14 @@ pub fn write_ops(
     let failed = AtomicBool::new(false);
     let write = || {
         let mut buf = None;
-        for op in &ops {
+        for job in &ops {
             if failed.load(Ordering::Relaxed) {
                 continue; // drain: the run has failed
             }
-            let done = ready
-                .get_or_init(&before_first)
-                .clone()
-                .and_then(|()| op.apply(w, buf.get_or_insert_with(op_buffer)));
+            let done = ready.get_or_init(&before_first).clone().and_then(|()| {
+                job.op
+                    .apply(w, buf.get_or_insert_with(op_buffer), &job.digests)
+            });
             if let Err(e) = done {
                 failed.store(true, Ordering::Relaxed);
                 return Err(e);
@@ -188,7 +197,7 @@ mod tests {
         src(&mut h);
         assert_eq!(h.len(), size);
         h.finalize();
-        rx.iter().collect()
+        rx.iter().map(|j| j.op).collect()
     }
 
     fn op(offset: usize, len: usize, zero: bool) -> Op {
