@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
 seconds=${1:-60}
-targets=(qcow2 nbd_reply nbd_transmission blkmap)
+targets=(qcow2 nbd_reply nbd_transmission blkmap check_file state)
 
 # cargo fuzz needs nightly flags (sanitizers); without a nightly toolchain,
 # let the stable compiler accept them.
@@ -89,6 +89,27 @@ with open(f"{d}/seed-structured", "wb") as f:
 PY
 }
 
+# Checksum files (the first byte holds --check's flags): both line forms,
+# an escaped name, a malformed line.
+check_seeds() {
+    local hex
+    hex=$(printf '%064d' 0)
+    printf '\0%s  disk.img\n' "$hex" >"$1/seed-plain"
+    printf '\4blkhash/sha256/4k (a b) = %s\n\\%s  a\\nb\n' "$hex" "$hex" >"$1/seed-tagged"
+    printf '\24%s *missing\nnot a line\n' "$hex" >"$1/seed-mixed"
+}
+
+# A side record as blksync writes it.
+state_seeds() {
+    python3 - "$1" <<'PY'
+import hashlib, sys
+body = ("blksync-dst 1\nchecksum ab\nkind file\ndev 1\nino 2\nrdev 0\n"
+        "size 4096\nmtime 5.000000006\nctime 7.000000008\n")
+with open(f"{sys.argv[1]}/seed-side", "w") as f:
+    f.write(body + "sha256 " + hashlib.sha256(body.encode()).hexdigest() + "\n")
+PY
+}
+
 for t in "${targets[@]}"; do
     corpus=corpus/$t
     mkdir -p "$corpus"
@@ -96,6 +117,8 @@ for t in "${targets[@]}"; do
         case $t in
             blkmap) map_seeds "$corpus" ;;
             nbd_transmission) reply_seeds "$corpus" ;;
+            check_file) check_seeds "$corpus" ;;
+            state) state_seeds "$corpus" ;;
             *) seeds "$corpus" ;;
         esac
     fi

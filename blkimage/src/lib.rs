@@ -105,8 +105,9 @@ pub enum Input {
 /// block device is an image (qcow2 or raw, or another format QEMU reads,
 /// probed unless `opts.format` says); a FIFO or character device is a
 /// stream (always its raw bytes).
-pub fn open(name: &str, opts: &OpenOptions) -> io::Result<Input> {
-    if nbd::is_url(name) {
+pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result<Input> {
+    let name = name.as_ref();
+    if let Some(name) = name.to_str().filter(|n| nbd::is_url(n)) {
         if matches!(opts.format, Some(f) if f != Format::Raw) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

@@ -1,9 +1,26 @@
 //! Stopping a command on Ctrl-C or SIGTERM the same way everywhere: the
-//! first signal sets a flag the readers check between chunks (the command
-//! stops cleanly, between reads or writes); a second one exits at once.
+//! first signal sets a flag the readers check between chunks, so the
+//! command stops cleanly between reads or writes; if it has not stopped
+//! within a grace period (a read that never returns: a silent server, a
+//! FIFO), or a second signal comes, the process exits at once, with the
+//! same message and status.
+//!
+//! Exiting at once is as safe as a kill -9, which every command survives
+//! (blksync never has a state ahead of DST; a private qemu-nbd gets
+//! SIGTERM from the kernel through its parent-death signal). What a kill
+//! would leave behind, the private directories registered with
+//! [`remove_on_exit`], is removed first.
 
-use std::sync::Arc;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long a run may take to stop after the first signal before the
+/// process exits anyway: a reader checks the flag between chunks (1 MiB
+/// reads, 8 MiB writes), which takes far less on a working device.
+pub const GRACE: Duration = Duration::from_secs(2);
 
 /// The flag SIGINT and SIGTERM set, and which of them came.
 pub struct Signals {
@@ -12,15 +29,37 @@ pub struct Signals {
 }
 
 impl Signals {
-    /// Handle SIGINT and SIGTERM from now on.
-    pub fn install() -> Signals {
+    /// Handle SIGINT and SIGTERM from now on. `interrupted` is the message
+    /// printed (on standard error) when the process exits by itself,
+    /// "PROGRAM: interrupted" as the command prints it when it stops.
+    pub fn install(interrupted: &str) -> Signals {
         let cancel = Arc::new(AtomicBool::new(false));
         let signal = Arc::new(AtomicUsize::new(0));
-        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-            let _ = signal_hook::flag::register_conditional_shutdown(sig, 1, cancel.clone());
-            let _ = signal_hook::flag::register(sig, cancel.clone());
-            let _ = signal_hook::flag::register_usize(sig, signal.clone(), sig as usize);
-        }
+        let message = interrupted.to_string();
+        let (c, s) = (cancel.clone(), signal.clone());
+        let mut iter = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+            Ok(i) => i,
+            // Without handlers the default action still ends the process.
+            Err(_) => return Signals { cancel, signal },
+        };
+        let _ = std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                for sig in iter.forever() {
+                    if s.load(Ordering::Relaxed) != 0 {
+                        exit_now(&message, s.load(Ordering::Relaxed));
+                    }
+                    s.store(sig as usize, Ordering::Relaxed);
+                    c.store(true, Ordering::Relaxed);
+                    let m = message.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("signal-grace".into())
+                        .spawn(move || {
+                            std::thread::sleep(GRACE);
+                            exit_now(&m, sig as usize);
+                        });
+                }
+            });
         Signals { cancel, signal }
     }
 
@@ -32,6 +71,35 @@ impl Signals {
     /// The exit status a shell reports for a run killed by the signal
     /// that came: 130 for SIGINT, 143 for SIGTERM.
     pub fn exit_status(&self) -> u8 {
-        (128 + self.signal.load(Ordering::Relaxed)).min(255) as u8
+        status(self.signal.load(Ordering::Relaxed))
     }
+}
+
+fn status(sig: usize) -> u8 {
+    (128 + sig).min(255) as u8
+}
+
+/// Directories removed when the process exits on a signal.
+static ON_EXIT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Remove `dir` (and what it holds) if the process exits on a signal
+/// before [`forget_on_exit`] is called for it.
+pub fn remove_on_exit(dir: PathBuf) {
+    ON_EXIT.lock().unwrap_or_else(|p| p.into_inner()).push(dir);
+}
+
+/// `dir` is removed by its owner: nothing to do for it on exit.
+pub fn forget_on_exit(dir: &std::path::Path) {
+    ON_EXIT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|d| d != dir);
+}
+
+fn exit_now(message: &str, sig: usize) -> ! {
+    for dir in ON_EXIT.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    eprintln!("{message}");
+    std::process::exit(status(sig).into())
 }

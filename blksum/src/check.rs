@@ -8,7 +8,9 @@
 
 use crate::lines::{self, Entry, MAX_LINE};
 use blkhash::{Algorithm, Checksum};
+use std::ffi::OsStr;
 use std::io::{self, BufRead, Read, Write};
+use std::os::unix::ffi::OsStrExt;
 
 /// How to check.
 #[derive(Clone, Debug, Default)]
@@ -40,14 +42,20 @@ fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-/// The name as check output shows it: escaped, with a leading backslash,
-/// when it holds a backslash or a newline.
-fn shown(name: &str) -> String {
-    let line = lines::format_line("", name, None);
-    match line.strip_prefix('\\') {
-        Some(rest) => format!("\\{}", &rest[2..]),
-        None => name.to_string(),
+/// The name as check output shows it (its bytes): escaped, with a leading
+/// backslash, when it holds a backslash or a newline.
+fn shown(name: &OsStr) -> Vec<u8> {
+    let line = lines::format_line_os("", name, None);
+    match line.strip_prefix(b"\\") {
+        Some(rest) => [b"\\", &rest[2..]].concat(),
+        None => name.as_bytes().to_vec(),
     }
+}
+
+/// `NAME: WHAT` on a line, the name's bytes as they are (escaped as above).
+fn say(out: &mut dyn Write, name: &OsStr, what: &str) -> io::Result<()> {
+    out.write_all(&shown(name))?;
+    writeln!(out, ": {what}")
 }
 
 /// Why a checksum file is refused outright.
@@ -85,7 +93,7 @@ pub fn check_file(
     list_name: &str,
     list: &mut dyn BufRead,
     opts: &CheckOptions,
-    compute: &mut dyn FnMut(&str, Algorithm, usize) -> io::Result<Checksum>,
+    compute: &mut dyn FnMut(&OsStr, Algorithm, usize) -> io::Result<Checksum>,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> io::Result<bool> {
@@ -95,7 +103,7 @@ pub fn check_file(
     let mut any_line = false;
     while next_line(list, &mut buf)?.is_some() {
         lineno += 1;
-        let entry = std::str::from_utf8(&buf).ok().and_then(lines::parse_line);
+        let entry = lines::parse_line_bytes(&buf);
         let Some(Entry {
             name,
             hex,
@@ -129,23 +137,24 @@ pub fn check_file(
             Ok(sum) if sum.to_hex() == hex => {
                 tally.verified += 1;
                 if !opts.quiet && !opts.status {
-                    writeln!(out, "{}: OK", shown(&name))?;
+                    say(out, &name, "OK")?;
                 }
             }
             Ok(_) => {
                 tally.verified += 1;
                 tally.mismatched += 1;
                 if !opts.status {
-                    writeln!(out, "{}: FAILED", shown(&name))?;
+                    say(out, &name, "FAILED")?;
                 }
             }
             Err(e) if opts.ignore_missing && e.kind() == io::ErrorKind::NotFound => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Err(e),
             Err(e) => {
                 tally.unreadable += 1;
-                writeln!(err, "blksum: {name}: {}", crate::output::reason(&e))?;
+                let lossy = name.to_string_lossy();
+                writeln!(err, "blksum: {lossy}: {}", blkimage::units::reason(&e))?;
                 if !opts.status {
-                    writeln!(out, "{}: FAILED open or read", shown(&name))?;
+                    say(out, &name, "FAILED open or read")?;
                 }
             }
         }
@@ -186,8 +195,8 @@ mod tests {
     use blkhash::{Hasher, Options};
 
     /// "Images" are names whose content is the name itself; "missing" does not exist.
-    fn compute(name: &str, alg: Algorithm, bs: usize) -> io::Result<Checksum> {
-        if name.starts_with("missing") {
+    fn compute(name: &OsStr, alg: Algorithm, bs: usize) -> io::Result<Checksum> {
+        if name.as_bytes().starts_with(b"missing") {
             return Err(io::Error::from(io::ErrorKind::NotFound));
         }
         let mut h = Hasher::new(Options::new().algorithm(alg).block_size(bs).threads(1)).unwrap();
@@ -196,7 +205,7 @@ mod tests {
     }
 
     fn sum(name: &str, alg: Algorithm, bs: usize) -> String {
-        compute(name, alg, bs).unwrap().to_hex()
+        compute(OsStr::new(name), alg, bs).unwrap().to_hex()
     }
 
     fn run(list: &str, opts: &CheckOptions) -> (bool, String, String) {

@@ -16,7 +16,7 @@ use clap::Parser;
 pub struct Args {
     /// Images to hash; none, or '-', reads standard input.
     #[arg(value_name = "FILE")]
-    pub files: Vec<String>,
+    pub files: Vec<std::ffi::OsString>,
 
     /// Digest, by its OpenSSL name (see --list-digests).
     #[arg(short, long, value_name = "NAME", default_value = "sha256", value_parser = parse_digest)]

@@ -3,6 +3,7 @@
 use blkhash::{Algorithm, Checksum, Hasher, Options};
 use blkimage::{AlignedBuf, Input, OpenOptions, Source, Stats};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::ffi::OsStr;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -32,7 +33,8 @@ pub struct Hashing {
 
 impl Hashing {
     /// The checksum of `name` with `alg` and `block_size`.
-    pub fn checksum(&self, name: &str, alg: Algorithm, block_size: usize) -> io::Result<Report> {
+    pub fn checksum(&self, name: &OsStr, alg: Algorithm, block_size: usize) -> io::Result<Report> {
+        let shown = name.to_string_lossy();
         let input = blkimage::open(name, &self.open)?;
         let opts = Options::new()
             .algorithm(alg)
@@ -53,7 +55,7 @@ impl Hashing {
         match input {
             Input::Image(src) => {
                 let src: Arc<dyn Source> = Arc::from(src);
-                progress.start(name, Some(src.size()));
+                progress.start(&shown, Some(src.size()));
                 let stats = blkimage::read_image(
                     src.clone(),
                     &mut sink,
@@ -67,7 +69,7 @@ impl Hashing {
                 Ok(report(src.format().to_string(), stats, checksum))
             }
             Input::Stream(mut r) => {
-                progress.start(name, None);
+                progress.start(&shown, None);
                 let stats =
                     blkimage::read_stream(&mut r, &mut sink, read_size, &self.cancel, &mut |n| {
                         progress.grow(n)

@@ -15,6 +15,8 @@
 //! `\r`) and the line starts with a backslash, as GNU coreutils does.
 
 use blkhash::{Algorithm, DEFAULT_BLOCK_SIZE};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 /// The tag prefix of `--tag` lines.
 const TAG: &str = "blkhash/";
@@ -26,7 +28,8 @@ pub const MAX_LINE: usize = 16 << 10;
 /// One parsed checksum line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    pub name: String,
+    /// The file name: any bytes but NUL, as `sha256sum` takes them.
+    pub name: OsString,
     /// Lowercase hex.
     pub hex: String,
     /// From the tag; `None` for an untagged line (use the command line's).
@@ -35,29 +38,36 @@ pub struct Entry {
 }
 
 /// Escape a name as coreutils does; true if anything was escaped.
-fn escape(name: &str) -> (String, bool) {
-    if !name.contains(['\\', '\n', '\r']) {
-        return (name.to_string(), false);
+fn escape(name: &[u8]) -> (Vec<u8>, bool) {
+    let mut out = Vec::with_capacity(name.len());
+    let mut escaped = false;
+    for &b in name {
+        match b {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            _ => {
+                out.push(b);
+                continue;
+            }
+        }
+        escaped = true;
     }
-    let escaped = name
-        .replace('\\', "\\\\")
-        .replace('\n', "\\n")
-        .replace('\r', "\\r");
-    (escaped, true)
+    (out, escaped)
 }
 
-fn unescape(s: &str) -> Option<String> {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
+fn unescape(s: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.iter();
+    while let Some(&b) = bytes.next() {
+        if b != b'\\' {
+            out.push(b);
             continue;
         }
-        match chars.next()? {
-            '\\' => out.push('\\'),
-            'n' => out.push('\n'),
-            'r' => out.push('\r'),
+        match bytes.next()? {
+            b'\\' => out.push(b'\\'),
+            b'n' => out.push(b'\n'),
+            b'r' => out.push(b'\r'),
             _ => return None,
         }
     }
@@ -83,40 +93,77 @@ fn size_word(n: usize) -> String {
 /// format_line("ab12", "disk.img", Some((Blake3, 4096)))          "blkhash/blake3/4k (disk.img) = ab12"
 /// ```
 pub fn format_line(hex: &str, name: &str, tag: Option<(Algorithm, usize)>) -> String {
-    let (name, escaped) = escape(name);
-    let lead = if escaped { "\\" } else { "" };
-    match tag {
-        None => format!("{lead}{hex}  {name}"),
-        Some((alg, bs)) if bs == DEFAULT_BLOCK_SIZE => {
-            format!("{lead}{TAG}{alg} ({name}) = {hex}")
-        }
-        Some((alg, bs)) => format!("{lead}{TAG}{alg}/{} ({name}) = {hex}", size_word(bs)),
-    }
+    String::from_utf8(format_line_os(hex, OsStr::new(name), tag))
+        .expect("a UTF-8 name makes a UTF-8 line")
 }
 
-fn is_hex(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit())
+/// [`format_line`] for a name of any bytes (not UTF-8, as file names may
+/// be): the line's bytes.
+pub fn format_line_os(hex: &str, name: &OsStr, tag: Option<(Algorithm, usize)>) -> Vec<u8> {
+    let (name, escaped) = escape(name.as_bytes());
+    let mut line = Vec::with_capacity(name.len() + hex.len() + 32);
+    if escaped {
+        line.push(b'\\');
+    }
+    match tag {
+        None => {
+            line.extend_from_slice(hex.as_bytes());
+            line.extend_from_slice(b"  ");
+            line.extend_from_slice(&name);
+        }
+        Some((alg, bs)) => {
+            let tag = match bs == DEFAULT_BLOCK_SIZE {
+                true => format!("{TAG}{alg} ("),
+                false => format!("{TAG}{alg}/{} (", size_word(bs)),
+            };
+            line.extend_from_slice(tag.as_bytes());
+            line.extend_from_slice(&name);
+            line.extend_from_slice(b") = ");
+            line.extend_from_slice(hex.as_bytes());
+        }
+    }
+    line
+}
+
+fn is_hex(s: &[u8]) -> bool {
+    !s.is_empty() && s.iter().all(u8::is_ascii_hexdigit)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn rfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).rposition(|w| w == needle)
 }
 
 /// Parse one line (without its newline). `None` if it is not a checksum line.
 pub fn parse_line(line: &str) -> Option<Entry> {
-    let line = line.strip_suffix('\r').unwrap_or(line);
-    let (escaped, line) = match line.strip_prefix('\\') {
+    parse_line_bytes(line.as_bytes())
+}
+
+/// [`parse_line`] for a line of any bytes (a name need not be UTF-8).
+pub fn parse_line_bytes(line: &[u8]) -> Option<Entry> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let (escaped, line) = match line.strip_prefix(b"\\") {
         Some(rest) => (true, rest),
         None => (false, line),
     };
-    let name = |s: &str| {
-        if s.is_empty() {
-            None
-        } else if escaped {
-            unescape(s)
-        } else {
-            Some(s.to_string())
-        }
+    let name = |s: &[u8]| {
+        let bytes = match (s.is_empty(), escaped) {
+            (true, _) => return None,
+            (false, true) => unescape(s)?,
+            (false, false) => s.to_vec(),
+        };
+        Some(OsString::from_vec(bytes))
     };
-    if let Some(rest) = line.strip_prefix(TAG) {
-        let (tag, rest) = rest.split_once(" (")?;
-        let (file, hex) = rest.rsplit_once(") = ")?;
+    let hex_of = |h: &[u8]| String::from_utf8(h.to_ascii_lowercase()).ok();
+    if let Some(rest) = line.strip_prefix(TAG.as_bytes()) {
+        let open = find(rest, b" (")?;
+        let (tag, rest) = (&rest[..open], &rest[open + 2..]);
+        let close = rfind(rest, b") = ")?;
+        let (file, hex) = (&rest[..close], &rest[close + 4..]);
+        let tag = std::str::from_utf8(tag).ok()?;
         let (alg, bs) = match tag.split_once('/') {
             Some((alg, bs)) => (alg, Some(parse_block_size(bs)?)),
             None => (tag, None),
@@ -127,31 +174,31 @@ pub fn parse_line(line: &str) -> Option<Entry> {
         }
         return Some(Entry {
             name: name(file)?,
-            hex: hex.to_ascii_lowercase(),
+            hex: hex_of(hex)?,
             algorithm: Some(algorithm),
             block_size: Some(bs.unwrap_or(DEFAULT_BLOCK_SIZE)),
         });
     }
     // HEX, two characters (space and space, or space and '*' for sha256sum's
     // binary mode), NAME.
-    let sep = line.find(' ')?;
+    let sep = line.iter().position(|&b| b == b' ')?;
     let (hex, rest) = line.split_at(sep);
     let file = rest
-        .strip_prefix("  ")
-        .or_else(|| rest.strip_prefix(" *"))?;
+        .strip_prefix(b"  ")
+        .or_else(|| rest.strip_prefix(b" *"))?;
     if !is_hex(hex) {
         return None;
     }
     Some(Entry {
         name: name(file)?,
-        hex: hex.to_ascii_lowercase(),
+        hex: hex_of(hex)?,
         algorithm: None,
         block_size: None,
     })
 }
 
 fn parse_block_size(s: &str) -> Option<usize> {
-    let n = crate::cli::parse_size(s).ok()?;
+    let n = blkimage::units::parse_size(s).ok()?;
     let n = usize::try_from(n).ok()?;
     blkhash::Options::new().block_size(n).validate().ok()?;
     Some(n)
@@ -196,7 +243,7 @@ mod tests {
                 let line = format_line(&hex32, name, Some((alg, bs)));
                 let e = parse_line(&line).unwrap_or_else(|| panic!("{line}"));
                 assert_eq!(
-                    (e.name.as_str(), e.algorithm, e.block_size),
+                    (e.name.to_str().unwrap(), e.algorithm, e.block_size),
                     (name, Some(alg), Some(bs))
                 );
             }
@@ -212,9 +259,23 @@ mod tests {
     }
 
     #[test]
+    fn names_that_are_not_utf8() {
+        let name = OsStr::from_bytes(b"disk\xff\xfe\n.img");
+        for tag in [None, Some((Algorithm::Blake3, 4096))] {
+            let line = format_line_os(&"ab".repeat(32), name, tag);
+            assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 0);
+            let e = parse_line_bytes(&line).unwrap();
+            assert_eq!(e.name, name);
+        }
+    }
+
+    #[test]
     fn sha256sum_forms() {
         let e = parse_line("ABCD *file.iso").unwrap();
-        assert_eq!((e.hex.as_str(), e.name.as_str()), ("abcd", "file.iso"));
+        assert_eq!(
+            (e.hex.as_str(), e.name.to_str().unwrap()),
+            ("abcd", "file.iso")
+        );
         assert!(parse_line("abcd  file\r").is_some_and(|e| e.name == "file"));
     }
 

@@ -1,16 +1,16 @@
 //! blksum: wires inputs to the blkhash construction and prints checksums.
 //! No format or protocol logic lives here: that is blkimage's.
 
-mod check;
 mod cli;
 mod hashing;
-mod lines;
 mod output;
 mod report;
 
+use blksum::{check, lines};
 use clap::{CommandFactory, Parser};
 use hashing::{Hashing, Progress, Report};
 use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::io::{self, BufReader, Write};
 use std::process::ExitCode;
 
@@ -49,8 +49,9 @@ fn main() -> ExitCode {
         };
     }
 
-    // Ctrl-C and SIGTERM stop the run between reads; a second one kills at once.
-    let signals = blkimage::signals::Signals::install();
+    // Ctrl-C and SIGTERM stop the run between reads; a run that does not
+    // stop within the grace period, or a second signal, exits at once.
+    let signals = blkimage::signals::Signals::install("blksum: interrupted");
 
     let hashing = Hashing {
         open: blkimage::OpenOptions {
@@ -73,7 +74,7 @@ fn main() -> ExitCode {
         progress: Progress::new(args.progress),
     };
     let files = if args.files.is_empty() {
-        vec!["-".to_string()]
+        vec![OsString::from("-")]
     } else {
         args.files.clone()
     };
@@ -96,31 +97,33 @@ fn main() -> ExitCode {
 
 /// Hash every input, `--jobs` at a time, printing results in argument order.
 /// Ok(true) if every input was hashed.
-fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[String]) -> Result<bool, Stop> {
+fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Result<bool, Stop> {
     let (alg, bs) = (args.digest, args.block_size);
     let mut all_ok = true;
     let mut json = Vec::new();
-    let mut emit = |name: &str, result: io::Result<Report>| -> Result<(), Stop> {
+    let mut emit = |name: &OsStr, result: io::Result<Report>| -> Result<(), Stop> {
+        let lossy = name.to_string_lossy();
         if args.json {
-            json.push(report::input(name, &result));
+            json.push(report::input(&lossy, &result));
         }
         match result {
             Ok(r) if !args.json => {
                 let tag = args.tag.then_some((alg, bs));
-                let line = lines::format_line(&r.checksum.to_hex(), name, tag);
+                let mut line = lines::format_line_os(&r.checksum.to_hex(), name, tag);
+                line.push(b'\n');
                 let mut out = io::stdout().lock();
-                writeln!(out, "{line}")
+                out.write_all(&line)
                     .and_then(|_| out.flush())
                     .map_err(|_| Stop::Output)?;
             }
             Ok(_) => {}
             Err(_) if hashing.cancel.load(Ordering::Relaxed) => {
-                eprintln!("blksum: {name}: interrupted");
+                eprintln!("blksum: {lossy}: interrupted");
                 return Err(Stop::Signal);
             }
             Err(e) => {
                 all_ok = false;
-                eprintln!("blksum: {name}: {}", output::reason(&e));
+                eprintln!("blksum: {lossy}: {}", output::reason(&e));
             }
         }
         Ok(())
@@ -144,10 +147,10 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[String]) -> Result<
 /// Run `work` on every item with up to `jobs` threads, and hand each result
 /// to `emit` in item order, as soon as all before it are emitted.
 fn in_order<T: Send>(
-    items: &[String],
+    items: &[OsString],
     jobs: usize,
-    work: impl Fn(&str) -> T + Sync,
-    emit: &mut dyn FnMut(&str, T) -> Result<(), Stop>,
+    work: impl Fn(&OsStr) -> T + Sync,
+    emit: &mut dyn FnMut(&OsStr, T) -> Result<(), Stop>,
 ) -> Result<(), Stop> {
     if jobs <= 1 {
         for name in items {
@@ -192,7 +195,7 @@ fn in_order<T: Send>(
 }
 
 /// `--check`: verify every checksum file. Ok(true) if all verified.
-fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[String]) -> Result<bool, Stop> {
+fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Result<bool, Stop> {
     let opts = check::CheckOptions {
         algorithm: args.digest,
         block_size: args.block_size,
@@ -203,11 +206,12 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[String]) -> Result<
         ignore_missing: args.ignore_missing,
     };
     let mut all_ok = true;
-    for list in lists {
-        let input: Box<dyn io::Read> = if list == "-" {
+    for list_os in lists {
+        let list = &*list_os.to_string_lossy();
+        let input: Box<dyn io::Read> = if list_os == "-" {
             Box::new(io::stdin())
         } else {
-            match std::fs::File::open(list) {
+            match std::fs::File::open(list_os) {
                 Ok(f) => Box::new(f),
                 Err(e) => {
                     eprintln!("blksum: {list}: {}", output::reason(&e));
@@ -216,7 +220,8 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[String]) -> Result<
                 }
             }
         };
-        let mut compute = |name: &str, alg, bs| hashing.checksum(name, alg, bs).map(|r| r.checksum);
+        let mut compute =
+            |name: &OsStr, alg, bs| hashing.checksum(name, alg, bs).map(|r| r.checksum);
         let result = check::check_file(
             list,
             &mut BufReader::new(input),

@@ -290,3 +290,44 @@ fn man_page_and_completions() {
     let out = run(&["--completions", "bash", "x.img"], None);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn names_that_are_not_utf8_as_sha256sum_takes_them() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let name = std::ffi::OsStr::from_bytes(b"disk\xff\xfe.img");
+    let path = dir.path().join(name);
+    std::fs::write(&path, vec![7u8; 100_000]).unwrap();
+    let utf8 = dir.path().join("same.img");
+    std::fs::write(&utf8, vec![7u8; 100_000]).unwrap();
+
+    let out = blksum().arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line = out.stdout.clone();
+    // The name's bytes, as they are, after the checksum of the same content.
+    assert!(line.ends_with(&[path.as_os_str().as_bytes(), b"\n"].concat()));
+    let same = run(&[utf8.to_str().unwrap()], None);
+    assert_eq!(line[..64], same.stdout[..64]);
+
+    // The line checks back, and so does a tagged one.
+    for tag in [false, true] {
+        let mut cmd = blksum();
+        if tag {
+            cmd.arg("--tag");
+        }
+        let sums = cmd.arg(&path).output().unwrap().stdout;
+        let list = dir.path().join("sums");
+        std::fs::write(&list, &sums).unwrap();
+        let out = blksum().arg("-c").arg(&list).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(
+            out.stdout,
+            [path.as_os_str().as_bytes(), b": OK\n"].concat()
+        );
+    }
+
+    // A missing one is named in the error, not refused as a usage error.
+    let missing = dir.path().join(std::ffi::OsStr::from_bytes(b"gone\xff"));
+    let out = blksum().arg(&missing).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}

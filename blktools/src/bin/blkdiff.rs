@@ -81,7 +81,9 @@ fn main() -> ExitCode {
         Ok(p) => p,
         Err(msg) => return trouble(msg),
     };
-    let opts = args.input.map_options(algorithm, block_size);
+    let mut opts = args.input.map_options(algorithm, block_size);
+    let signals = blkimage::signals::Signals::install("blkdiff: interrupted");
+    opts.cancel = signals.cancel.clone();
     let [ma, mb] = maps;
     // The images, both at once (each uses every core for digests, but
     // reading one need not wait for the other).
@@ -99,6 +101,10 @@ fn main() -> ExitCode {
     });
     let (a, b) = match (ra, rb) {
         (Ok(a), Ok(b)) => (a, b),
+        _ if signals.cancelled() => {
+            eprintln!("blkdiff: interrupted");
+            return ExitCode::from(signals.exit_status());
+        }
         (Err(e), _) => return trouble(format!("{}: {}", args.a, reason(&e))),
         (_, Err(e)) => return trouble(format!("{}: {}", args.b, reason(&e))),
     };
