@@ -34,6 +34,7 @@ import platform
 import random
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -144,19 +145,37 @@ class Sample:
     err: str
 
 
+# GNU time reports the command's own peak RSS: its wait4 sees a child that
+# was a fork of the small `time` process before the exec. Our own wait4
+# would count the forked Python interpreter (about 21 MiB) for every
+# command, since the peak before exec stays in ru_maxrss.
+GNU_TIME = "/usr/bin/time"
+
+
 def run_once(argv, timeout):
-    """Run argv with no input; wall time, peak RSS (wait4) and output."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    """Run argv with no input; wall time, peak RSS of the command itself
+    (GNU time's %M, else wait4's, which includes the forked interpreter)
+    and output."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile(mode="r") as rss_file:
+        timed = os.access(GNU_TIME, os.X_OK)
+        if timed:
+            argv = [GNU_TIME, "-q", "-f", "%M", "-o", rss_file.name, *argv]
         t0 = time.perf_counter()
         try:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+            # Its own process group: a timeout kills GNU time and the command.
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                 start_new_session=True)
         except OSError as e:
             return Sample(0.0, 0, 127, "", str(e))
         killed = []
 
         def kill():
             killed.append(True)
-            p.kill()
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
         timer = threading.Timer(timeout, kill)
         timer.start()
@@ -170,6 +189,10 @@ def run_once(argv, timeout):
             rc, rss = p.wait(), 0
         finally:
             timer.cancel()
+        if timed:
+            # "Command exited with non-zero status N" may precede the figure.
+            lines = rss_file.read().split()
+            rss = int(lines[-1]) if lines and lines[-1].isdigit() else 0
         p.returncode = rc
         out.seek(0)
         err.seek(0)
