@@ -27,8 +27,8 @@
 use blkhash::{Algorithm, to_hex};
 use blkmap::{Block, Map};
 use std::fs::{File, Metadata};
-use std::io;
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// Blocks of DST read and digested to check a state against it.
@@ -41,6 +41,20 @@ pub fn side_path(state: &Path) -> PathBuf {
     let mut p = state.as_os_str().to_owned();
     p.push(".dst");
     PathBuf::from(p)
+}
+
+/// The state's lock file: the state's path with `.lock` appended. It is
+/// locked (flock) for a whole run and never removed (removing a lock file
+/// lets a third run lock a new one while the second holds the old).
+pub fn lock_path(state: &Path) -> PathBuf {
+    let mut p = state.as_os_str().to_owned();
+    p.push(".lock");
+    PathBuf::from(p)
+}
+
+/// Whether `prefix` (a file's first bytes) starts as a side record.
+pub fn is_side(prefix: &[u8]) -> bool {
+    MAGIC.as_bytes().starts_with(prefix) || prefix.starts_with(MAGIC.as_bytes())
 }
 
 /// What identifies DST's content as the state saw it.
@@ -186,7 +200,7 @@ pub fn load_side(state: &Path, map: &Map) -> Result<Option<Side>, String> {
     let text = match std::fs::read(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {}", path.display(), blktools::reason(&e))),
+        Err(e) => return Err(format!("{}: {}", path.display(), crate::reason(&e))),
     };
     let text = String::from_utf8(text).map_err(|_| format!("{}: damaged", path.display()))?;
     let side = Side::parse(&text).map_err(|why| format!("{}: {why}", path.display()))?;
@@ -289,22 +303,7 @@ pub fn save_side(state: &Path, side: Option<Side>) -> io::Result<()> {
             Err(e) => Err(e),
         };
     };
-    let tmp = {
-        let mut p = path.as_os_str().to_owned();
-        p.push(format!(".tmp{}", std::process::id()));
-        PathBuf::from(p)
-    };
-    let result = (|| {
-        let f = File::create(&tmp)?;
-        f.write_all_at(side.to_text().as_bytes(), 0)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        sync_dir(&path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    blkmap::write_atomic(&path, |w| w.write_all(side.to_text().as_bytes()))
 }
 
 fn sync_dir(path: &Path) -> io::Result<()> {
