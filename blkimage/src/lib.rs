@@ -14,7 +14,6 @@ pub mod nbd;
 pub mod qcow2;
 mod raw;
 mod reader;
-pub mod signals;
 mod source;
 pub mod units;
 

@@ -6,7 +6,7 @@
 //! (binary data, an image passed by mistake) is refused at its first
 //! offending line, without reading the rest.
 
-use crate::lines::{self, Entry, MAX_LINE};
+use blkcli::lines::{self, Entry, MAX_LINE};
 use blkhash::{Algorithm, Checksum};
 use std::ffi::OsStr;
 use std::io::{self, BufRead, Read, Write};

@@ -4,4 +4,3 @@
 //! (`fuzz/fuzz_targets/check_file.rs`); the command is `src/main.rs`.
 
 pub mod check;
-pub mod lines;

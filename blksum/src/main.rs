@@ -6,7 +6,8 @@ mod hashing;
 mod output;
 mod report;
 
-use blksum::{check, lines};
+use blkcli::lines;
+use blksum::check;
 use clap::{CommandFactory, Parser};
 use hashing::{Hashing, Progress, Report};
 use std::collections::BTreeMap;
@@ -51,7 +52,7 @@ fn main() -> ExitCode {
 
     // Ctrl-C and SIGTERM stop the run between reads; a run that does not
     // stop within the grace period, or a second signal, exits at once.
-    let signals = blkimage::signals::Signals::install("blksum: interrupted");
+    let signals = blkcli::signals::Signals::install("blksum: interrupted");
 
     let hashing = Hashing {
         open: blkimage::OpenOptions {

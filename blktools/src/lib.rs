@@ -2,7 +2,6 @@
 //! options, opening an input (an image blkimage reads, or a saved map) and
 //! hashing it into a block map.
 
-pub mod guard;
 pub mod state;
 
 use blkhash::{Algorithm, BlockEvent, Hasher, MAX_THREADS, Options};
@@ -265,20 +264,6 @@ pub fn parse_format(s: &str) -> Result<blkimage::Format, String> {
     s.parse()
 }
 
-/// A name as sha256sum prints it: a name holding a backslash, newline or
-/// carriage return is escaped, and the line then starts with a backslash.
-pub fn checksum_line(checksum: &str, name: &str) -> String {
-    if name.contains(['\\', '\n', '\r']) {
-        let escaped = name
-            .replace('\\', "\\\\")
-            .replace('\n', "\\n")
-            .replace('\r', "\\r");
-        format!("\\{checksum}  {escaped}")
-    } else {
-        format!("{checksum}  {name}")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,7 +272,5 @@ mod tests {
     fn names() {
         assert_eq!(parse_digest("BLAKE3"), Ok(Algorithm::Blake3));
         assert!(parse_digest("null").is_err());
-        assert_eq!(checksum_line("ab", "x"), "ab  x");
-        assert_eq!(checksum_line("ab", "a\\b\nc"), "\\ab  a\\\\b\\nc");
     }
 }

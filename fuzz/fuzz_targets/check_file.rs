@@ -8,7 +8,7 @@
 
 use blkhash::{Algorithm, Checksum, Hasher, Options};
 use blksum::check::{CheckOptions, check_file};
-use blksum::lines::{MAX_LINE, format_line_os, parse_line_bytes};
+use blkcli::lines::{MAX_LINE, format_line_os, parse_line_bytes};
 use libfuzzer_sys::fuzz_target;
 use std::ffi::OsStr;
 use std::io;

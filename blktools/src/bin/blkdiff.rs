@@ -82,7 +82,7 @@ fn main() -> ExitCode {
         Err(msg) => return trouble(msg),
     };
     let mut opts = args.input.map_options(algorithm, block_size);
-    let signals = blkimage::signals::Signals::install("blkdiff: interrupted");
+    let signals = blkcli::signals::Signals::install("blkdiff: interrupted");
     opts.cancel = signals.cancel.clone();
     let [ma, mb] = maps;
     // The images, both at once (each uses every core for digests, but

@@ -1,7 +1,8 @@
 //! blkmap: write the block map of an image, and print its checksum.
 
-use blkimage::signals::Signals;
-use blktools::{InputArgs, checksum_line, reason};
+use blkcli::lines::format_line;
+use blkcli::signals::Signals;
+use blktools::{InputArgs, reason};
 use clap::Parser;
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -32,16 +33,16 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     // Before anything is read: OUT must not replace what it would destroy.
-    let out = blktools::guard::Output {
+    let out = blkcli::guard::Output {
         path: std::path::Path::new(&args.out),
         what: "a block map",
         own_kind: Some(blkmap::is_map),
     };
-    let image = blktools::guard::Input {
+    let image = blkcli::guard::Input {
         name: &args.image,
         role: "the image",
     };
-    if let Err(e) = blktools::guard::check_outputs(&[out], &[image]) {
+    if let Err(e) = blkcli::guard::check_outputs(&[out], &[image]) {
         eprintln!("blkmap: {e}");
         return ExitCode::FAILURE;
     }
@@ -70,8 +71,12 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut out = io::stdout().lock();
-    match writeln!(out, "{}", checksum_line(&map.checksum_hex(), &args.image))
-        .and_then(|_| out.flush())
+    match writeln!(
+        out,
+        "{}",
+        format_line(&map.checksum_hex(), &args.image, None)
+    )
+    .and_then(|_| out.flush())
     {
         Ok(()) => ExitCode::SUCCESS,
         Err(_) => ExitCode::FAILURE,

@@ -5,11 +5,12 @@ mod copy;
 mod target;
 mod update;
 
+use blkcli::guard;
 use blkhash::BlockEvent;
 use blkimage::nbd::{Nbd, QemuTarget};
 use blkimage::{Input, Source};
 use blkmap::{Block, Map};
-use blktools::{InputArgs, MapOptions, guard, reason, state};
+use blktools::{InputArgs, MapOptions, reason, state};
 use clap::Parser;
 use copy::{CopyTarget, CopyThrough, Counts, Progress, WriteThrough, Writer};
 use std::fs::{File, OpenOptions};
@@ -106,7 +107,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     // Ctrl-C and SIGTERM stop the run between chunks; a second one kills
     // at once (as in blksum). Either way the state is never ahead of DST.
-    let signals = blkimage::signals::Signals::install(&format!(
+    let signals = blkcli::signals::Signals::install(&format!(
         "blksync: {} -> {}: interrupted",
         args.src, args.dst
     ));
@@ -378,7 +379,10 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
         size - written - zeroed,
     );
     if let (true, Some(m)) = (args.checksum, &src_map) {
-        println!("{}", blktools::checksum_line(&m.checksum_hex(), &args.src));
+        println!(
+            "{}",
+            blkcli::lines::format_line(&m.checksum_hex(), &args.src, None)
+        );
     }
     Ok(())
 }
