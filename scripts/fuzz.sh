@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
 seconds=${1:-60}
-targets=(qcow2 nbd_reply nbd_transmission blkmap check_file state)
+targets=(qcow2 nbd_reply nbd_transmission nbd_handshake blkmap check_file state)
 
 # cargo fuzz needs nightly flags (sanitizers); without a nightly toolchain,
 # let the stable compiler accept them.
@@ -110,6 +110,35 @@ with open(f"{sys.argv[1]}/seed-side", "w") as f:
 PY
 }
 
+# Valid handshakes for the nbd_handshake target (flags byte, then the
+# server's bytes): fixed newstyle with structured replies, base:allocation
+# and block sizes; without structured replies; NBD_OPT_GO unsupported
+# (NBD_OPT_EXPORT_NAME); oldstyle; NBD_OPT_STARTTLS acknowledged first.
+handshake_seeds() {
+    python3 - "$1" <<'PY'
+import struct, sys
+d = sys.argv[1]
+greeting = struct.pack(">QQH", 0x4e42444d41474943, 0x49484156454f5054, 3)
+def rep(opt, kind, data=b""):
+    return struct.pack(">QIII", 0x0003e889045565a9, opt, kind, len(data)) + data
+export = rep(7, 3, struct.pack(">HQH", 0, 1 << 20, 1))
+sizes = rep(7, 3, struct.pack(">HIII", 3, 512, 4096, 32 << 20))
+meta = rep(10, 4, struct.pack(">I", 1) + b"base:allocation") + rep(10, 1)
+seeds = {
+    "full": b"\0" + greeting + rep(8, 1) + meta + export + sizes + rep(7, 1),
+    "plain": b"\0" + greeting + rep(8, 0x80000001) + export + rep(7, 1),
+    "export-name": b"\0" + greeting + rep(8, 0x80000001) + rep(7, 0x80000001)
+        + struct.pack(">QH", 1 << 20, 1),
+    "oldstyle": b"\0" + struct.pack(">QQQI", 0x4e42444d41474943, 0x0000420281861253, 1 << 20, 1)
+        + bytes(124),
+    "starttls": b"\1" + greeting + rep(5, 1) + rep(8, 1) + meta + export + rep(7, 1),
+}
+for name, data in seeds.items():
+    with open(f"{d}/seed-{name}", "wb") as f:
+        f.write(data)
+PY
+}
+
 for t in "${targets[@]}"; do
     corpus=corpus/$t
     mkdir -p "$corpus"
@@ -119,6 +148,7 @@ for t in "${targets[@]}"; do
             nbd_transmission) reply_seeds "$corpus" ;;
             check_file) check_seeds "$corpus" ;;
             state) state_seeds "$corpus" ;;
+            nbd_handshake) handshake_seeds "$corpus" ;;
             *) seeds "$corpus" ;;
         esac
     fi

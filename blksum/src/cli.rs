@@ -65,8 +65,9 @@ pub struct Args {
     #[arg(long)]
     pub cache: bool,
 
-    /// NBD: seconds a server may stay silent, while a request waits, before
-    /// the input fails (also the connect timeout) [default: no limit].
+    /// NBD: seconds a handshake step or a reply may take (trickled or
+    /// silent), and a request may wait for its reply to begin, before the
+    /// input fails (also the connect timeout) [default: no limit].
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
     pub timeout: Option<std::time::Duration>,
 

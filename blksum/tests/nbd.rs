@@ -143,7 +143,8 @@ fn errors_name_the_url_and_print_no_checksum() {
     let dir = tempfile::tempdir().unwrap();
     let img = image(dir.path(), "a.raw", "8m:r 8m:- 8m:t");
     let f = img.to_str().unwrap();
-    // Random read errors.
+    // Every read fails: a rate below 100% would let some runs see no error
+    // at all (at 20%, 0.8^16 of them), so the test could not be relied on.
     let sock = dir.path().join("random.sock");
     let srv = nbdkit(
         Listen::Unix(&sock),
@@ -151,7 +152,7 @@ fn errors_name_the_url_and_print_no_checksum() {
             "--filter=error",
             "file",
             f,
-            "error-pread-rate=20%",
+            "error-pread-rate=100%",
             "error=EIO",
         ],
     );
@@ -244,7 +245,9 @@ fn a_server_killed_mid_transfer_is_an_error() {
             "--filter=delay",
             "file",
             img.to_str().unwrap(),
-            "rdelay=50ms",
+            // Each read takes a second, so the transfer cannot end before
+            // the kill at 0.7 s, however fast the machine.
+            "rdelay=1",
         ],
     );
     let url = srv.url.clone();

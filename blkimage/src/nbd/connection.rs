@@ -5,6 +5,13 @@
 //!
 //! Any protocol violation, a dropped connection or a timeout kills the
 //! connection: every waiter gets the error, nothing hangs.
+//!
+//! Requests in flight are bounded in number ([`MAX_IN_FLIGHT`]) and bytes
+//! ([`MAX_IN_FLIGHT_BYTES`]): a sender waits for replies beyond that, so
+//! however small the server makes requests, the bookkeeping stays small.
+//! With a timeout, a reply must arrive whole within it once it has begun
+//! (not merely some byte per timeout), and a request may wait at most that
+//! long for its reply to begin.
 
 use super::handshake::Export;
 use super::protocol::*;
@@ -15,6 +22,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Requests waiting for their replies at most, per connection. The
+/// reader keeps one read per digest worker in flight (16 by default), each
+/// a request unless the server's maximum payload splits it.
+pub const MAX_IN_FLIGHT: usize = 64;
+/// Bytes of reads and writes waiting for their replies at most, per
+/// connection (a single larger request may still go alone).
+pub const MAX_IN_FLIGHT_BYTES: u64 = 64 << 20;
 
 /// A block status descriptor: its length and base:allocation flags.
 pub type Status = (u32, u32);
@@ -43,6 +58,8 @@ unsafe impl Send for Op {}
 
 struct Pending {
     op: Op,
+    /// Bytes it counts for in [`MAX_IN_FLIGHT_BYTES`].
+    cost: u64,
     done: bool,
     error: Option<String>,
 }
@@ -52,6 +69,22 @@ struct State {
     /// Why the connection is gone, once it is.
     dead: Option<(io::ErrorKind, String)>,
     last_activity: Instant,
+    /// Requests sent and not done, and their bytes.
+    in_flight: usize,
+    in_flight_bytes: u64,
+}
+
+impl State {
+    /// Mark a request done (once), releasing its place in flight.
+    fn complete(&mut self, cookie: u64) {
+        if let Some(p) = self.pending.get_mut(&cookie)
+            && !p.done
+        {
+            p.done = true;
+            self.in_flight -= 1;
+            self.in_flight_bytes -= p.cost;
+        }
+    }
 }
 
 struct Shared {
@@ -86,6 +119,8 @@ impl Connection {
                 pending: HashMap::new(),
                 dead: None,
                 last_activity: Instant::now(),
+                in_flight: 0,
+                in_flight_bytes: 0,
             }),
             cond: Condvar::new(),
         });
@@ -130,16 +165,36 @@ impl Connection {
         len: u32,
         payload: &[u8],
     ) -> io::Result<Ticket> {
+        let cost = match cmd {
+            CMD_READ | CMD_WRITE => len as u64,
+            _ => 0,
+        };
         {
             let mut st = self.shared.lock();
-            if let Some((kind, msg)) = &st.dead {
-                return Err(io::Error::new(*kind, msg.clone()));
+            // Wait for a place in flight (the reader frees them).
+            loop {
+                if let Some((kind, msg)) = &st.dead {
+                    return Err(io::Error::new(*kind, msg.clone()));
+                }
+                if st.in_flight == 0
+                    || (st.in_flight < MAX_IN_FLIGHT
+                        && st.in_flight_bytes + cost <= MAX_IN_FLIGHT_BYTES)
+                {
+                    break;
+                }
+                st = self.shared.cond.wait(st).unwrap_or_else(|e| e.into_inner());
             }
-            st.last_activity = Instant::now();
+            if st.in_flight == 0 {
+                // The wait for this reply starts now, not at the last one.
+                st.last_activity = Instant::now();
+            }
+            st.in_flight += 1;
+            st.in_flight_bytes += cost;
             st.pending.insert(
                 cookie,
                 Pending {
                     op,
+                    cost,
                     done: false,
                     error: None,
                 },
@@ -261,14 +316,78 @@ fn is_timeout(e: &io::Error) -> bool {
     )
 }
 
+/// A request waited `timeout` without its reply beginning.
 fn timed_out(timeout: Duration) -> io::Error {
     io::Error::new(
         io::ErrorKind::TimedOut,
         format!(
-            "the server did not answer for {} seconds",
+            "timed out after {} s waiting for the server's reply to a request \
+             (the server did not answer)",
             timeout.as_secs_f64()
         ),
     )
+}
+
+/// A reply began but did not arrive whole within `timeout`.
+fn reply_timed_out(timeout: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "timed out after {} s reading a reply from the server (it began but did \
+             not arrive whole in time)",
+            timeout.as_secs_f64()
+        ),
+    )
+}
+
+/// One reply's reads: an error once `until` has passed, so a reply that
+/// trickles in fails as a silent one does. (Each read also has the
+/// socket's timeout, so the bound is at most twice the timeout.)
+struct Deadline<'a> {
+    r: &'a mut dyn BufRead,
+    until: Option<Instant>,
+    timeout: Duration,
+}
+
+impl Deadline<'_> {
+    fn check(&self) -> io::Result<()> {
+        match self.until {
+            Some(u) if Instant::now() >= u => Err(reply_timed_out(self.timeout)),
+            _ => Ok(()),
+        }
+    }
+
+    fn map(&self, e: io::Error) -> io::Error {
+        if is_timeout(&e) {
+            reply_timed_out(self.timeout)
+        } else {
+            e
+        }
+    }
+}
+
+impl io::Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.check()?;
+        self.r.read(buf).map_err(|e| self.map(e))
+    }
+}
+
+impl BufRead for Deadline<'_> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        self.check()?;
+        let timeout = self.timeout;
+        self.r.fill_buf().map_err(|e| {
+            if is_timeout(&e) {
+                reply_timed_out(timeout)
+            } else {
+                e
+            }
+        })
+    }
+    fn consume(&mut self, n: usize) {
+        self.r.consume(n)
+    }
 }
 
 /// Read replies until the connection fails (the error says why).
@@ -294,29 +413,26 @@ fn read_loop(
             Err(e) if is_timeout(&e) => {
                 let st = shared.lock();
                 let limit = timeout.unwrap_or(Duration::MAX);
-                if st.pending.is_empty() || st.last_activity.elapsed() < limit {
+                if st.in_flight == 0 || st.last_activity.elapsed() < limit {
                     continue;
                 }
                 return Err(timed_out(limit));
             }
             Err(e) => return Err(e),
         }
-        let header = read_reply_header(r, export.structured).map_err(|e| {
-            if is_timeout(&e) {
-                timed_out(timeout.unwrap_or_default())
-            } else {
-                e
-            }
-        })?;
+        // The reply has begun: it must end within the timeout.
+        let limit = timeout.unwrap_or_default();
+        let mut r = Deadline {
+            r: &mut *r,
+            until: timeout.map(|t| Instant::now() + t),
+            timeout: limit,
+        };
+        let header = read_reply_header(&mut r, export.structured)?;
         shared.lock().last_activity = Instant::now();
-        handle_reply(r, shared, export, header).map_err(|e| {
-            if is_timeout(&e) {
-                timed_out(timeout.unwrap_or_default())
-            } else {
-                e
-            }
-        })?;
+        let handled = handle_reply(&mut r, shared, export, header);
+        // Places in flight may have been freed: wake the senders too.
         shared.cond.notify_all();
+        handled?;
     }
 }
 
@@ -348,12 +464,12 @@ fn handle_reply(
     };
     let finish = |error: Option<String>| {
         let mut st = shared.lock();
-        if let Some(p) = st.pending.get_mut(&cookie) {
-            p.done = true;
-            if p.error.is_none() {
-                p.error = error;
-            }
+        if let Some(p) = st.pending.get_mut(&cookie)
+            && p.error.is_none()
+        {
+            p.error = error;
         }
+        st.complete(cookie);
     };
     match header {
         ReplyHeader::Simple { error, .. } => {
@@ -467,7 +583,7 @@ fn handle_reply(
                         )));
                     }
                 }
-                p.done = true;
+                st.complete(cookie);
             }
         }
     }
@@ -536,6 +652,7 @@ fn peer_gone(e: io::Error) -> io::Error {
 /// write, a write zeroes, a block status, a flush). Bit 0 of `flags` says
 /// structured replies were negotiated, bit 1 that block status was. Every
 /// outcome is fine but a panic, a hang or a write outside a read's buffer.
+#[cfg(feature = "fuzzing")]
 pub fn fuzz_replies(replies: &[u8], flags: u8) {
     use std::io::{BufReader, Cursor, Read};
     // The replies are released only once every request is registered, so

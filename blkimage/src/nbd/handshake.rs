@@ -2,9 +2,149 @@
 //! the base:allocation metadata context, and NBD_OPT_GO with the block size
 //! constraints requested and honoured. Old servers work too: oldstyle,
 //! plain newstyle (NBD_OPT_EXPORT_NAME), no structured replies.
+//!
+//! Nothing the server sends is trusted to end: every stage (the greeting,
+//! each option) has a deadline for all its replies together, not per
+//! read(), so a server sending one byte a second times out as a silent one
+//! does; and the replies to one option are bounded in number and bytes, so
+//! endless NBD_REP_INFO or NBD_REP_META_CONTEXT replies are an error, with
+//! or without a timeout.
 
 use super::protocol::*;
 use std::io::{self, Read, Write};
+use std::time::{Duration, Instant};
+
+/// Replies to one option at most. We ask for one metadata context and one
+/// info (the server adds the export info): a few replies are expected, a
+/// few dozen means the server will not stop.
+pub const MAX_OPTION_REPLIES: usize = 32;
+/// Bytes of replies to one option at most (each is also at most
+/// [`MAX_OPTION_REPLY`]).
+pub const MAX_OPTION_BYTES: usize = 256 << 10;
+/// The smallest maximum payload accepted from a server. Portable clients
+/// send requests aligned to 512 bytes (the NBD spec's advice to clients
+/// when the server gives no constraints), so a server that cannot take a
+/// 512-byte request cannot serve them; below that, each MiB would cost
+/// more than 2048 requests (one a byte, at 1).
+pub const MIN_MAX_PAYLOAD: u32 = 512;
+
+/// A stream whose reads are bounded by a deadline per handshake stage.
+pub trait SetReadTimeout {
+    /// Set the read timeout of the underlying socket (`None`: none).
+    fn set_read_timeout(&mut self, t: Option<Duration>) -> io::Result<()>;
+}
+
+/// The handshake's view of the connection: reads fail once the current
+/// stage's deadline has passed, with an error naming the stage. The
+/// socket's read timeout is put back to `timeout` when this is dropped,
+/// for the transmission phase.
+pub struct Timed<'a, S: Read + Write + SetReadTimeout> {
+    s: &'a mut S,
+    timeout: Option<Duration>,
+    deadline: Option<Instant>,
+    stage: String,
+}
+
+impl<'a, S: Read + Write + SetReadTimeout> Timed<'a, S> {
+    pub fn new(s: &'a mut S, timeout: Option<Duration>) -> Self {
+        let mut t = Timed {
+            s,
+            timeout,
+            deadline: None,
+            stage: String::new(),
+        };
+        t.stage("the server's greeting");
+        t
+    }
+
+    /// Start a stage: what we wait for, and a fresh deadline.
+    pub fn stage(&mut self, what: impl Into<String>) {
+        self.stage = what.into();
+        self.deadline = self.timeout.map(|t| Instant::now() + t);
+    }
+
+    /// The error for a stage that did not end in time.
+    fn timed_out(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "timed out after {} s waiting for {}",
+                self.timeout.unwrap_or_default().as_secs_f64(),
+                self.stage
+            ),
+        )
+    }
+}
+
+impl<S: Read + Write + SetReadTimeout> Drop for Timed<'_, S> {
+    fn drop(&mut self) {
+        let _ = self.s.set_read_timeout(self.timeout);
+    }
+}
+
+impl<S: Read + Write + SetReadTimeout> Read for Timed<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(d) = self.deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(self.timed_out());
+            }
+            self.s.set_read_timeout(Some(left))?;
+        }
+        self.s.read(buf).map_err(|e| {
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                self.timed_out()
+            } else {
+                e
+            }
+        })
+    }
+}
+
+impl<S: Read + Write + SetReadTimeout> Write for Timed<'_, S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.s.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.s.flush()
+    }
+}
+
+/// The replies to one option, counted: an error once there are too many.
+struct Replies {
+    opt: &'static str,
+    count: usize,
+    bytes: usize,
+}
+
+impl Replies {
+    fn new(opt: &'static str) -> Replies {
+        Replies {
+            opt,
+            count: 0,
+            bytes: 0,
+        }
+    }
+
+    fn next<S: Read>(&mut self, s: &mut S, opt: u32) -> io::Result<OptionReply> {
+        if self.count >= MAX_OPTION_REPLIES || self.bytes > MAX_OPTION_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the server sent more than {} replies ({} bytes) to {} without ending them",
+                    self.count, self.bytes, self.opt
+                ),
+            ));
+        }
+        let r = reply(s, opt)?;
+        self.count += 1;
+        self.bytes += 20 + r.data.len();
+        Ok(r)
+    }
+}
 
 /// What the server greeted us with.
 #[derive(Clone, Copy, Debug)]
@@ -33,7 +173,8 @@ fn be64(b: &[u8]) -> u64 {
 }
 
 /// Read the server's greeting and answer it with our client flags.
-pub fn greet<S: Read + Write>(s: &mut S) -> io::Result<Greeting> {
+pub fn greet<S: Read + Write + SetReadTimeout>(s: &mut Timed<S>) -> io::Result<Greeting> {
+    s.stage("the server's greeting");
     let mut b = [0u8; 16];
     read_full(s, &mut b)?;
     if be64(&b) != NBDMAGIC {
@@ -70,7 +211,8 @@ pub fn greet<S: Read + Write>(s: &mut S) -> io::Result<Greeting> {
 }
 
 /// Ask for TLS (fixed newstyle only): Ok(()) once the server said yes.
-pub fn starttls<S: Read + Write>(s: &mut S) -> io::Result<()> {
+pub fn starttls<S: Read + Write + SetReadTimeout>(s: &mut Timed<S>) -> io::Result<()> {
+    s.stage("the server's reply to NBD_OPT_STARTTLS");
     s.write_all(&option(OPT_STARTTLS, &[]))?;
     s.flush()?;
     let r = read_option_reply(s, OPT_STARTTLS)?;
@@ -126,8 +268,8 @@ fn oldstyle_export(size: u64, flags: u16) -> Export {
 }
 
 /// Negotiate the options and enter transmission on `export`.
-pub fn negotiate<S: Read + Write>(
-    s: &mut S,
+pub fn negotiate<S: Read + Write + SetReadTimeout>(
+    s: &mut Timed<S>,
     greeting: Greeting,
     export: &str,
 ) -> io::Result<Export> {
@@ -139,6 +281,7 @@ pub fn negotiate<S: Read + Write>(
         return export_name(s, export, no_zeroes);
     }
     // Structured replies, then base:allocation.
+    s.stage("the server's reply to NBD_OPT_STRUCTURED_REPLY");
     s.write_all(&option(OPT_STRUCTURED_REPLY, &[]))?;
     let r = reply(s, OPT_STRUCTURED_REPLY)?;
     let structured = r.kind == REP_ACK;
@@ -147,12 +290,14 @@ pub fn negotiate<S: Read + Write>(
     }
     let mut allocation = None;
     if structured {
+        s.stage("the server's replies to NBD_OPT_SET_META_CONTEXT");
+        let mut replies = Replies::new("NBD_OPT_SET_META_CONTEXT");
         s.write_all(&option(
             OPT_SET_META_CONTEXT,
             &meta_context_data(export, &[BASE_ALLOCATION]),
         ))?;
         loop {
-            let r = reply(s, OPT_SET_META_CONTEXT)?;
+            let r = replies.next(s, OPT_SET_META_CONTEXT)?;
             match r.kind {
                 REP_META_CONTEXT => {
                     let (id, name) = parse_meta_context(&r.data)?;
@@ -170,11 +315,13 @@ pub fn negotiate<S: Read + Write>(
         }
     }
     // GO, asking for the block size constraints (which we then honour).
+    s.stage("the server's reply to NBD_OPT_GO");
     s.write_all(&option(OPT_GO, &go_data(export, &[INFO_BLOCK_SIZE])))?;
     let mut size_flags = None;
     let mut sizes = None;
+    let mut replies = Replies::new("NBD_OPT_GO");
     loop {
-        let r = reply(s, OPT_GO)?;
+        let r = replies.next(s, OPT_GO)?;
         match r.kind {
             REP_INFO => match parse_info(&r.data)? {
                 Info::Export { size, flags } => size_flags = Some((size, flags)),
@@ -198,7 +345,10 @@ pub fn negotiate<S: Read + Write>(
     }
     let (size, flags) =
         size_flags.ok_or_else(|| malformed("NBD_OPT_GO without the export size"))?;
-    let (min_block, preferred_block, max_payload) = sizes.unwrap_or((1, 4096, DEFAULT_MAX_PAYLOAD));
+    let (min_block, preferred_block, max_payload) = match sizes {
+        Some((min, preferred, max)) => check_block_sizes(min, preferred, max)?,
+        None => (1, 4096, DEFAULT_MAX_PAYLOAD),
+    };
     Ok(Export {
         size,
         flags,
@@ -210,8 +360,31 @@ pub fn negotiate<S: Read + Write>(
     })
 }
 
+/// Refuse block size constraints we cannot honour sensibly. The minimum
+/// and preferred sizes were checked by [`parse_info`] (powers of two, the
+/// minimum at most 64 KiB, as the spec says); the preferred size is a hint
+/// we do not need. A maximum payload below [`MIN_MAX_PAYLOAD`] is refused;
+/// any larger one is fine, since our requests are at most 1 MiB anyway.
+fn check_block_sizes(min: u32, preferred: u32, max: u32) -> io::Result<(u32, u32, u32)> {
+    if max < MIN_MAX_PAYLOAD {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the server's block size constraints (minimum {min}, preferred {preferred}, \
+                 maximum {max}) are unusable: a maximum payload below {MIN_MAX_PAYLOAD} bytes"
+            ),
+        ));
+    }
+    Ok((min, preferred, max))
+}
+
 /// The old way to choose an export: no error reply, the size right away.
-fn export_name<S: Read + Write>(s: &mut S, export: &str, no_zeroes: bool) -> io::Result<Export> {
+fn export_name<S: Read + Write + SetReadTimeout>(
+    s: &mut Timed<S>,
+    export: &str,
+    no_zeroes: bool,
+) -> io::Result<Export> {
+    s.stage("the server's reply to NBD_OPT_EXPORT_NAME");
     s.write_all(&option(OPT_EXPORT_NAME, export.as_bytes()))?;
     let mut b = [0u8; 10 + 124];
     let n = if no_zeroes { 10 } else { b.len() };
@@ -222,4 +395,153 @@ fn export_name<S: Read + Write>(s: &mut S, export: &str, no_zeroes: bool) -> io:
         )
     })?;
     Ok(oldstyle_export(be64(&b), u16::from_be_bytes([b[8], b[9]])))
+}
+
+/// A server as bytes: reads come from them, writes are dropped.
+#[cfg(any(test, feature = "fuzzing"))]
+struct Scripted<'a>(&'a [u8]);
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl Read for Scripted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl Write for Scripted<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl SetReadTimeout for Scripted<'_> {
+    fn set_read_timeout(&mut self, _: Option<Duration>) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The whole handshake against `server`'s bytes.
+#[cfg(any(test, feature = "fuzzing"))]
+fn scripted(server: &[u8], starttls: bool) -> io::Result<Export> {
+    let mut s = Scripted(server);
+    let mut t = Timed::new(&mut s, None);
+    let g = greet(&mut t)?;
+    if starttls {
+        // As if the session were encrypted from here: the same bytes.
+        self::starttls(&mut t)?;
+    }
+    negotiate(&mut t, g, "disk")
+}
+
+/// For the `nbd_handshake` fuzz target: a hostile server's bytes from the
+/// greeting through NBD_OPT_GO (bit 0 of `flags`: NBD_OPT_STARTTLS first).
+/// Errors are fine; a panic, a hang or an unbounded allocation is a bug,
+/// and an accepted export must have block sizes we can honour.
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_handshake(server: &[u8], flags: u8) {
+    if let Ok(e) = scripted(server, flags & 1 != 0) {
+        assert!(e.min_block.is_power_of_two() && e.min_block <= 65536);
+        assert!(e.max_payload >= e.min_block);
+        assert!(e.max_payload >= MIN_MAX_PAYLOAD);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn greeting() -> Vec<u8> {
+        let mut v = NBDMAGIC.to_be_bytes().to_vec();
+        v.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        v.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        v
+    }
+
+    fn rep(opt: u32, kind: u32, data: &[u8]) -> Vec<u8> {
+        let mut v = OPT_REPLY_MAGIC.to_be_bytes().to_vec();
+        for x in [opt, kind, data.len() as u32] {
+            v.extend_from_slice(&x.to_be_bytes());
+        }
+        v.extend_from_slice(data);
+        v
+    }
+
+    fn info_export() -> Vec<u8> {
+        let mut d = INFO_EXPORT.to_be_bytes().to_vec();
+        d.extend_from_slice(&(1u64 << 20).to_be_bytes());
+        d.extend_from_slice(&1u16.to_be_bytes());
+        rep(OPT_GO, REP_INFO, &d)
+    }
+
+    fn info_sizes(min: u32, preferred: u32, max: u32) -> Vec<u8> {
+        let mut d = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+        for x in [min, preferred, max] {
+            d.extend_from_slice(&x.to_be_bytes());
+        }
+        rep(OPT_GO, REP_INFO, &d)
+    }
+
+    /// A server up to NBD_OPT_GO's replies (structured, base:allocation).
+    fn before_go() -> Vec<u8> {
+        let mut v = greeting();
+        v.extend(rep(OPT_STRUCTURED_REPLY, REP_ACK, &[]));
+        let mut ctx = 7u32.to_be_bytes().to_vec();
+        ctx.extend_from_slice(BASE_ALLOCATION.as_bytes());
+        v.extend(rep(OPT_SET_META_CONTEXT, REP_META_CONTEXT, &ctx));
+        v.extend(rep(OPT_SET_META_CONTEXT, REP_ACK, &[]));
+        v
+    }
+
+    #[test]
+    fn a_valid_handshake() {
+        let mut v = before_go();
+        v.extend(info_export());
+        v.extend(info_sizes(512, 4096, 1 << 20));
+        v.extend(rep(OPT_GO, REP_ACK, &[]));
+        let e = scripted(&v, false).unwrap();
+        assert_eq!(
+            (e.size, e.allocation, e.min_block, e.max_payload),
+            (1 << 20, Some(7), 512, 1 << 20)
+        );
+    }
+
+    #[test]
+    fn unusable_block_sizes_are_refused() {
+        for (max, ok) in [(1, false), (256, false), (512, true), (u32::MAX, true)] {
+            let mut v = before_go();
+            v.extend(info_export());
+            v.extend(info_sizes(1, 1, max));
+            v.extend(rep(OPT_GO, REP_ACK, &[]));
+            let r = scripted(&v, false);
+            assert_eq!(r.is_ok(), ok, "max {max}: {r:?}");
+            if let Err(e) = r {
+                assert!(e.to_string().contains("block size"), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn endless_replies_are_bounded() {
+        // Far more replies than allowed, and no end: an error, not a loop.
+        let mut go = before_go();
+        for _ in 0..10 * MAX_OPTION_REPLIES {
+            go.extend(info_export());
+        }
+        let e = scripted(&go, false).unwrap_err().to_string();
+        assert!(e.contains("NBD_OPT_GO") && e.contains("replies"), "{e}");
+        let mut meta = greeting();
+        meta.extend(rep(OPT_STRUCTURED_REPLY, REP_ACK, &[]));
+        let mut ctx = 7u32.to_be_bytes().to_vec();
+        ctx.extend_from_slice(BASE_ALLOCATION.as_bytes());
+        for _ in 0..10 * MAX_OPTION_REPLIES {
+            meta.extend(rep(OPT_SET_META_CONTEXT, REP_META_CONTEXT, &ctx));
+        }
+        let e = scripted(&meta, false).unwrap_err().to_string();
+        assert!(e.contains("NBD_OPT_SET_META_CONTEXT"), "{e}");
+    }
 }

@@ -18,8 +18,11 @@ mod tls;
 mod transport;
 pub mod url;
 
-#[doc(hidden)]
+// Fuzz entry points: not API, only built for the fuzz targets.
+#[cfg(feature = "fuzzing")]
 pub use connection::fuzz_replies;
+#[cfg(feature = "fuzzing")]
+pub use handshake::fuzz_handshake;
 pub use qemu::{QemuExport, QemuTarget, probe_format};
 pub use source::{Nbd, NbdOptions};
 pub use url::{NbdUrl, is_url};

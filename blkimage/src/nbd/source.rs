@@ -3,7 +3,7 @@
 //! block status mapping holes and zeros so they are never transferred.
 
 use super::connection::{Connection, Ticket};
-use super::handshake::{self, Export, Greeting};
+use super::handshake::{self, Export, Greeting, Timed};
 use super::protocol::{
     FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY, FLAG_SEND_FLUSH, FLAG_SEND_WRITE_ZEROES, STATE_HOLE,
     STATE_ZERO,
@@ -78,21 +78,26 @@ fn connect_one(
             format!("cannot connect to {}: {e}", describe(&url.address)),
         )
     })?;
-    let greeting = handshake::greet(&mut sock)?;
+    let mut timed = Timed::new(&mut sock, opts.timeout);
+    let greeting = handshake::greet(&mut timed)?;
     if let Some(config) = tls {
         let Greeting::Newstyle { fixed: true, .. } = greeting else {
             return Err(io::Error::other("the server cannot do TLS (old handshake)"));
         };
         // STARTTLS comes first: everything after it, NBD_OPT_GO included,
         // is encrypted.
-        handshake::starttls(&mut sock)?;
+        handshake::starttls(&mut timed)?;
+        drop(timed);
         let mut tls = super::tls::connect(sock, url.tls_server_name(), config, opts.timeout)?;
-        let export = handshake::negotiate(&mut tls, greeting, &url.export)
-            .map_err(|e| tls.after_handshake(e))?;
+        let negotiated = {
+            let mut timed = Timed::new(&mut tls, opts.timeout);
+            handshake::negotiate(&mut timed, greeting, &url.export)
+        };
+        let export = negotiated.map_err(|e| tls.after_handshake(e))?;
         let split = super::tls::split(tls)?;
         return Ok(Connection::new(split, export, opts.timeout));
     }
-    let export = handshake::negotiate(&mut sock, greeting, &url.export).map_err(|e| {
+    let export = handshake::negotiate(&mut timed, greeting, &url.export).map_err(|e| {
         if handshake::is_tls_required(&e) {
             let scheme = match url.address {
                 Address::Tcp { .. } => "nbds://",
@@ -103,6 +108,8 @@ fn connect_one(
             e
         }
     })?;
+    // The socket's read timeout back to the option's, for transmission.
+    drop(timed);
     Ok(Connection::new(Split::plain(sock)?, export, opts.timeout))
 }
 

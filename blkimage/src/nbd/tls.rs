@@ -82,6 +82,12 @@ fn no_client_cert_hint(e: io::Error, client_cert: bool) -> io::Error {
     )
 }
 
+impl super::handshake::SetReadTimeout for Tls {
+    fn set_read_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
+        self.sock.set_read_timeout(t)
+    }
+}
+
 impl Read for Tls {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         rustls::Stream::new(&mut self.conn, &mut self.sock)
@@ -271,9 +277,36 @@ pub fn connect(
         )
     })?;
     let mut conn = ClientConnection::new(config, name).map_err(|e| tls_error(&e))?;
+    // One deadline for the whole TLS handshake, not per read: a server
+    // trickling bytes must not hold us.
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
+    let handshake_timed_out = || {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "timed out after {} s in the TLS handshake",
+                timeout.unwrap_or_default().as_secs_f64()
+            ),
+        )
+    };
     while conn.is_handshaking() {
-        conn.complete_io(&mut sock)
-            .map_err(|e| no_client_cert_hint(explain(e, timeout), client_cert))?;
+        if let Some(d) = deadline {
+            let left = d.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(handshake_timed_out());
+            }
+            super::handshake::SetReadTimeout::set_read_timeout(&mut sock, Some(left))?;
+        }
+        conn.complete_io(&mut sock).map_err(|e| {
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                handshake_timed_out()
+            } else {
+                no_client_cert_hint(explain(e, timeout), client_cert)
+            }
+        })?;
     }
     Ok(Tls {
         conn,

@@ -87,6 +87,15 @@ impl Socket {
     }
 }
 
+impl super::handshake::SetReadTimeout for Socket {
+    fn set_read_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Socket::Tcp(s) => s.set_read_timeout(t),
+            Socket::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+}
+
 impl AsRawFd for Socket {
     fn as_raw_fd(&self) -> RawFd {
         match self {

@@ -1,6 +1,7 @@
 //! Helpers shared by the command tests.
 #![allow(dead_code)]
 
+pub mod hostile;
 pub mod nbd;
 pub mod qemu;
 
