@@ -56,7 +56,7 @@ fn key(path: &Path) -> Option<Key> {
 /// An input of the run, by the name the user gave (an NBD URL or `-` has
 /// no file to alias and is skipped).
 pub struct Input<'a> {
-    pub name: &'a str,
+    pub name: &'a std::ffi::OsStr,
     /// How messages call it: "SRC", "DST", "the image".
     pub role: &'a str,
 }
@@ -78,7 +78,7 @@ pub struct Output<'a> {
 pub fn check_outputs(outputs: &[Output<'_>], inputs: &[Input<'_>]) -> Result<(), String> {
     let inputs: Vec<(Key, &Input<'_>)> = inputs
         .iter()
-        .filter(|i| i.name != "-" && !blkimage::nbd::is_url(i.name))
+        .filter(|i| i.name != "-" && !i.name.to_str().is_some_and(blkimage::nbd::is_url))
         .filter_map(|i| key(Path::new(i.name)).map(|k| (k, i)))
         .collect();
     for out in outputs {
@@ -109,7 +109,9 @@ fn check_output(out: &Output<'_>, inputs: &[(Key, &Input<'_>)]) -> Result<(), St
         match inputs.iter().find(|(id, _)| id == k) {
             Some((_, input)) => Err(format!(
                 "{name}: is {} ({}): {} would replace it",
-                input.role, input.name, out.what
+                input.role,
+                input.name.to_string_lossy(),
+                out.what
             )),
             None => Ok(()),
         }
@@ -302,7 +304,7 @@ mod tests {
         std::fs::write(&empty, b"").unwrap();
         let map = dir.path().join("m");
         std::fs::write(&map, blkmap::MAGIC).unwrap();
-        let img_name = img.to_str().unwrap();
+        let img_name = img.as_os_str();
         let inputs = [Input {
             name: img_name,
             role: "the image",
@@ -328,7 +330,7 @@ mod tests {
         let e = check_outputs(
             &[out(&new)],
             &[Input {
-                name: new.to_str().unwrap(),
+                name: new.as_os_str(),
                 role: "DST",
             }],
         )

@@ -155,7 +155,7 @@ impl Mapped {
 }
 
 /// Hash the input `name` (any input blksum reads) into a map.
-pub fn map_image(name: &str, opts: &MapOptions) -> io::Result<Mapped> {
+pub fn map_image(name: impl AsRef<std::ffi::OsStr>, opts: &MapOptions) -> io::Result<Mapped> {
     let input = blkimage::open(name, &opts.open)?;
     map_input(input, opts)
 }
@@ -218,7 +218,8 @@ pub fn map_input_until(input: Input, opts: &MapOptions, cancel: &AtomicBool) -> 
 
 /// A saved map, if `name` is a regular file that starts with the map
 /// magic; `None` if it is something else (an image, a device, a URL).
-pub fn try_load_map(name: &str) -> io::Result<Option<Map>> {
+pub fn try_load_map(name: impl AsRef<std::path::Path>) -> io::Result<Option<Map>> {
+    let name = name.as_ref();
     let Ok(meta) = std::fs::metadata(name) else {
         return Ok(None);
     };

@@ -5,6 +5,7 @@ use blkmap::{Diff, Map};
 use blktools::{InputArgs, Mapped, reason};
 use clap::Parser;
 use serde_json::json;
+use std::ffi::OsString;
 use std::io::{self, Write};
 use std::process::ExitCode;
 
@@ -27,10 +28,16 @@ use std::process::ExitCode;
 struct Args {
     /// First image or map ('-' for standard input).
     #[arg(value_name = "A")]
-    a: String,
+    a_path: OsString,
 
     /// Second image or map.
     #[arg(value_name = "B")]
+    b_path: OsString,
+
+    /// A and B as messages name them (file names need not be UTF-8).
+    #[arg(skip)]
+    a: String,
+    #[arg(skip)]
     b: String,
 
     /// One JSON document: both inputs, the ranges, the tail, the verdict.
@@ -54,7 +61,9 @@ fn trouble(msg: impl std::fmt::Display) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.a = args.a_path.to_string_lossy().into_owned();
+    args.b = args.b_path.to_string_lossy().into_owned();
     if args.a == "-" && args.b == "-" {
         return trouble("standard input can be only one of A and B");
     }
@@ -62,11 +71,14 @@ fn main() -> ExitCode {
 
     // Saved maps first: they say how to hash the images.
     let mut maps: [Option<Mapped>; 2] = [None, None];
-    for (slot, name) in maps.iter_mut().zip([&args.a, &args.b]) {
-        if !detect || name == "-" {
+    for (slot, (path, name)) in maps
+        .iter_mut()
+        .zip([(&args.a_path, &args.a), (&args.b_path, &args.b)])
+    {
+        if !detect || path == "-" {
             continue;
         }
-        match blktools::try_load_map(name) {
+        match blktools::try_load_map(path) {
             Ok(Some(map)) => {
                 *slot = Some(Mapped {
                     map,
@@ -87,7 +99,7 @@ fn main() -> ExitCode {
     let [ma, mb] = maps;
     // The images, both at once (each uses every core for digests, but
     // reading one need not wait for the other).
-    let side = |m: Option<Mapped>, name: &str| -> io::Result<Mapped> {
+    let side = |m: Option<Mapped>, name: &OsString| -> io::Result<Mapped> {
         match m {
             Some(m) => Ok(m),
             None if name == "-" => blktools::map_stdin(&opts, detect),
@@ -95,8 +107,8 @@ fn main() -> ExitCode {
         }
     };
     let (ra, rb) = std::thread::scope(|s| {
-        let ha = s.spawn(|| side(ma, &args.a));
-        let rb = side(mb, &args.b);
+        let ha = s.spawn(|| side(ma, &args.a_path));
+        let rb = side(mb, &args.b_path);
         (ha.join().expect("hashing thread"), rb)
     });
     let (a, b) = match (ra, rb) {

@@ -1,10 +1,12 @@
 //! blkmap: write the block map of an image, and print its checksum.
 
-use blkcli::lines::format_line;
+use blkcli::lines::format_line_os;
 use blkcli::signals::Signals;
 use blktools::{InputArgs, reason};
 use clap::Parser;
+use std::ffi::OsString;
 use std::io::{self, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Write the block map of IMAGE to OUT and print the image's blkhash
@@ -20,11 +22,11 @@ use std::process::ExitCode;
 struct Args {
     /// The image: any input blksum reads ('-' for standard input).
     #[arg(value_name = "IMAGE")]
-    image: String,
+    image: OsString,
 
     /// Where to write the map.
     #[arg(value_name = "OUT")]
-    out: String,
+    out: PathBuf,
 
     #[command(flatten)]
     input: InputArgs,
@@ -32,23 +34,24 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let (image, out_name) = (args.image.to_string_lossy(), args.out.display());
     // Before anything is read: OUT must not replace what it would destroy.
     let out = blkcli::guard::Output {
-        path: std::path::Path::new(&args.out),
+        path: &args.out,
         what: "a block map",
         own_kind: Some(blkmap::is_map),
     };
-    let image = blkcli::guard::Input {
+    let input = blkcli::guard::Input {
         name: &args.image,
         role: "the image",
     };
-    if let Err(e) = blkcli::guard::check_outputs(&[out], &[image]) {
+    if let Err(e) = blkcli::guard::check_outputs(&[out], &[input]) {
         eprintln!("blkmap: {e}");
         return ExitCode::FAILURE;
     }
     let (algorithm, block_size) = args.input.params(None);
     let mut opts = args.input.map_options(algorithm, block_size);
-    let signals = Signals::install(&format!("blkmap: {}: interrupted", args.image));
+    let signals = Signals::install(&format!("blkmap: {image}: interrupted"));
     opts.cancel = signals.cancel.clone();
     let mapped = if args.image == "-" {
         blktools::map_stdin(&opts, false)
@@ -58,26 +61,22 @@ fn main() -> ExitCode {
     let map = match mapped {
         Ok(m) => m.map,
         Err(_) if signals.cancelled() => {
-            eprintln!("blkmap: {}: interrupted", args.image);
+            eprintln!("blkmap: {image}: interrupted");
             return ExitCode::from(signals.exit_status());
         }
         Err(e) => {
-            eprintln!("blkmap: {}: {}", args.image, reason(&e));
+            eprintln!("blkmap: {image}: {}", reason(&e));
             return ExitCode::FAILURE;
         }
     };
     if let Err(e) = map.save(&args.out) {
-        eprintln!("blkmap: {}: {}", args.out, reason(&e));
+        eprintln!("blkmap: {out_name}: {}", reason(&e));
         return ExitCode::FAILURE;
     }
+    let mut line = format_line_os(&map.checksum_hex(), &args.image, None);
+    line.push(b'\n');
     let mut out = io::stdout().lock();
-    match writeln!(
-        out,
-        "{}",
-        format_line(&map.checksum_hex(), &args.image, None)
-    )
-    .and_then(|_| out.flush())
-    {
+    match out.write_all(&line).and_then(|_| out.flush()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(_) => ExitCode::FAILURE,
     }

@@ -13,8 +13,9 @@ use blkmap::{Block, Map};
 use blktools::{InputArgs, MapOptions, reason, state};
 use clap::Parser;
 use copy::{CopyTarget, CopyThrough, Counts, Progress, WriteThrough, Writer};
+use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
-use std::io::{self, Seek};
+use std::io::{self, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -42,12 +43,18 @@ use target::Target;
 struct Args {
     /// The image to copy from.
     #[arg(value_name = "SRC")]
-    src: String,
+    src_path: OsString,
 
     /// The raw file, block device, NBD URL (an export of SRC's size) or
     /// image of SRC's virtual size in another format (qcow2, vmdk...,
     /// written through a private qemu-nbd) to bring up to date.
     #[arg(value_name = "DST")]
+    dst_path: OsString,
+
+    /// SRC and DST as messages name them (file names need not be UTF-8).
+    #[arg(skip)]
+    src: String,
+    #[arg(skip)]
     dst: String,
 
     /// DST's block map: used instead of reading DST if it exists and
@@ -104,7 +111,9 @@ impl Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.src = args.src_path.to_string_lossy().into_owned();
+    args.dst = args.dst_path.to_string_lossy().into_owned();
     // Ctrl-C and SIGTERM stop the run between chunks; a second one kills
     // at once (as in blksum). Either way the state is never ahead of DST.
     let signals = blkcli::signals::Signals::install(&format!(
@@ -159,11 +168,11 @@ fn dst_open_options() -> blkimage::OpenOptions {
 
 fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     let _state_lock = guard_outputs(args, cancel)?;
-    let nbd = match blkimage::nbd::is_url(&args.dst) {
+    let nbd = match args.dst_path.to_str().is_some_and(blkimage::nbd::is_url) {
         true => Some(open_nbd_dst(&args.dst, &args.input.nbd_options())?),
         false => None,
     };
-    let dst_path = Path::new(&args.dst);
+    let dst_path = Path::new(&args.dst_path);
     let kind = match std::fs::metadata(dst_path) {
         _ if nbd.is_some() => Kind::Nbd,
         Ok(m) if m.file_type().is_block_device() => Kind::Device,
@@ -202,7 +211,7 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     let opts = args.input.map_options(algorithm, block_size);
 
     // SRC: random access, kept open for the copy.
-    let src: Arc<dyn Source> = match blkimage::open(&args.src, &opts.open) {
+    let src: Arc<dyn Source> = match blkimage::open(&args.src_path, &opts.open) {
         Ok(Input::Image(s)) => Arc::from(s),
         Ok(Input::Stream(_)) => {
             return Err(err(&args.src, "a stream: blksync needs random access"));
@@ -228,7 +237,7 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     }
     let kind = match (kind, args.output_format) {
         (Kind::Missing, Some(f)) if f != blkimage::Format::Raw && !args.dry_run => {
-            create_image(&args.dst, f.name(), size)?;
+            create_image(&args.dst_path, &args.dst, f.name(), size)?;
             Kind::File
         }
         (k, _) => k,
@@ -379,10 +388,12 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
         size - written - zeroed,
     );
     if let (true, Some(m)) = (args.checksum, &src_map) {
-        println!(
-            "{}",
-            blkcli::lines::format_line(&m.checksum_hex(), &args.src, None)
-        );
+        let mut line = blkcli::lines::format_line_os(&m.checksum_hex(), &args.src_path, None);
+        line.push(b'\n');
+        let mut out = io::stdout().lock();
+        out.write_all(&line)
+            .and_then(|()| out.flush())
+            .map_err(|e| err("standard output", e))?;
     }
     Ok(())
 }
@@ -394,17 +405,18 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
 fn guard_outputs(args: &Args, cancel: &AtomicBool) -> Result<Option<guard::Lock>, String> {
     let inputs = [
         guard::Input {
-            name: &args.src,
+            name: &args.src_path,
             role: "SRC",
         },
         guard::Input {
-            name: &args.dst,
+            name: &args.dst_path,
             role: "DST",
         },
     ];
-    if let (Ok(a), Ok(b)) = (std::fs::metadata(&args.src), std::fs::metadata(&args.dst))
-        && (a.dev(), a.ino()) == (b.dev(), b.ino())
-        && !blkimage::nbd::is_url(&args.src)
+    if let (Ok(a), Ok(b)) = (
+        std::fs::metadata(&args.src_path),
+        std::fs::metadata(&args.dst_path),
+    ) && (a.dev(), a.ino()) == (b.dev(), b.ino())
     {
         return Err(err(
             &args.dst,
@@ -479,7 +491,7 @@ impl SyncCtx<'_> {
 /// Bring DST up to date; SRC's map, unless the run did not need it.
 fn sync(args: &Args, mut c: SyncCtx<'_>) -> Result<Option<Map>, String> {
     let size = c.src.size();
-    let dst_path = Path::new(&args.dst);
+    let dst_path = Path::new(&args.dst_path);
     let open_dst = || match &c.nbd {
         Some(n) => Ok(Target::Nbd(n.clone())),
         None => OpenOptions::new()
@@ -673,7 +685,7 @@ fn map_dst(args: &Args, c: &SyncCtx<'_>, cancel: &AtomicBool) -> io::Result<Map>
     };
     let input = match &c.nbd {
         Some(n) => Input::Image(Box::new(SharedNbd(n.clone()))),
-        None => blkimage::open(&args.dst, &o.open)?,
+        None => blkimage::open(&args.dst_path, &o.open)?,
     };
     blktools::map_input_until(input, &o, cancel).map(|m| m.map)
 }
@@ -908,15 +920,17 @@ fn image_dst_format(
             no_backing: true,
             ..Default::default()
         };
-        blkimage::open(name, &opts).map_err(|e| ioerr(name, &e))?;
+        blkimage::open(path, &opts).map_err(|e| ioerr(name, &e))?;
     }
     Ok(Some(format))
 }
 
 /// Create DST, `size` bytes of zeros in `format`, with `qemu-img create`.
-fn create_image(name: &str, format: &str, size: u64) -> Result<(), String> {
+fn create_image(path: &OsStr, name: &str, format: &str, size: u64) -> Result<(), String> {
     let out = std::process::Command::new("qemu-img")
-        .args(["create", "-q", "-f", format, name, &size.to_string()])
+        .args(["create", "-q", "-f", format])
+        .arg(path)
+        .arg(size.to_string())
         .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| match e.kind() {

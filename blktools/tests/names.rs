@@ -1,0 +1,57 @@
+//! File names need not be UTF-8 (as sha256sum and qemu-img take them):
+//! blkmap, blkdiff and blksync read and write such files, and print their
+//! names' bytes as they are.
+
+mod common;
+
+use common::*;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::process::Command;
+
+#[test]
+fn names_that_are_not_utf8() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let src = d.join(OsStr::from_bytes(b"src\xff.raw"));
+    std::fs::write(&src, vec![9u8; 300 << 10]).unwrap();
+    let dst = d.join(OsStr::from_bytes(b"dst\xfe.raw"));
+    let map = d.join(OsStr::from_bytes(b"m\xfd.map"));
+
+    let out = Command::new(BLKMAP).arg(&src).arg(&map).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout
+            .ends_with(&[src.as_os_str().as_bytes(), b"\n"].concat())
+    );
+    let out = Command::new(BLKSYNC)
+        .arg(&src)
+        .arg(&dst)
+        .arg("--state")
+        .arg(d.join(OsStr::from_bytes(b"st\xfc")))
+        .arg("--checksum")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout
+            .ends_with(&[src.as_os_str().as_bytes(), b"\n"].concat())
+    );
+    assert!(std::fs::read(&dst).unwrap() == std::fs::read(&src).unwrap());
+    // The image and the map of its copy are the same.
+    let out = Command::new(BLKDIFF).arg(&dst).arg(&map).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
