@@ -6,7 +6,7 @@ an image (a file, a qcow2 or other QEMU image, an NBD URL).
 
 import os
 import sys
-from typing import FrozenSet, Optional, Union
+from typing import FrozenSet, Optional, Union, final
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer as _Buffer
@@ -16,12 +16,21 @@ else:
     from typing_extensions import Buffer as _Buffer
 
 __version__: str
+__all__ = [
+    "Hasher",
+    "new",
+    "checksum",
+    "algorithms_available",
+    "algorithms_guaranteed",
+    "__version__",
+]
 
 #: Every digest name ``new()`` and ``checksum()`` accept.
 algorithms_available: FrozenSet[str]
 #: The same as ``algorithms_available``: every digest is built in.
 algorithms_guaranteed: FrozenSet[str]
 
+@final
 class Hasher:
     """A blkhash hasher, used like a hashlib object.
 
@@ -32,14 +41,14 @@ class Hasher:
     serialized; the GIL is released while hashing.
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         name: str = "sha256",
         data: Optional[_Buffer] = None,
         *,
         block_size: int = 65536,
         threads: Optional[int] = None,
-    ) -> None: ...
+    ) -> "Hasher": ...
     @property
     def name(self) -> str:
         """The digest's name, as ``new()`` takes it."""
@@ -52,9 +61,9 @@ class Hasher:
     @property
     def threads(self) -> int:
         """The number of digest worker threads."""
-    def update(self, data: _Buffer, /) -> None:
+    def update(self, data: _Buffer) -> None:
         """Add the bytes of ``data``, read in place (no copy), GIL released."""
-    def zero(self, length: int, /) -> None:
+    def zero(self, length: int) -> None:
         """Add ``length`` bytes known to be zeros: nothing is read or allocated."""
     def digest(self) -> bytes:
         """The checksum; the first call finishes the hasher."""
