@@ -157,7 +157,7 @@ pub fn checksum(
     }
     match py.detach(|| worker.join()) {
         Ok(Ok(sum)) => Ok(sum.to_hex()),
-        Ok(Err(e)) => Err(os_error(py, &name, &e)),
+        Ok(Err(e)) => Err(os_error(&name, &e)),
         Err(_) => Err(PyRuntimeError::new_err(format!(
             "{name}: internal error while hashing"
         ))),
@@ -195,18 +195,15 @@ impl Job {
     }
 }
 
-/// The OSError for `name`: blksum's reason, the errno where there is one
-/// (so that Python picks the subclass: FileNotFoundError...), the name as
-/// its `filename`.
-fn os_error(py: Python<'_>, name: &str, e: &io::Error) -> PyErr {
+/// The OSError for `name` with blksum's reason: where the system gave an
+/// errno, `OSError(errno, reason, name)` (Python then picks the subclass,
+/// FileNotFoundError..., and sets `filename`); else "NAME: reason".
+fn os_error(name: &str, e: &io::Error) -> PyErr {
     let reason = blkimage::units::reason(e);
     match e.raw_os_error() {
         Some(errno) => PyOSError::new_err((errno, reason, name.to_string())),
-        None => {
-            let err = PyOSError::new_err(format!("{name}: {reason}"));
-            // Best effort: the message already names the image.
-            let _ = err.value(py).setattr("filename", name);
-            err
-        }
+        // No errno: OSError's own formatting would then print "[Errno None]"
+        // and drop the reason, so the message is blksum's line as it is.
+        None => PyOSError::new_err(format!("{name}: {reason}")),
     }
 }
