@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -228,3 +229,27 @@ def test_ctrl_c_slow_nbd_server(tmp_path, serve):
     serve(["nbdkit", "--foreground", "--unix", str(sock), "--filter=delay",
            "--filter=noextents", "pattern", "size=1G", "rdelay=200ms"], sock)
     run_and_interrupt(f"nbd+unix:///?socket={sock}", tmp_path)
+
+
+def test_gil_released_while_hashing(tmp_path, serve):
+    """Other Python threads run while checksum() waits on a slow server."""
+    need("nbdkit", "nbdkit")
+    sock = tmp_path / "slow.sock"
+    serve(["nbdkit", "--foreground", "--unix", str(sock), "--filter=delay",
+           "--filter=noextents", "pattern", "size=16M", "rdelay=100ms"], sock)
+    url = f"nbd+unix:///?socket={sock}"
+    result = []
+    t = threading.Thread(target=lambda: result.append(blkhash.checksum(url, read_size=1 << 20)))
+    start = last = time.monotonic()
+    t.start()
+    gap = 0.0
+    while t.is_alive():
+        now = time.monotonic()
+        gap, last = max(gap, now - last), now
+    took = time.monotonic() - start
+    t.join()
+    # Held for the whole call, the GIL would stall this loop as long.
+    assert took > 0.5 and gap < took / 2, (gap, took)
+    # nbdkit's pattern: each 8-byte word is its own offset, big-endian.
+    data = b"".join(i.to_bytes(8, "big") for i in range(0, 16 << 20, 8))
+    assert result == [model(data)]
