@@ -9,6 +9,7 @@
 use crate::{check_block_size, check_threads, parse_digest};
 use blkhash::{Checksum, Hasher, Options};
 use blkimage::{AlignedBuf, Format, Input, OpenOptions, Source};
+use crossbeam_channel::RecvTimeoutError;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use std::io;
@@ -41,9 +42,11 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 /// - ``queue_depth``: reads queued ahead of the digest workers, 1 to 128.
 ///
 /// The GIL is released while hashing. Raises ValueError for a bad argument,
-/// OSError (with ``errno`` where the system gave one, and ``filename``) if
-/// the image cannot be read, with the reason blksum prints, and
-/// KeyboardInterrupt on Ctrl-C, after the run has stopped and cleaned up.
+/// OSError if the image cannot be read, with the reason blksum prints
+/// (``errno`` and ``filename`` set where the system gave an errno), and
+/// KeyboardInterrupt on Ctrl-C, once the run has stopped between reads and
+/// cleaned up (a second Ctrl-C raises at once, leaving the run to end on
+/// its own).
 #[pyfunction]
 #[pyo3(
     text_signature = "(image, *, digest='sha256', block_size=65536, format=None, \
@@ -140,17 +143,19 @@ pub fn checksum(
             result
         })
         .map_err(|e| PyOSError::new_err(format!("cannot start a thread: {e}")))?;
-    loop {
-        if py.detach(|| rx.recv_timeout(SIGNAL_POLL))
-            != Err(crossbeam_channel::RecvTimeoutError::Timeout)
-        {
-            break;
-        }
+    let done = || py.detach(|| rx.recv_timeout(SIGNAL_POLL)) != Err(RecvTimeoutError::Timeout);
+    while !done() {
         // Signal handlers run here (only on the main thread); one that
         // raises (Ctrl-C: KeyboardInterrupt) stops the run.
         if let Err(e) = py.check_signals() {
             cancel.store(true, Ordering::Relaxed);
-            // Wait for the run to stop and clean up before raising.
+            // Wait for the run to stop between reads and clean up (qemu-nbd,
+            // its directory) before raising. A second signal that raises
+            // (a server that never answers) returns at once, as blksum's
+            // second Ctrl-C exits: the run then ends on its own.
+            while !done() {
+                py.check_signals()?;
+            }
             let _ = py.detach(|| worker.join());
             return Err(e);
         }

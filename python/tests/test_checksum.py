@@ -253,3 +253,24 @@ def test_gil_released_while_hashing(tmp_path, serve):
     # nbdkit's pattern: each 8-byte word is its own offset, big-endian.
     data = b"".join(i.to_bytes(8, "big") for i in range(0, 16 << 20, 8))
     assert result == [model(data)]
+
+
+def test_second_ctrl_c_returns_at_once(tmp_path, serve):
+    """A server that does not answer: the first Ctrl-C waits for the run to
+    stop, a second one raises at once (as blksum's second Ctrl-C exits)."""
+    need("nbdkit", "nbdkit")
+    sock = tmp_path / "stuck.sock"
+    serve(["nbdkit", "--foreground", "--unix", str(sock), "--filter=delay",
+           "pattern", "size=1G", "rdelay=60"], sock)
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SCRIPT, f"nbd+unix:///?socket={sock}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    assert proc.poll() is None, "returned before the stuck read ended"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 5
+    assert proc.returncode == 130, (out, err)
+    assert out.strip() == "KeyboardInterrupt"
