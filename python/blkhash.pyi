@@ -62,7 +62,7 @@ class Hasher:
     def threads(self) -> int:
         """The number of digest worker threads."""
     def update(self, data: _Buffer) -> None:
-        """Add the bytes of ``data``, read in place (no copy), GIL released."""
+        """Add the bytes of ``data`` (read in place from 1 MiB on, else copied), GIL released."""
     def zero(self, length: int) -> None:
         """Add ``length`` bytes known to be zeros: nothing is read or allocated."""
     def digest(self) -> bytes:
