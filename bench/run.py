@@ -14,6 +14,7 @@ targets from our issue with PASS/FAIL.
     python3 bench/run.py --only sync --sync-size 256m   # blksync, smaller images
     python3 bench/run.py --only sync --settle 5         # each write from settled memory
     python3 bench/run.py --only sync_nbd --link-rate 1G # blksync to an NBD export over a link
+    python3 bench/run.py --only python   # the Python package against blksum and the library
 
 Environment:
     BLKSUM_REF          the reference blksum binary (rows skipped if unset)
@@ -40,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,7 +56,7 @@ KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
 CASES = ["speed", "random", "holes", "zero", "empty", "qcow2", "compressed", "nbd", "sync",
-         "sync_nbd", "lib"]
+         "sync_nbd", "lib", "python"]
 ALL_CASES = CASES
 
 
@@ -1307,6 +1309,117 @@ class Bench:
             header += ["ref GB/s", "ours/ref"]
         r.table(header, rows)
 
+    # -- the Python package
+
+    def python_exe(self):
+        """The interpreter with the blkhash package: --python, else a venv in
+        the work directory where `pip install ./python` builds it."""
+        if self.a.python:
+            return self.a.python
+        venv = Path(self.a.dir) / "python-venv"
+        py = venv / "bin" / "python"
+        if not self.a.no_build:
+            Path(self.a.dir).mkdir(parents=True, exist_ok=True)
+            for argv in ([sys.executable, "-m", "venv", str(venv)],
+                         [str(venv / "bin" / "pip"), "install", "--quiet",
+                          "--disable-pip-version-check", str(ROOT / "python")]):
+                log(" ".join(argv))
+                p = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, text=True)
+                if p.returncode != 0:
+                    self.r.problem(f"FAILED: {' '.join(argv)} (exit {p.returncode})")
+                    self.r.code(p.stderr[-4000:])
+                    return None
+        if not py.exists():
+            self.r.problem(f"FAILED: {py} missing (run without --no-build, or --python)")
+            return None
+        return str(py)
+
+    def case_python(self):
+        """blkhash.checksum() against blksum on the random image, and
+        Hasher.update() with 1 MiB buffers against the Rust library."""
+        r = self.r
+        py = self.python_exe()
+        if not py:
+            return
+        size = 64 * MiB if self.a.quick else 2 * GiB
+        r(f"## Python package ({human(size)} random image; library: {self.a.lib_seconds} s runs)")
+        r()
+        r(f"Interpreter: `{py}`. `blkhash.checksum(IMAGE, cache=True)` in a fresh interpreter "
+          "(its start-up counted) against `blksum --cache`, alternating.")
+        r()
+        img = self.image("random", size)
+        if not img:
+            return
+        warm(img)
+        ours = self.ours("sha256", img)
+        opts = ""
+        if self.a.threads:
+            opts += f", threads={self.a.threads}"
+        if self.a.block_size:
+            opts += f", block_size={self.a.block_size}"
+        if self.a.read_size:
+            opts += f", read_size={self.a.read_size}"
+        code = ("import sys, blkhash; "
+                f"print(blkhash.checksum(sys.argv[1], cache=True{opts}))")
+        pych = Cmd("python blkhash.checksum (cache)", [py, "-c", code, str(img)], ours=True,
+                   key=("sha256", self.bs()))
+        c = {"ours": ours, "py": pych}
+        cmds = [ours, pych]
+        run_case(cmds, self.a.runs, self.a.timeout)
+        self.results("python", cmds, size)
+        self.ratio_target("python", c, "py", "ours", "≤", 1.1,
+                          "blkhash.checksum() time ≤ 1.1× blksum's")
+        r()
+
+        # update(): the same data path as blkhash_bench --input data (1 MiB
+        # non-zero buffers, a few recycled, finalize included).
+        secs = self.a.lib_seconds
+        rs = self.read_size
+        bs = self.bs()
+        upd = textwrap.dedent(f"""
+            import json, sys, time, blkhash
+            threads, secs = int(sys.argv[1]), float(sys.argv[2])
+            pattern = bytes(((i * 31 + 7) % 251) | 1 for i in range({rs}))
+            bufs = [bytearray(pattern) for _ in range(2 * threads + 2)]
+            h = blkhash.new("sha256", block_size={bs}, threads=threads)
+            n = i = 0
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < secs:
+                h.update(bufs[i % len(bufs)])
+                n += {rs}
+                i += 1
+            h.digest()
+            print(json.dumps({{"gbs": n / (time.perf_counter() - t0) / 1e9}}))
+        """)
+        rust_exe = str(RELEASE / "examples" / "blkhash_bench")
+        r(f"`Hasher.update()` with {human(rs)} buffers (sha256, block size {human(bs)}) "
+          f"against the Rust library's `blkhash_bench --input data` (zero-copy `submit`), "
+          f"{secs} s per run, {self.a.runs} runs alternating; median GB/s.")
+        r()
+        rows, targets = [], []
+        for t in [int(x) for x in self.a.lib_threads.split(",")]:
+            rust, pyt = [], []
+            for i in range(self.a.runs):
+                log(f"python update: threads {t}, run {i + 1}/{self.a.runs}")
+                rust.append(self.lib_run(
+                    [rust_exe, "--input", "data", "--digest", "sha256", "--threads", str(t),
+                     "--seconds", str(secs), "--block-size", short(bs), "--read-size", short(rs)],
+                    "gbs", 1.0))
+                pyt.append(self.lib_run([py, "-c", upd, str(t), str(secs)], "gbs", 1.0))
+            if any(not isinstance(x, float) for x in rust + pyt):
+                rows.append([t, "FAILED", "FAILED", ""])
+                continue
+            rm, pm = statistics.median(rust), statistics.median(pyt)
+            rows.append([t, fmt_gbs(rm), fmt_gbs(pm), f"{pm / rm:.2f}x"])
+            targets.append((f"update() with {human(rs)} buffers, threads {t}: "
+                            f"{pm:.2f} / {rm:.2f} GB/s = {pm / rm:.2f}x the Rust library "
+                            f"(target ≥ 0.9x)", pm / rm >= 0.9))
+        r.table(["threads", "Rust GB/s", "Python GB/s", "Python/Rust"], rows)
+        for text, ok in targets:
+            self.target("python update", text, ok)
+        r()
+
     def lib_run(self, argv, key, scale):
         """Throughput from a JSON-printing benchmark, or an error string."""
         p = run_once(argv, self.a.timeout)
@@ -1344,6 +1457,8 @@ def main():
                     help="seconds per library benchmark (integer; default 3, 1 with --quick)")
     ap.add_argument("--lib-threads", default="1,2",
                     help="thread counts for the library benchmark (default %(default)s)")
+    ap.add_argument("--python", help="python case: an interpreter with the blkhash package "
+                         "installed (default: a venv in --dir, built with pip install ./python)")
     ap.add_argument("--out", help="also write the Markdown report to this file")
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build")
     ap.add_argument("--threads", type=int, help="pass -t N to both blksums (default: theirs)")

@@ -11,3 +11,6 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 
 cargo test --workspace --release
+
+# The Python package, built and installed as a user would, and its tests.
+scripts/test-python.sh

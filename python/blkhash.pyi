@@ -1,0 +1,103 @@
+"""Fast checksums of disk images, byte-identical to blkhash 0.11 (blksum).
+
+``new()`` makes a hashlib-like hasher fed with bytes; ``checksum()`` hashes
+an image (a file, a qcow2 or other QEMU image, an NBD URL).
+"""
+
+import os
+import sys
+from typing import FrozenSet, Optional, Union, final
+
+if sys.version_info >= (3, 12):
+    from collections.abc import Buffer as _Buffer
+else:
+    # Anything with the buffer protocol: bytes, bytearray, memoryview,
+    # mmap.mmap, array.array...
+    from typing_extensions import Buffer as _Buffer
+
+__version__: str
+__all__ = [
+    "Hasher",
+    "new",
+    "checksum",
+    "algorithms_available",
+    "algorithms_guaranteed",
+    "__version__",
+]
+
+#: Every digest name ``new()`` and ``checksum()`` accept.
+algorithms_available: FrozenSet[str]
+#: The same as ``algorithms_available``: every digest is built in.
+algorithms_guaranteed: FrozenSet[str]
+
+@final
+class Hasher:
+    """A blkhash hasher, used like a hashlib object.
+
+    Its digest is the blkhash checksum of the bytes given. Unlike a hashlib
+    object it cannot continue after ``digest()`` or ``hexdigest()`` (both
+    may be called again; ``update()`` and ``zero()`` then raise ValueError)
+    and cannot be copied. Calls on one hasher from several threads are
+    serialized; the GIL is released while hashing.
+    """
+
+    def __new__(
+        cls,
+        name: str = "sha256",
+        data: Optional[_Buffer] = None,
+        *,
+        block_size: int = 65536,
+        threads: Optional[int] = None,
+    ) -> "Hasher": ...
+    @property
+    def name(self) -> str:
+        """The digest's name, as ``new()`` takes it."""
+    @property
+    def digest_size(self) -> int:
+        """The size of the checksum in bytes."""
+    @property
+    def block_size(self) -> int:
+        """The blkhash block size in bytes (not the digest's internal block size)."""
+    @property
+    def threads(self) -> int:
+        """The number of digest worker threads."""
+    def update(self, data: _Buffer) -> None:
+        """Add the bytes of ``data`` (read in place from 1 MiB on, else copied), GIL released."""
+    def zero(self, length: int) -> None:
+        """Add ``length`` bytes known to be zeros: nothing is read or allocated."""
+    def digest(self) -> bytes:
+        """The checksum; the first call finishes the hasher."""
+    def hexdigest(self) -> str:
+        """The checksum in lowercase hexadecimal, as blksum prints it."""
+    def copy(self) -> "Hasher":
+        """Not supported: raises NotImplementedError (the state lives in worker threads)."""
+
+def new(
+    name: str = "sha256",
+    data: Optional[_Buffer] = None,
+    *,
+    block_size: int = 65536,
+    threads: Optional[int] = None,
+) -> Hasher:
+    """A new hasher for the digest ``name``; ValueError for bad arguments."""
+
+def checksum(
+    image: Union[str, "os.PathLike[str]"],
+    *,
+    digest: str = "sha256",
+    block_size: int = 65536,
+    format: Optional[str] = None,
+    cache: bool = False,
+    threads: Optional[int] = None,
+    no_backing: bool = False,
+    secret_file: Optional[Union[str, "os.PathLike[str]"]] = None,
+    timeout: Optional[float] = None,
+    tls_certificates: Optional[Union[str, "os.PathLike[str]"]] = None,
+    read_size: int = 1048576,
+    queue_depth: int = 16,
+) -> str:
+    """The hex checksum of an image (path, NBD URL, or "-"), as blksum prints it.
+
+    Raises ValueError for a bad argument, OSError if the image cannot be
+    read, KeyboardInterrupt on Ctrl-C after the run stopped and cleaned up.
+    """

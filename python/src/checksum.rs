@@ -1,0 +1,214 @@
+//! `blkhash.checksum()`: an image's checksum, as blksum computes it.
+//!
+//! The hashing runs on a thread of its own while the caller waits in short
+//! slices with the GIL released, taking it back between slices to run
+//! Python's signal handlers: Ctrl-C then sets the reader's cancel flag, the
+//! run stops between reads, its qemu-nbd (if any) is stopped and its
+//! private directory removed, and only then is KeyboardInterrupt raised.
+
+use crate::{check_block_size, check_threads, parse_digest};
+use blkhash::{Checksum, Hasher, Options};
+use blkimage::{AlignedBuf, Format, Input, OpenOptions, Source};
+use crossbeam_channel::RecvTimeoutError;
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// How often a waiting call looks for signals (Ctrl-C).
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// The blkhash checksum of ``image`` in hexadecimal, as ``blksum`` prints
+/// it. ``image`` is a path (str or os.PathLike: a raw file or block device,
+/// a qcow2 image read natively, another format QEMU reads through a private
+/// qemu-nbd), an NBD URL (``nbd://host/export``,
+/// ``nbd+unix:///export?socket=PATH``, ``nbds://`` for TLS), or ``"-"`` for
+/// standard input. The options are blksum's:
+///
+/// - ``digest``: one of ``algorithms_available``;
+/// - ``block_size``: a multiple of 512 from 512 to 64 MiB;
+/// - ``format``: "raw", "qcow2", or another QEMU format name (vmdk, vdi,
+///   vhdx, vpc, qed, parallels, dmg, qcow, bochs, cloop, luks); None probes;
+/// - ``cache``: read through the page cache (else direct I/O);
+/// - ``threads``: digest threads, 1 to 128 (None: one per core);
+/// - ``no_backing``: refuse qcow2 images that name other files;
+/// - ``secret_file``: the passphrase file of a LUKS image;
+/// - ``timeout``: seconds an NBD server may stay silent;
+/// - ``tls_certificates``: the certificates directory for ``nbds://``;
+/// - ``read_size``: bytes per read, a multiple of 4096 up to 256 MiB;
+/// - ``queue_depth``: reads queued ahead of the digest workers, 1 to 128.
+///
+/// The GIL is released while hashing. Raises ValueError for a bad argument,
+/// OSError if the image cannot be read, with the reason blksum prints
+/// (``errno`` and ``filename`` set where the system gave an errno), and
+/// KeyboardInterrupt on Ctrl-C, once the run has stopped between reads and
+/// cleaned up (a second Ctrl-C raises at once, leaving the run to end on
+/// its own).
+#[pyfunction]
+#[pyo3(
+    text_signature = "(image, *, digest='sha256', block_size=65536, format=None, \
+    cache=False, threads=None, no_backing=False, secret_file=None, timeout=None, \
+    tls_certificates=None, read_size=1048576, queue_depth=16)"
+)]
+#[pyo3(signature = (
+    image, *, digest = "sha256", block_size = blkhash::DEFAULT_BLOCK_SIZE as i64,
+    format = None, cache = false, threads = None, no_backing = false,
+    secret_file = None, timeout = None, tls_certificates = None,
+    read_size = 1 << 20, queue_depth = 16
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn checksum(
+    py: Python<'_>,
+    image: PathBuf,
+    digest: &str,
+    block_size: i64,
+    format: Option<&str>,
+    cache: bool,
+    threads: Option<i64>,
+    no_backing: bool,
+    secret_file: Option<PathBuf>,
+    timeout: Option<f64>,
+    tls_certificates: Option<PathBuf>,
+    read_size: i64,
+    queue_depth: i64,
+) -> PyResult<String> {
+    let name = image
+        .to_str()
+        .ok_or_else(|| PyValueError::new_err(format!("{image:?}: image names must be UTF-8")))?
+        .to_string();
+    let alg = parse_digest(digest)?;
+    let block_size = check_block_size(block_size)?;
+    let threads = check_threads(threads)?;
+    let format: Option<Format> = format
+        .map(|f| f.parse().map_err(PyValueError::new_err))
+        .transpose()?;
+    if blkimage::nbd::is_url(&name) && matches!(format, Some(f) if f != Format::Raw) {
+        return Err(PyValueError::new_err(
+            "an NBD export is read as raw bytes (only format='raw' applies)",
+        ));
+    }
+    if !(4096..=256 << 20).contains(&read_size) || read_size % 4096 != 0 {
+        return Err(PyValueError::new_err(format!(
+            "read size must be a multiple of 4k from 4k to 256m, not {read_size}"
+        )));
+    }
+    if !(1..=128).contains(&queue_depth) {
+        return Err(PyValueError::new_err(format!(
+            "queue depth must be 1 to 128, not {queue_depth}"
+        )));
+    }
+    let timeout = match timeout {
+        None => None,
+        Some(t) if t > 0.0 && t <= 1e6 => Some(Duration::from_secs_f64(t)),
+        Some(t) => {
+            return Err(PyValueError::new_err(format!(
+                "timeout must be seconds from 0 to 1000000, not {t}"
+            )));
+        }
+    };
+    let job = Job {
+        name: name.clone(),
+        open: OpenOptions {
+            cache,
+            format,
+            no_backing,
+            secret_file,
+            nbd: blkimage::nbd::NbdOptions {
+                timeout,
+                tls_certificates,
+                ..Default::default()
+            },
+        },
+        hasher: Options::new()
+            .algorithm(alg)
+            .block_size(block_size)
+            .threads(threads)
+            .queue_depth(queue_depth as usize),
+        // Whole blocks per read: reads then go to the workers as they are.
+        read_size: (read_size as usize).next_multiple_of(block_size),
+    };
+
+    let cancel = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let flag = cancel.clone();
+    let worker = std::thread::Builder::new()
+        .name("blkhash-checksum".into())
+        .spawn(move || {
+            let result = job.run(&flag);
+            // The receiver may be gone only if the caller panicked.
+            let _ = tx.send(());
+            result
+        })
+        .map_err(|e| PyOSError::new_err(format!("cannot start a thread: {e}")))?;
+    let done = || py.detach(|| rx.recv_timeout(SIGNAL_POLL)) != Err(RecvTimeoutError::Timeout);
+    while !done() {
+        // Signal handlers run here (only on the main thread); one that
+        // raises (Ctrl-C: KeyboardInterrupt) stops the run.
+        if let Err(e) = py.check_signals() {
+            cancel.store(true, Ordering::Relaxed);
+            // Wait for the run to stop between reads and clean up (qemu-nbd,
+            // its directory) before raising. A second signal that raises
+            // (a server that never answers) returns at once, as blksum's
+            // second Ctrl-C exits: the run then ends on its own.
+            while !done() {
+                py.check_signals()?;
+            }
+            let _ = py.detach(|| worker.join());
+            return Err(e);
+        }
+    }
+    match py.detach(|| worker.join()) {
+        Ok(Ok(sum)) => Ok(sum.to_hex()),
+        Ok(Err(e)) => Err(os_error(&name, &e)),
+        Err(_) => Err(PyRuntimeError::new_err(format!(
+            "{name}: internal error while hashing"
+        ))),
+    }
+}
+
+/// One image to hash: what `run` needs, owned, for the hashing thread.
+struct Job {
+    name: String,
+    open: OpenOptions,
+    hasher: Options,
+    read_size: usize,
+}
+
+impl Job {
+    /// Open, read into a hasher, finish: what blksum does for one input.
+    fn run(self, cancel: &AtomicBool) -> io::Result<Checksum> {
+        let input = blkimage::open(&self.name, &self.open)?;
+        let mut sink: Hasher<AlignedBuf> =
+            Hasher::with_buffers(self.hasher).map_err(io::Error::other)?;
+        match input {
+            Input::Image(src) => {
+                let src: Arc<dyn Source> = Arc::from(src);
+                blkimage::read_image(src.clone(), &mut sink, self.read_size, cancel, &mut |_| {})?;
+                let sum = sink.try_finalize()?;
+                // Only now are all reads done: is the image still what we read?
+                src.finish()?;
+                Ok(sum)
+            }
+            Input::Stream(mut r) => {
+                blkimage::read_stream(&mut r, &mut sink, self.read_size, cancel, &mut |_| {})?;
+                sink.try_finalize()
+            }
+        }
+    }
+}
+
+/// The OSError for `name` with blksum's reason: where the system gave an
+/// errno, `OSError(errno, reason, name)` (Python then picks the subclass,
+/// FileNotFoundError..., and sets `filename`); else "NAME: reason".
+fn os_error(name: &str, e: &io::Error) -> PyErr {
+    let reason = blkimage::units::reason(e);
+    match e.raw_os_error() {
+        Some(errno) => PyOSError::new_err((errno, reason, name.to_string())),
+        // No errno: OSError's own formatting would then print "[Errno None]"
+        // and drop the reason, so the message is blksum's line as it is.
+        None => PyOSError::new_err(format!("{name}: {reason}")),
+    }
+}

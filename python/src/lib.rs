@@ -1,0 +1,83 @@
+//! The `blkhash` Python package: a thin layer over the blkhash and blkimage
+//! crates. `blkhash.new()` is the construction as a hashlib-like object
+//! (`hasher.rs`); `blkhash.checksum()` hashes an image as blksum does
+//! (`checksum.rs`). Nothing here but translating arguments, buffers and
+//! errors.
+
+mod buffer;
+mod checksum;
+mod hasher;
+
+use blkhash::{ALGORITHMS, Algorithm, MAX_THREADS};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyFrozenSet;
+
+/// A digest by name (as OpenSSL spells it, any case).
+fn parse_digest(name: &str) -> PyResult<Algorithm> {
+    name.parse().map_err(|_| {
+        PyValueError::new_err(format!(
+            "unknown digest '{name}' (see blkhash.algorithms_available)"
+        ))
+    })
+}
+
+/// A block size: a multiple of 512 from 512 to 64 MiB.
+fn check_block_size(n: i64) -> PyResult<usize> {
+    let ok = (blkhash::MIN_BLOCK_SIZE as i64..=blkhash::MAX_BLOCK_SIZE as i64).contains(&n)
+        && n % 512 == 0;
+    if !ok {
+        return Err(PyValueError::new_err(format!(
+            "block size must be a multiple of 512 from 512 to 64m, not {n}"
+        )));
+    }
+    Ok(n as usize)
+}
+
+/// Digest threads: 1 to 128, or None for one per core.
+fn check_threads(n: Option<i64>) -> PyResult<usize> {
+    match n {
+        None => Ok(blkhash::default_threads()),
+        Some(n) if (1..=MAX_THREADS as i64).contains(&n) => Ok(n as usize),
+        Some(n) => Err(PyValueError::new_err(format!(
+            "threads must be 1 to {MAX_THREADS}, not {n}"
+        ))),
+    }
+}
+
+/// A new blkhash hasher for the digest ``name`` (one of
+/// ``algorithms_available``), cutting data into blocks of ``block_size``
+/// bytes (a multiple of 512 from 512 to 64 MiB) digested by ``threads``
+/// worker threads (default: one per core). ``data``, if given, is added
+/// first. Raises ValueError for an unknown digest or a bad size or count.
+#[pyfunction]
+#[pyo3(text_signature = "(name='sha256', data=None, *, block_size=65536, threads=None)")]
+#[pyo3(signature = (name = "sha256", data = None, *, block_size = blkhash::DEFAULT_BLOCK_SIZE as i64, threads = None))]
+fn new(
+    py: Python<'_>,
+    name: &str,
+    data: Option<&Bound<'_, PyAny>>,
+    block_size: i64,
+    threads: Option<i64>,
+) -> PyResult<hasher::PyHasher> {
+    hasher::PyHasher::py_new(py, name, data, block_size, threads)
+}
+
+/// Fast checksums of disk images, byte-identical to blkhash 0.11 (blksum).
+///
+/// ``new()`` makes a hashlib-like hasher fed with bytes; ``checksum()``
+/// hashes an image (a file, a qcow2 or other QEMU image, an NBD URL).
+#[pymodule]
+#[pyo3(name = "blkhash")]
+fn blkhash_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<hasher::PyHasher>()?;
+    m.add_function(wrap_pyfunction!(new, m)?)?;
+    m.add_function(wrap_pyfunction!(checksum::checksum, m)?)?;
+    let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.name()).collect();
+    // Every digest is built in, so both sets are the same.
+    m.add("algorithms_available", PyFrozenSet::new(py, &names)?)?;
+    m.add("algorithms_guaranteed", PyFrozenSet::new(py, &names)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,276 @@
+"""blkhash.checksum(): images by path, qcow2, NBD URLs, other formats
+through qemu-nbd, errors, and Ctrl-C."""
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import blkhash
+from conftest import model, need, recipe_bytes
+
+RECIPE = "1m:r 1m:- 1m:0 1m:t 100000:r"
+
+
+@pytest.fixture
+def raw(images):
+    return images(RECIPE)
+
+
+def padded(recipe):
+    """The bytes of the image by path: its size rounded up to 512, as QEMU."""
+    data = recipe_bytes(recipe)
+    return data + bytes(-len(data) % 512)
+
+
+def test_path_kinds(raw):
+    want = model(padded(RECIPE))
+    assert blkhash.checksum(str(raw)) == want
+    assert blkhash.checksum(raw) == want  # os.PathLike
+    assert blkhash.checksum(raw, cache=True, threads=1, read_size=4096, queue_depth=1) == want
+    assert blkhash.checksum(raw, format="raw") == want
+    assert blkhash.checksum(raw, digest="sha1", block_size=4096) == model(padded(RECIPE), "sha1", 4096)
+
+
+def test_same_as_blksum(raw):
+    """The same checksum as the blksum command, when it is built."""
+    root = Path(__file__).resolve().parents[2]
+    candidates = [Path(os.environ.get("CARGO_TARGET_DIR", root / "target")) / p / "blksum"
+                  for p in ("release", "debug")]
+    blksum = next((c for c in candidates if c.exists()), None)
+    if blksum is None:
+        pytest.skip("blksum not built")
+    out = subprocess.run([blksum, "--digest", "blake3", raw], check=True,
+                         capture_output=True, text=True).stdout
+    assert out.split()[0] == blkhash.checksum(raw, digest="blake3")
+
+
+def test_qcow2_and_its_raw_agree(raw, tmp_path):
+    need("qemu-img", "qemu-utils")
+    qcow2 = tmp_path / "disk.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow2], check=True)
+    assert blkhash.checksum(qcow2) == blkhash.checksum(raw)
+    assert blkhash.checksum(qcow2, format="qcow2", no_backing=True) == blkhash.checksum(raw)
+
+
+def test_other_format_through_qemu_nbd(raw, tmp_path, monkeypatch):
+    need("qemu-img", "qemu-utils")
+    need("qemu-nbd", "qemu-utils")
+    vmdk = tmp_path / "disk.vmdk"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "vmdk", raw, vmdk], check=True)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    assert blkhash.checksum(vmdk) == blkhash.checksum(raw)
+    assert blkhash.checksum(vmdk, format="vmdk") == blkhash.checksum(raw)
+    # The private qemu-nbd's directory is gone.
+    assert list(scratch.iterdir()) == []
+
+
+def test_nbd_url(raw, tmp_path, serve):
+    need("qemu-nbd", "qemu-utils")
+    sock = tmp_path / "nbd.sock"
+    serve(["qemu-nbd", "--persistent", "--read-only", "--format=raw", "--shared=4",
+           f"--socket={sock}", str(raw)], sock)
+    url = f"nbd+unix:///?socket={sock}"
+    assert blkhash.checksum(url) == model(padded(RECIPE))
+    assert blkhash.checksum(url, digest="md5", block_size=512, timeout=30) == \
+        model(padded(RECIPE), "md5", 512)
+    with pytest.raises(ValueError, match="only format='raw'"):
+        blkhash.checksum(url, format="qcow2")
+
+
+def test_nbd_url_of_qcow2(raw, tmp_path, serve):
+    """qemu-nbd serving a qcow2 image: its guest content, as the raw image."""
+    need("qemu-nbd", "qemu-utils")
+    qcow2 = tmp_path / "disk.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow2], check=True)
+    sock = tmp_path / "nbd.sock"
+    serve(["qemu-nbd", "--persistent", "--read-only", "--format=qcow2",
+           f"--socket={sock}", str(qcow2)], sock)
+    assert blkhash.checksum(f"nbd+unix:///?socket={sock}") == blkhash.checksum(raw)
+
+
+def test_missing_file(tmp_path):
+    missing = tmp_path / "missing.img"
+    with pytest.raises(FileNotFoundError) as e:
+        blkhash.checksum(missing)
+    assert e.value.errno == errno.ENOENT
+    assert e.value.strerror == "No such file or directory"
+    assert e.value.filename == str(missing)
+
+
+def test_corrupt_qcow2(raw, tmp_path):
+    need("qemu-img", "qemu-utils")
+    qcow2 = tmp_path / "bad.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow2], check=True)
+    with open(qcow2, "r+b") as f:
+        # The L1 table offset (header bytes 40..48) far past the end.
+        f.seek(40)
+        f.write((1 << 50).to_bytes(8, "big"))
+    with pytest.raises(OSError) as e:
+        blkhash.checksum(qcow2)
+    # blksum's line without "blksum: ": the name, then the reason.
+    assert str(e.value).startswith(f"{qcow2}: ")
+    assert "L1" in str(e.value)
+    assert "None" not in str(e.value)
+
+
+def test_not_qcow2(raw):
+    with pytest.raises(OSError) as e:
+        blkhash.checksum(raw, format="qcow2")
+    assert str(e.value).startswith(f"{raw}: ")
+    assert "qcow2" in str(e.value).split(": ", 1)[1]
+
+
+def test_no_server(tmp_path):
+    with pytest.raises(OSError) as e:
+        blkhash.checksum(f"nbd+unix:///?socket={tmp_path / 'none.sock'}")
+    assert "none.sock" in str(e.value)
+    assert "None" not in str(e.value)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"digest": "sha257"}, "unknown digest 'sha257'"),
+    ({"block_size": 1000}, "block size must be a multiple of 512"),
+    ({"format": "floppy"}, "unknown format 'floppy'"),
+    ({"threads": 0}, "threads must be 1 to 128"),
+    ({"read_size": 1000}, "read size"),
+    ({"queue_depth": 0}, "queue depth"),
+    ({"timeout": -1.0}, "timeout"),
+])
+def test_bad_arguments(raw, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        blkhash.checksum(raw, **kwargs)
+
+
+def qemu_nbd_children(pid):
+    """qemu-nbd processes whose parent is `pid`."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        if comm == "qemu-nbd" and ppid == pid:
+            found.append(int(d.name))
+    return found
+
+
+SLOW_SCRIPT = textwrap.dedent("""
+    import sys, blkhash
+    try:
+        # One thread, 512-byte blocks, a slow digest, small reads one at a
+        # time: seconds per image on any machine.
+        print(blkhash.checksum(sys.argv[1], digest="sha3-512", block_size=512,
+                               threads=1, read_size=4096, queue_depth=1), flush=True)
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt", flush=True)
+        sys.exit(130)
+""")
+
+
+def run_and_interrupt(image, tmp_path, wait_child=None):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch))
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SCRIPT, str(image)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    seen = wait_child(proc.pid) if wait_child else None
+    assert proc.poll() is None, "finished before the interrupt: image too small"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130, (out, err)
+    assert out.strip() == "KeyboardInterrupt"
+    assert took < 5, f"took {took:.1f} s to stop"
+    return scratch, seen
+
+
+def test_ctrl_c_stops_and_cleans_up(tmp_path):
+    """A checksum through a private qemu-nbd, interrupted: KeyboardInterrupt
+    promptly, and neither qemu-nbd nor its directory left behind."""
+    need("qemu-img", "qemu-utils")
+    need("qemu-nbd", "qemu-utils")
+    big = tmp_path / "big.img"
+    with open(big, "wb") as f:
+        block = b"\x5a" * (1 << 20)
+        for _ in range(128):
+            f.write(block)
+    vmdk = tmp_path / "big.vmdk"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "vmdk", big, vmdk], check=True)
+    big.unlink()
+    scratch, children = run_and_interrupt(vmdk, tmp_path, wait_child=qemu_nbd_children)
+    assert children, "no qemu-nbd was running"
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or \
+            "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3], \
+            f"qemu-nbd {pid} left running"
+    assert list(scratch.iterdir()) == []
+
+
+def test_ctrl_c_slow_nbd_server(tmp_path, serve):
+    """An NBD server that answers slowly (nbdkit's delay filter)."""
+    need("nbdkit", "nbdkit")
+    sock = tmp_path / "slow.sock"
+    serve(["nbdkit", "--foreground", "--unix", str(sock), "--filter=delay",
+           "--filter=noextents", "pattern", "size=1G", "rdelay=200ms"], sock)
+    run_and_interrupt(f"nbd+unix:///?socket={sock}", tmp_path)
+
+
+def test_gil_released_while_hashing(tmp_path, serve):
+    """Other Python threads run while checksum() waits on a slow server."""
+    need("nbdkit", "nbdkit")
+    sock = tmp_path / "slow.sock"
+    serve(["nbdkit", "--foreground", "--unix", str(sock), "--filter=delay",
+           "--filter=noextents", "pattern", "size=16M", "rdelay=100ms"], sock)
+    url = f"nbd+unix:///?socket={sock}"
+    result = []
+    t = threading.Thread(target=lambda: result.append(blkhash.checksum(url, read_size=1 << 20)))
+    start = last = time.monotonic()
+    t.start()
+    gap = 0.0
+    while t.is_alive():
+        now = time.monotonic()
+        gap, last = max(gap, now - last), now
+    took = time.monotonic() - start
+    t.join()
+    # Held for the whole call, the GIL would stall this loop as long.
+    assert took > 0.5 and gap < took / 2, (gap, took)
+    # nbdkit's pattern: each 8-byte word is its own offset, big-endian.
+    data = b"".join(i.to_bytes(8, "big") for i in range(0, 16 << 20, 8))
+    assert result == [model(data)]
+
+
+def test_second_ctrl_c_returns_at_once(tmp_path, serve):
+    """A server that does not answer: the first Ctrl-C waits for the run to
+    stop, a second one raises at once (as blksum's second Ctrl-C exits)."""
+    need("nbdkit", "nbdkit")
+    sock = tmp_path / "stuck.sock"
+    serve(["nbdkit", "--foreground", "--unix", str(sock), "--filter=delay",
+           "pattern", "size=1G", "rdelay=60"], sock)
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SCRIPT, f"nbd+unix:///?socket={sock}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    assert proc.poll() is None, "returned before the stuck read ended"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 5
+    assert proc.returncode == 130, (out, err)
+    assert out.strip() == "KeyboardInterrupt"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Build the Python package as a user installs it (pip install ./python: one
+# release build by maturin) into a throwaway venv, and run its pytest suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=$(mktemp -d "${TMPDIR:-/tmp}/blkhash-venv.XXXXXX")
+trap 'rm -rf "$venv"' EXIT
+
+python3 -m venv "$venv"
+# blake3: the tests' model of the construction for that digest (not in hashlib).
+"$venv/bin/pip" install --quiet --disable-pip-version-check ./python pytest blake3
+# From python/: the tests import the installed package, not the sources.
+(cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@")
