@@ -525,11 +525,9 @@ class Bench:
 
     # -- helpers
 
-    def build(self):
-        if self.a.no_build:
-            return True
-        for argv in (["cargo", "build", "--release"],
-                     ["cargo", "build", "--release", "-p", "blkhash", "--examples"]):
+    def steps(self, *argvs):
+        """Run build steps in order; False (reported) at the first failure."""
+        for argv in argvs:
             log(" ".join(argv))
             p = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
@@ -538,6 +536,12 @@ class Bench:
                 self.r.code(p.stderr[-4000:])
                 return False
         return True
+
+    def build(self):
+        if self.a.no_build:
+            return True
+        return self.steps(["cargo", "build", "--release"],
+                          ["cargo", "build", "--release", "-p", "blkhash", "--examples"])
 
     def image(self, kind, size):
         d = Path(self.a.dir)
@@ -1320,16 +1324,10 @@ class Bench:
         py = venv / "bin" / "python"
         if not self.a.no_build:
             Path(self.a.dir).mkdir(parents=True, exist_ok=True)
-            for argv in ([sys.executable, "-m", "venv", str(venv)],
-                         [str(venv / "bin" / "pip"), "install", "--quiet",
-                          "--disable-pip-version-check", str(ROOT / "python")]):
-                log(" ".join(argv))
-                p = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, text=True)
-                if p.returncode != 0:
-                    self.r.problem(f"FAILED: {' '.join(argv)} (exit {p.returncode})")
-                    self.r.code(p.stderr[-4000:])
-                    return None
+            if not self.steps([sys.executable, "-m", "venv", str(venv)],
+                              [str(venv / "bin" / "pip"), "install", "--quiet",
+                               "--disable-pip-version-check", str(ROOT / "python")]):
+                return None
         if not py.exists():
             self.r.problem(f"FAILED: {py} missing (run without --no-build, or --python)")
             return None

@@ -18,32 +18,23 @@ fn names_that_are_not_utf8() {
     let dst = d.join(OsStr::from_bytes(b"dst\xfe.raw"));
     let map = d.join(OsStr::from_bytes(b"m\xfd.map"));
 
-    let out = Command::new(BLKMAP).arg(&src).arg(&map).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.stdout
-            .ends_with(&[src.as_os_str().as_bytes(), b"\n"].concat())
-    );
-    let out = Command::new(BLKSYNC)
-        .arg(&src)
-        .arg(&dst)
-        .arg("--state")
-        .arg(d.join(OsStr::from_bytes(b"st\xfc")))
-        .arg("--checksum")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.stdout
-            .ends_with(&[src.as_os_str().as_bytes(), b"\n"].concat())
+    // Succeeds, and its checksum line ends with SRC's name as it is.
+    let prints_src = |cmd: &mut Command| {
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let line_end = [src.as_os_str().as_bytes(), b"\n"].concat();
+        assert!(out.stdout.ends_with(&line_end));
+    };
+    prints_src(Command::new(BLKMAP).arg(&src).arg(&map));
+    let state = d.join(OsStr::from_bytes(b"st\xfc"));
+    prints_src(
+        Command::new(BLKSYNC)
+            .arg(&src)
+            .arg(&dst)
+            .arg("--state")
+            .arg(&state)
+            .arg("--checksum"),
     );
     assert!(std::fs::read(&dst).unwrap() == std::fs::read(&src).unwrap());
     // The image and the map of its copy are the same.
