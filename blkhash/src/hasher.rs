@@ -206,6 +206,37 @@ enum Failure {
     Reported,
 }
 
+impl<B> fmt::Debug for Hasher<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hasher")
+            .field("algorithm", &self.alg)
+            .field("block_size", &self.block_size)
+            .field("len", &self.total_len)
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A hasher is a writer: `io::copy(&mut file, &mut hasher)` hashes a file
+/// (every byte read; the image commands skip holes instead).
+///
+/// ```
+/// use blkhash::{Hasher, Options};
+/// let mut h = Hasher::new(Options::new()).unwrap();
+/// std::io::copy(&mut &[5u8; 100_000][..], &mut h).unwrap();
+/// assert_eq!(h.finalize(), blkhash::hash([5u8; 100_000]));
+/// ```
+impl<B: AsRef<[u8]> + Send + 'static> io::Write for Hasher<B> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.update_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 impl Hasher<Vec<u8>> {
     /// A hasher whose zero-copy buffers are `Vec<u8>`.
     pub fn new(opts: Options) -> Result<Self, OptionsError> {
@@ -300,7 +331,11 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
 
     /// Add bytes, copied into internal buffers. Whole blocks of zeros are
     /// found here and not copied: they cost a scan, not a digest.
-    pub fn update(&mut self, mut data: &[u8]) {
+    pub fn update(&mut self, data: impl AsRef<[u8]>) {
+        self.update_slice(data.as_ref());
+    }
+
+    fn update_slice(&mut self, mut data: &[u8]) {
         let bs = self.block_size;
         while !data.is_empty() {
             let partial = self.staging.len() % bs;

@@ -32,13 +32,27 @@ mod pool;
 mod zero;
 
 pub use algorithm::{ALGORITHMS, Algorithm, Streaming, UnknownAlgorithm};
-pub use checksum::{Checksum, to_hex};
+pub use checksum::{Checksum, ParseChecksumError, to_hex};
 pub use hasher::{
     BlockEvent, DEFAULT_BLOCK_SIZE, Hasher, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE, Options,
     OptionsError, default_threads,
 };
 pub use pool::Fill;
 pub use zero::is_zero;
+
+/// The checksum of `data` with the defaults (SHA-256, 64 KiB blocks, one
+/// worker per core), in one call.
+///
+/// ```
+/// let c = blkhash::hash(b"hello");
+/// assert_eq!(c.algorithm(), blkhash::Algorithm::Sha256);
+/// assert_eq!(c, blkhash::checksum_of(blkhash::Algorithm::Sha256, 65536, b"hello"));
+/// ```
+pub fn hash(data: impl AsRef<[u8]>) -> Checksum {
+    let mut h = Hasher::new(Options::new()).expect("the default options are valid");
+    h.update(data);
+    h.finalize()
+}
 
 /// The checksum of `data` computed directly from the definition, with no
 /// pool and no zero shortcut: the model the [`Hasher`] is tested against.

@@ -134,7 +134,7 @@ pub fn check_file(
         any_line = true;
         let bs = block_size.unwrap_or(opts.block_size);
         match compute(&name, alg, bs) {
-            Ok(sum) if sum.to_hex() == hex => {
+            Ok(sum) if Checksum::from_hex(alg, &hex).is_ok_and(|want| want == sum) => {
                 tally.verified += 1;
                 if !opts.quiet && !opts.status {
                     say(out, &name, "OK")?;
