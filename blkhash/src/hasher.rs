@@ -375,7 +375,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
         let partial = (self.staging.len() as u64) % bs;
         if partial != 0 {
             let fill = (bs - partial).min(len);
-            self.update(&vec![0u8; fill as usize]);
+            self.update(vec![0u8; fill as usize]);
             len -= fill;
         }
         if len == 0 {
@@ -391,7 +391,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
             }
             self.advance();
         }
-        self.update(&vec![0u8; (len % bs) as usize]);
+        self.update(vec![0u8; (len % bs) as usize]);
     }
 
     /// Hand over a buffer to digest without copying it (but for a part that

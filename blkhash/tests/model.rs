@@ -55,7 +55,7 @@ proptest! {
         for p in &pieces {
             match p {
                 Piece::Data(d) => { h.update(d); all.extend_from_slice(d); }
-                Piece::ZeroData(n) => { h.update(&vec![0; *n]); all.resize(all.len() + n, 0); }
+                Piece::ZeroData(n) => { h.update(vec![0; *n]); all.resize(all.len() + n, 0); }
                 Piece::Zeros(n) => { h.update_zeros(*n); all.resize(all.len() + *n as usize, 0); }
                 Piece::Submit(d) => { h.submit(d.clone()); all.extend_from_slice(d); }
                 Piece::Fill(d) => {
@@ -87,7 +87,7 @@ proptest! {
         for p in &pieces {
             match p {
                 Piece::Data(d) | Piece::Submit(d) | Piece::Fill(d) => { h.update(d); all.extend_from_slice(d); }
-                Piece::ZeroData(n) => { h.update(&vec![0; *n]); all.resize(all.len() + n, 0); }
+                Piece::ZeroData(n) => { h.update(vec![0; *n]); all.resize(all.len() + n, 0); }
                 Piece::Zeros(n) => { h.update_zeros(*n); all.resize(all.len() + *n as usize, 0); }
             }
         }

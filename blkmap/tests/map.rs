@@ -138,7 +138,7 @@ fn builder_sees_every_way_of_feeding() {
     let mut h = Hasher::new(o.clone()).unwrap();
     let builder = MapBuilder::attach(&mut h).unwrap();
     let mut data = Vec::new();
-    h.update(&[1u8; 5000]);
+    h.update([1u8; 5000]);
     data.extend([1u8; 5000]);
     h.update_zeros(3 << 20);
     data.extend(vec![0u8; 3 << 20]);
@@ -153,7 +153,7 @@ fn builder_sees_every_way_of_feeding() {
     )
     .unwrap();
     data.extend(vec![9u8; 1 << 20]);
-    h.update(&[3u8; 100]);
+    h.update([3u8; 100]);
     data.extend([3u8; 100]);
     let map = builder.finalize(h).unwrap();
     assert_eq!(map, Map::compute(o, &data).unwrap());

@@ -211,18 +211,18 @@ mod tests {
     #[test]
     fn only_differing_blocks() {
         let dst = map(|h| {
-            h.update(&[1u8; 4 * BS]);
+            h.update([1u8; 4 * BS]);
             h.update_zeros(4 * BS as u64);
-            h.update(&[2u8; 4 * BS]);
+            h.update([2u8; 4 * BS]);
         });
         let got = ops(dst, 12 * BS as u64, |h| {
-            h.update(&[1u8; 2 * BS]); // same
-            h.update(&[9u8; 2 * BS]); // data changed
-            h.update(&[0u8; BS]); // written zeros over a hole: same
-            h.update(&[3u8; BS]); // data over a hole
+            h.update([1u8; 2 * BS]); // same
+            h.update([9u8; 2 * BS]); // data changed
+            h.update([0u8; BS]); // written zeros over a hole: same
+            h.update([3u8; BS]); // data over a hole
             h.update_zeros(2 * BS as u64); // same
             h.update_zeros(BS as u64); // zeros over data
-            h.update(&[2u8; 3 * BS]); // same
+            h.update([2u8; 3 * BS]); // same
         });
         assert_eq!(
             got,
@@ -237,12 +237,12 @@ mod tests {
     #[test]
     fn grown_and_short_tail() {
         // DST: 2.5 blocks; SRC: 5 blocks, the new ones zeros but one.
-        let dst = map(|h| h.update(&[1u8; 2 * BS + BS / 2]));
+        let dst = map(|h| h.update([1u8; 2 * BS + BS / 2]));
         let got = ops(dst, 5 * BS as u64 + 100, |h| {
-            h.update(&[1u8; 2 * BS]);
-            h.update(&[1u8; BS]); // DST's short block, now full
+            h.update([1u8; 2 * BS]);
+            h.update([1u8; BS]); // DST's short block, now full
             h.update_zeros(BS as u64); // past DST's end: a hole already
-            h.update(&[7u8; BS + 100]);
+            h.update([7u8; BS + 100]);
         });
         assert_eq!(got, [op(2 * BS, BS, false), op(4 * BS, BS + 100, false)]);
     }
@@ -262,12 +262,12 @@ mod tests {
             let n = blocks * BS;
             match kind {
                 0 => h.update_zeros(n as u64),
-                1 => h.update(&vec![0u8; n]),
-                b => h.update(&vec![b; n]),
+                1 => h.update(vec![0u8; n]),
+                b => h.update(vec![b; n]),
             }
             bytes.resize(bytes.len() + n, if kind < 2 { 0 } else { kind });
         }
-        h.update(&vec![7u8; *tail]);
+        h.update(vec![7u8; *tail]);
         bytes.resize(bytes.len() + tail, 7);
         bytes
     }
@@ -304,7 +304,7 @@ mod tests {
         let blocks = 3 * crate::copy::CHUNK as usize / BS;
         let dst = map(|h| h.update_zeros((blocks * BS) as u64));
         let got = ops(dst, (blocks * BS) as u64, |h| {
-            h.update(&vec![5u8; blocks * BS]);
+            h.update(vec![5u8; blocks * BS]);
         });
         let chunk = crate::copy::CHUNK as usize;
         assert_eq!(
@@ -318,9 +318,9 @@ mod tests {
         // Zeros over a large DST that is mostly zeros: only its data.
         let size = 1u64 << 36;
         let dst = map(|h| {
-            h.update(&[1u8; BS]);
+            h.update([1u8; BS]);
             h.update_zeros(size - 2 * BS as u64);
-            h.update(&[1u8; BS]);
+            h.update([1u8; BS]);
         });
         let got = ops(dst, size, |h| h.update_zeros(size));
         assert_eq!(got, [op(0, BS, true), op(size as usize - BS, BS, true)]);
