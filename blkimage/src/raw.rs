@@ -83,6 +83,18 @@ impl RawFile {
         })
     }
 
+    /// The magic number of the file system the file lives on (`statfs`'s
+    /// `f_type`).
+    pub fn fs_type(&self) -> io::Result<i64> {
+        // SAFETY: fstatfs fills the zeroed struct on a valid descriptor.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstatfs(self.file.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        #[allow(clippy::unnecessary_cast)]
+        Ok(st.f_type as i64)
+    }
+
     /// True if reads bypass the page cache.
     pub fn is_direct(&self) -> bool {
         self.buffered.is_some()
