@@ -36,6 +36,11 @@ pub struct InputArgs {
     #[arg(long)]
     pub no_backing: bool,
 
+    /// Read images even while another process has them open for writing
+    /// (QEMU's image locks ignored, as qemu-img's -U) [default: "in use"].
+    #[arg(short = 'U', long)]
+    pub force_share: bool,
+
     /// Use the page cache (default: direct I/O where possible).
     #[arg(long)]
     pub cache: bool,
@@ -78,6 +83,7 @@ impl InputArgs {
                 cache: self.cache,
                 format: self.format,
                 no_backing: self.no_backing,
+                force_share: self.force_share,
                 nbd: self.nbd_options(),
                 ..Default::default()
             },

@@ -103,6 +103,7 @@ pub(crate) fn open_file(
         }
         let raw = RawFile::open(&p, !opts.cache).map_err(ctx)?;
         refuse_pseudo_file(&raw).map_err(ctx)?;
+        raw.lock(opts.force_share).map_err(ctx)?;
         Some(Arc::new(ImageFile::new(raw, &p).map_err(ctx)?))
     } else {
         None
@@ -178,6 +179,7 @@ fn open_backing(
     };
     let file = RawFile::open(path, !opts.cache).map_err(ctx)?;
     refuse_pseudo_file(&file).map_err(ctx)?;
+    file.lock(opts.force_share).map_err(ctx)?;
     let is_qcow2 = match format {
         Some(Format::Raw) => false,
         _ => probe(&file)?,

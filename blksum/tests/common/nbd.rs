@@ -315,18 +315,12 @@ pub fn processes_with(needle: &str) -> Vec<String> {
         .collect()
 }
 
-/// The blksum-* directories in the temporary directory.
-pub fn blksum_temp_dirs() -> Vec<PathBuf> {
-    let tmp = std::env::temp_dir();
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&tmp)
+/// The entries blksum left in `tmp` (its TMPDIR: see `use_tmpdir`).
+pub fn temp_leftovers(tmp: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(tmp)
         .unwrap()
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("blksum-"))
-        })
         .collect();
     v.sort();
     v
