@@ -379,13 +379,28 @@ fn serve(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(File::create(&log)?);
+    // If we die, the server goes too. A read-only server has nothing to
+    // flush: SIGKILL, which it cannot miss (a SIGTERM that arrives while
+    // qemu-nbd opens the image, before its main loop runs, is noted and
+    // then never acted on: it waited forever, holding the image's locks).
+    // A writable one needs SIGTERM to flush and close the image.
+    let death_signal = if writable {
+        libc::SIGTERM
+    } else {
+        libc::SIGKILL
+    };
+    let parent = std::process::id() as libc::pid_t;
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             // Not in our process group: a terminal's Ctrl-C is ours to
-            // handle; and if we die, the server goes too.
+            // handle.
             libc::setpgid(0, 0);
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            libc::prctl(libc::PR_SET_PDEATHSIG, death_signal);
+            // We died between fork and prctl: no signal will come.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
             Ok(())
         });
     }
