@@ -90,6 +90,7 @@ def checksum(
     cache: bool = False,
     threads: Optional[int] = None,
     no_backing: bool = False,
+    force_share: bool = False,
     secret_file: Optional[Union[str, "os.PathLike[str]"]] = None,
     timeout: Optional[float] = None,
     tls_certificates: Optional[Union[str, "os.PathLike[str]"]] = None,

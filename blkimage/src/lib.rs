@@ -87,6 +87,12 @@ pub struct OpenOptions {
     pub no_backing: bool,
     /// The file with the passphrase of LUKS images (its bytes as they are).
     pub secret_file: Option<std::path::PathBuf>,
+    /// Ignore QEMU's image locks (qemu-img's `-U`/`--force-share`): read an
+    /// image even while a VM or a writable qemu-nbd has it open. Without
+    /// it such an image is an error ([`io::ErrorKind::ResourceBusy`],
+    /// "in use"), and while it is read the same shared lock QEMU's readers
+    /// take keeps writers from opening it (see [`RawFile::lock`]).
+    pub force_share: bool,
     /// NBD connections: timeout, connections, TLS certificates.
     pub nbd: nbd::NbdOptions,
 }
@@ -133,6 +139,7 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
         return stream(Box::new(File::open(path)?));
     }
     let file = RawFile::open(path, !opts.cache)?;
+    file.lock(opts.force_share)?;
     let other = match opts.format {
         Some(Format::Qemu(f)) => Some(f),
         None if !ft.is_block_device() => {
@@ -147,6 +154,7 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
             f,
             opts.cache,
             opts.secret_file.as_deref(),
+            opts.force_share,
             &opts.nbd,
         )?)));
     }

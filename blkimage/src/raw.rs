@@ -34,6 +34,46 @@ fn lseek(file: &File, offset: u64, whence: i32) -> io::Result<u64> {
     }
 }
 
+/// An `F_OFD_SETLK` or `F_OFD_GETLK` of `kind` on the single byte `byte`:
+/// the lock type found (`F_UNLCK` if none) for `F_OFD_GETLK`.
+fn ofd_lock(file: &File, cmd: i32, kind: i32, byte: u64) -> io::Result<i32> {
+    // SAFETY: a zeroed flock is valid (l_pid must be 0 for OFD locks).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = byte as libc::off_t;
+    fl.l_len = 1;
+    loop {
+        // SAFETY: fcntl on a valid descriptor with a valid flock.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) };
+        if r == 0 {
+            return Ok(i32::from(fl.l_type));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The file system (or the kernel) has no OFD locks.
+fn no_locks(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::EINVAL)
+    )
+}
+
+fn in_use(what: String) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ResourceBusy,
+        format!(
+            "in use: {what} (another process, such as a VM or a writable qemu-nbd, \
+             has the image open; force-share reads it anyway)"
+        ),
+    )
+}
+
 impl RawFile {
     /// Open `path` read-only; with `direct`, bypass the page cache where the
     /// file system allows it (else fall back to the cache, as QEMU does).
@@ -81,6 +121,87 @@ impl RawFile {
             seek_data: !is_block,
             is_block,
         })
+    }
+
+    /// Take QEMU's image locks as `qemu-img convert` does, for as long as
+    /// this file is open; an error if another process's locks forbid it.
+    ///
+    /// QEMU (its file-posix driver, files and host devices alike) locks
+    /// single bytes with shared open-file-description locks: byte 100 + p
+    /// while it holds permission p, byte 200 + p while it does not let
+    /// others hold p (p: 0 consistent read, 1 write, 2 write unchanged, 3
+    /// resize). A reader holds "consistent read" and shares neither "write"
+    /// nor "resize": bytes 100, 201 and 203. Then it fails if another
+    /// process holds byte 200 (someone forbids consistent reads), 101 (a
+    /// writer: a running VM, a writable qemu-nbd) or 103 (a resizer), with
+    /// QEMU's words. `force_share` (qemu-img's `-U`) takes only byte 100
+    /// and checks only byte 200. Locks are taken before they are checked,
+    /// so of two processes starting together at least one sees the other.
+    ///
+    /// On a file system without these locks (the calls fail with ENOLCK,
+    /// EOPNOTSUPP or EINVAL) no QEMU can hold them either: the file is
+    /// read without them.
+    ///
+    /// ```no_run
+    /// let f = blkimage::RawFile::open(std::path::Path::new("disk.img"), true).unwrap();
+    /// // Fails with "in use" while a VM has disk.img open for writing.
+    /// f.lock(false).unwrap();
+    /// ```
+    pub fn lock(&self, force_share: bool) -> io::Result<()> {
+        const CONSISTENT_READ: u64 = 0;
+        const WRITE: u64 = 1;
+        const RESIZE: u64 = 3;
+        let names = |p| match p {
+            CONSISTENT_READ => "consistent read",
+            WRITE => "write",
+            _ => "resize",
+        };
+        let unshared: &[u64] = if force_share { &[] } else { &[WRITE, RESIZE] };
+        let mut held = vec![100 + CONSISTENT_READ];
+        held.extend(unshared.iter().map(|p| 200 + p));
+        for &byte in &held {
+            match ofd_lock(&self.file, libc::F_OFD_SETLK, libc::F_RDLCK, byte) {
+                Ok(_) => {}
+                Err(e) if no_locks(&e) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    // Only an exclusive lock conflicts with ours: QEMU takes
+                    // none, but say what it is.
+                    return Err(in_use(format!("cannot lock byte {byte}")));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut tests = vec![(
+            200 + CONSISTENT_READ,
+            format!("Failed to get \"{}\" lock", names(CONSISTENT_READ)),
+        )];
+        tests.extend(unshared.iter().map(|&p| {
+            (
+                100 + p,
+                format!("Failed to get shared \"{}\" lock", names(p)),
+            )
+        }));
+        for (byte, what) in tests {
+            match ofd_lock(&self.file, libc::F_OFD_GETLK, libc::F_WRLCK, byte) {
+                Ok(libc::F_UNLCK) => {}
+                Ok(_) => return Err(in_use(what)),
+                Err(e) if no_locks(&e) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The magic number of the file system the file lives on (`statfs`'s
+    /// `f_type`).
+    pub fn fs_type(&self) -> io::Result<i64> {
+        // SAFETY: fstatfs fills the zeroed struct on a valid descriptor.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstatfs(self.file.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        #[allow(clippy::unnecessary_cast)]
+        Ok(st.f_type as i64)
     }
 
     /// True if reads bypass the page cache.

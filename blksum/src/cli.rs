@@ -50,6 +50,13 @@ pub struct Args {
     #[arg(long)]
     pub no_backing: bool,
 
+    /// Read images even while another process has them open for writing
+    /// (a running VM, a writable qemu-nbd), as qemu-img's -U: by default
+    /// such an image fails with "in use", as QEMU's image locks say, and an
+    /// image being read is locked against new writers.
+    #[arg(short = 'U', long)]
+    pub force_share: bool,
+
     /// LUKS images: the file that holds the passphrase. Its bytes are the
     /// passphrase as they are (a trailing newline is part of it: write it
     /// with printf '%s'), as QEMU's `--object secret,file=FILE` reads them:

@@ -59,6 +59,7 @@ fn main() -> ExitCode {
             cache: args.cache,
             format: args.format,
             no_backing: args.no_backing,
+            force_share: args.force_share,
             secret_file: args.secret_file.clone(),
             nbd: blkimage::nbd::NbdOptions {
                 timeout: args.timeout,

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::nbd::{blksum_temp_dirs, processes_with};
+use common::nbd::{processes_with, temp_leftovers};
 use common::qemu::{qemu_img, run_timeout};
 use common::*;
 use std::path::{Path, PathBuf};
@@ -35,20 +35,29 @@ fn convert(raw: &Path, out: &Path, opts: &[&str]) {
     qemu_img(&args);
 }
 
-/// The leftover checks look at every blksum temporary directory: the tests
-/// of this file must not run side by side.
+/// One test at a time: they start many qemu-nbd processes.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn no_leftovers(dir: &Path, before: &[PathBuf]) {
+/// A test's scratch directory, and blksum's TMPDIR inside it (for this
+/// thread's runs).
+fn scratch() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    use_tmpdir(&tmp);
+    (dir, tmp)
+}
+
+/// No qemu-nbd serving a file of `dir` runs, and blksum left nothing in
+/// its TMPDIR `tmp`.
+fn no_leftovers(dir: &Path, tmp: &Path) {
     let procs = processes_with(&format!("qemu-nbd.*{}", dir.display()));
     assert!(procs.is_empty(), "qemu-nbd left running: {procs:?}");
-    let after = blksum_temp_dirs();
-    let new: Vec<_> = after.iter().filter(|d| !before.contains(d)).collect();
-    assert!(new.is_empty(), "temporary directories left: {new:?}");
+    let left = temp_leftovers(tmp);
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
 }
 
 #[test]
@@ -57,8 +66,7 @@ fn converted_images_hash_as_their_raw_image() {
     if !have("qemu-nbd") {
         return;
     }
-    let before = blksum_temp_dirs();
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, tmp) = scratch();
     let recipes = [
         "1m:A 127m:- 1m:B 127m:- 1m:C 63m:-",
         "1m:r 1m:- 1m:0 1m:t 100000:r",
@@ -105,7 +113,7 @@ fn converted_images_hash_as_their_raw_image() {
         );
     }
     assert_eq!(checked, recipes.len() * TARGETS.len());
-    no_leftovers(dir.path(), &before);
+    no_leftovers(dir.path(), &tmp);
 }
 
 #[test]
@@ -114,8 +122,7 @@ fn errors_and_missing_qemu_nbd() {
     if !have("qemu-nbd") {
         return;
     }
-    let before = blksum_temp_dirs();
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, tmp) = scratch();
     let raw = image(dir.path(), "a.raw", "1m:r");
     let vmdk = dir.path().join("a.vmdk");
     convert(&raw, &vmdk, &["-O", "vmdk"]);
@@ -144,7 +151,7 @@ fn errors_and_missing_qemu_nbd() {
     let out = run_timeout(&["-f", "nope", vmdk.to_str().unwrap()], None, LIMIT);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("vhdx"), "{}", stderr(&out));
-    no_leftovers(dir.path(), &before);
+    no_leftovers(dir.path(), &tmp);
 }
 
 #[test]
@@ -153,8 +160,7 @@ fn sigterm_stops_qemu_nbd_and_removes_its_directory() {
     if !have("qemu-nbd") {
         return;
     }
-    let before = blksum_temp_dirs();
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, tmp) = scratch();
     let raw = image(dir.path(), "big.raw", "256m:r");
     let vdi = dir.path().join("big.vdi");
     convert(&raw, &vdi, &["-O", "vdi"]);
@@ -191,7 +197,7 @@ fn sigterm_stops_qemu_nbd_and_removes_its_directory() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
     assert!(out.stdout.is_empty());
-    no_leftovers(dir.path(), &before);
+    no_leftovers(dir.path(), &tmp);
 }
 
 /// `qemu-img convert` of `raw` to a LUKS image with the passphrase `pass`
@@ -217,8 +223,7 @@ fn luks_images_with_a_secret_file() {
     if !have("qemu-nbd") {
         return;
     }
-    let before = blksum_temp_dirs();
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, tmp) = scratch();
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "correct horse").unwrap();
     let s = secret.to_str().unwrap();
@@ -290,7 +295,7 @@ fn luks_images_with_a_secret_file() {
     let out = run_timeout(&["--secret-file", s, luks.to_str().unwrap()], None, LIMIT);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).starts_with(&expect), "{}", stdout(&out));
-    no_leftovers(dir.path(), &before);
+    no_leftovers(dir.path(), &tmp);
 
     // Errors: exit 1, no checksum, the reason, nothing left behind.
     let l = luks.to_str().unwrap();
@@ -317,5 +322,207 @@ fn luks_images_with_a_secret_file() {
     let none = dir.path().join("none");
     let err = fails(&["--secret-file", none.to_str().unwrap(), l]);
     assert!(err.contains("secret file") && err.contains("none"), "{err}");
-    no_leftovers(dir.path(), &before);
+    no_leftovers(dir.path(), &tmp);
+}
+
+/// A secret file must be a regular file of at most 64 KiB, read by blksum
+/// itself: anything else fails at once with a clear error, and never
+/// reaches qemu-nbd (/dev/zero made it read forever, a FIFO blocked it).
+#[test]
+fn secret_files_that_cannot_be_a_passphrase_fail_at_once() {
+    let _serial = serial();
+    if !have("qemu-nbd") {
+        return;
+    }
+    let (dir, tmp) = scratch();
+    let d = dir.path();
+    let raw = image(d, "s.raw", "1m:r");
+    let luks = d.join("s.luks");
+    to_luks(&raw, &luks, "correct horse");
+    let fifo = d.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: plain syscall on a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let big = d.join("big");
+    std::fs::write(&big, vec![b'x'; 1 << 20]).unwrap();
+    let limit = d.join("limit");
+    std::fs::write(&limit, vec![b'x'; (64 << 10) + 1]).unwrap();
+    let cases: [(&Path, &str); 5] = [
+        (Path::new("/dev/zero"), "not a regular file"),
+        (&fifo, "not a regular file"),
+        (d, "not a regular file"),
+        (&big, "larger than a passphrase"),
+        (&limit, "larger than a passphrase"),
+    ];
+    for (secret, reason) in cases {
+        let start = Instant::now();
+        let args = [
+            "--secret-file",
+            secret.to_str().unwrap(),
+            luks.to_str().unwrap(),
+        ];
+        let out = run_timeout(&args, None, Duration::from_secs(20));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(out.stdout.is_empty());
+        assert!(
+            err.contains("secret file")
+                && err.contains(secret.to_str().unwrap())
+                && err.contains(reason),
+            "{args:?}: {err}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{args:?} took {:?}",
+            start.elapsed()
+        );
+        no_leftovers(d, &tmp);
+    }
+    // The right passphrase, in a file of exactly 64 KiB with the rest of
+    // it: refused by QEMU as a wrong password, so it did reach qemu-nbd.
+    let max = d.join("max");
+    let mut bytes = b"correct horse".to_vec();
+    bytes.resize(64 << 10, b'y');
+    std::fs::write(&max, bytes).unwrap();
+    let out = run_timeout(
+        &[
+            "--secret-file",
+            max.to_str().unwrap(),
+            luks.to_str().unwrap(),
+        ],
+        None,
+        LIMIT,
+    );
+    assert!(stderr(&out).contains("password"), "{}", stderr(&out));
+    no_leftovers(d, &tmp);
+}
+
+/// The mode of `path`'s permission bits.
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// The private directory is 0700 and the passphrase in it 0600 while
+/// qemu-nbd starts (a slow key derivation keeps it starting); a run killed
+/// then leaves the directory, which the next run removes; once connected
+/// nothing is left on disk, so a run killed later leaves nothing.
+#[test]
+fn private_directory_is_0700_and_no_kill_leaves_it() {
+    let _serial = serial();
+    if !have("qemu-nbd") {
+        return;
+    }
+    let (dir, tmp) = scratch();
+    let d = dir.path();
+    let raw = image(d, "k.raw", "1m:r");
+    let luks = d.join("k.luks");
+    qemu_img(&[
+        "convert",
+        "-q",
+        "--object",
+        "secret,id=sec0,data=correct horse",
+        "-O",
+        "luks",
+        "-o",
+        "key-secret=sec0,iter-time=1500",
+        raw.to_str().unwrap(),
+        luks.to_str().unwrap(),
+    ]);
+    let secret = d.join("secret");
+    std::fs::write(&secret, "correct horse").unwrap();
+    let spawn = |img: &Path, extra: &[&str]| {
+        blksum()
+            .args(extra)
+            .arg(img)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = spawn(&luks, &["--secret-file", secret.to_str().unwrap()]);
+    let start = Instant::now();
+    let private = loop {
+        if let Some(p) = temp_leftovers(&tmp)
+            .into_iter()
+            .find(|p| p.join("secret").exists())
+        {
+            break p;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no private directory seen"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let name = private.file_name().unwrap().to_str().unwrap().to_string();
+    assert!(name.starts_with("blkimage-"), "{name}");
+    assert_eq!(mode(&private), 0o700, "{}", private.display());
+    assert_eq!(mode(&private.join("secret")), 0o600);
+    // Killed while qemu-nbd starts: the directory stays behind...
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let start = Instant::now();
+    while !processes_with(&format!("qemu-nbd.*{}", d.display())).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "qemu-nbd outlived blksum"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(private.exists());
+    // ...until the next run that starts a qemu-nbd, which leaves nothing.
+    let vdi = d.join("k.vdi");
+    convert(&raw, &vdi, &["-O", "vdi"]);
+    let out = run_timeout(&[vdi.to_str().unwrap()], None, LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    no_leftovers(d, &tmp);
+
+    // Killed while it hashes (connected): nothing is left.
+    let big = image(d, "big.raw", "256m:r");
+    let vdi = d.join("big.vdi");
+    convert(&big, &vdi, &["-O", "vdi"]);
+    std::fs::remove_file(&big).unwrap();
+    let mut child = spawn(
+        &vdi,
+        &[
+            "--read-size",
+            "4k",
+            "--queue-depth",
+            "1",
+            "-t",
+            "1",
+            "-d",
+            "sha512",
+        ],
+    );
+    let start = Instant::now();
+    while processes_with(&format!("qemu-nbd.*{}", d.display())).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "qemu-nbd did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "blksum ended too soon to test"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let start = Instant::now();
+    while !processes_with(&format!("qemu-nbd.*{}", d.display())).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "qemu-nbd outlived blksum"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    no_leftovers(d, &tmp);
 }

@@ -840,3 +840,64 @@ fn encrypted_aes_is_refused() {
     assert_eq!(be32(&img, off::CRYPT_METHOD), 1);
     assert_refused_encrypted(&img);
 }
+
+/// A 32 MiB qcow2 image full of data whose virtual size field says
+/// `size` (patched: qemu-img creates only multiples of 512).
+fn unaligned_qcow2(dir: &Path, name: &str, size: u64) -> PathBuf {
+    let img = dir.join(name);
+    create_qcow2(&img, &[], "32M");
+    qemu_io(&img, "qcow2", &["write -P 0x5a 0 32M"]);
+    set_be64(&img, off::SIZE, size);
+    img
+}
+
+#[test]
+fn virtual_sizes_not_a_multiple_of_512_are_rounded_down_as_qemu_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for size in [1u64, 511, 513, (16 << 20) + 7] {
+        let img = unaligned_qcow2(d, &format!("u{size}.qcow2"), size);
+        // What QEMU's guest sees: whole sectors only.
+        let flat = d.join(format!("u{size}.raw"));
+        flatten(&img, &flat);
+        assert_eq!(file_len(&flat), size / 512 * 512, "qemu-img convert");
+        check(&img);
+        let out = run_timeout(&["--json", p(&img)], None, Duration::from_secs(60));
+        assert!(
+            stdout(&out).contains(&format!("\"virtual_size\":{}", size / 512 * 512))
+                || stdout(&out).contains(&format!("\"virtual_size\": {}", size / 512 * 512)),
+            "{}",
+            stdout(&out)
+        );
+    }
+}
+
+#[test]
+fn backing_files_of_unaligned_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A qcow2 backing file of 16 MiB + 7 bytes: QEMU sees 16 MiB, and
+    // zeros after it in a larger overlay.
+    let base = unaligned_qcow2(d, "base.qcow2", (16 << 20) + 7);
+    let top = d.join("top.qcow2");
+    create_qcow2(&top, &["-b", p(&base), "-F", "qcow2"], "20M");
+    check(&top);
+    // A raw backing file of 1000 bytes (QEMU rounds it up to 1024, the
+    // tail zeros) under an overlay whose size field says 1500 (rounded
+    // down to 1024).
+    let raw = d.join("base.raw");
+    std::fs::write(
+        &raw,
+        (0..1000u32)
+            .map(|i| (i % 251) as u8 + 1)
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let top = d.join("top2.qcow2");
+    create_qcow2(&top, &["-b", p(&raw), "-F", "raw"], "4096");
+    set_be64(&top, off::SIZE, 1500);
+    check(&top);
+    let flat = d.join("top2.flat");
+    flatten(&top, &flat);
+    assert_eq!(file_len(&flat), 1024);
+}

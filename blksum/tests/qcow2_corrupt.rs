@@ -634,3 +634,145 @@ fn backing_format_not_supported() {
     set_backing(&img, p(&base), "vmdk");
     expect_rejected(&img, Select::Both, &["vmdk", "format", "unsupported"]);
 }
+
+// ---------------------------------------------------------------------------
+// What QEMU refuses on open, refused here too (each case is first checked
+// against the real qemu-img: it must refuse the image with its reason)
+
+/// `qemu-img info IMG` must fail with `reason` in its message.
+fn qemu_refuses(img: &Path, reason: &str) {
+    let out = std::process::Command::new("qemu-img")
+        .args(["info", p(img)])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(reason),
+        "qemu-img info {} should fail with {reason:?}: {err}",
+        img.display()
+    );
+}
+
+/// Write a header extension (type, data) and an end marker at the end of
+/// the header of the version 3 image `img`.
+fn add_extension(img: &Path, kind: u32, data: &[u8]) {
+    let at = u64::from(be32(img, off::HEADER_LENGTH));
+    let mut ext = Vec::new();
+    ext.extend(kind.to_be_bytes());
+    ext.extend((data.len() as u32).to_be_bytes());
+    ext.extend(data);
+    ext.resize(ext.len().next_multiple_of(8), 0);
+    ext.extend([0u8; 8]);
+    write_at(img, at, &ext);
+}
+
+const REFCOUNT_TABLE_CLUSTERS: u64 = 56;
+const NB_SNAPSHOTS: u64 = 60;
+const SNAPSHOTS_OFFSET: u64 = 64;
+
+#[test]
+fn refcount_table_larger_than_qemu_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    // QEMU allows 8 MiB of refcount table: 128 clusters of 64 KiB.
+    for (i, clusters) in [u32::MAX, 129].into_iter().enumerate() {
+        let img = valid(dir.path(), &format!("rt{i}.qcow2"), &[]);
+        set_be32(&img, REFCOUNT_TABLE_CLUSTERS, clusters);
+        qemu_refuses(&img, "Reference count table too large");
+        expect_rejected(&img, Select::Both, &["reference count table too large"]);
+    }
+    // At the limit (the table beyond the end of the file, unread): hashed,
+    // as QEMU reads it.
+    let img = valid(dir.path(), "rt128.qcow2", &[]);
+    set_be32(&img, REFCOUNT_TABLE_CLUSTERS, 128);
+    let flat = dir.path().join("rt128.raw");
+    flatten(&img, &flat);
+    assert_eq!(raw_sum(&img, &[]), raw_sum(&flat, &[]));
+}
+
+#[test]
+fn snapshot_table_larger_than_qemu_allows_or_misaligned() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = valid(dir.path(), "snaps.qcow2", &[]);
+    let h = Header::read(&img);
+    set_be32(&img, NB_SNAPSHOTS, u32::MAX);
+    set_be64(&img, SNAPSHOTS_OFFSET, h.beyond_eof(&img));
+    qemu_refuses(&img, "Snapshot table too large");
+    expect_rejected(&img, Select::Both, &["snapshot table too large"]);
+    // Misaligned, even with no snapshots (QEMU checks it all the same).
+    let img = valid(dir.path(), "snapoff.qcow2", &[]);
+    set_be64(&img, SNAPSHOTS_OFFSET, h.cluster_size() + 512);
+    qemu_refuses(&img, "Snapshot table offset invalid");
+    expect_rejected(&img, Select::Both, &["snapshot table offset invalid"]);
+}
+
+#[test]
+fn backing_format_extension_too_long() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, len) in [4000usize, 16].into_iter().enumerate() {
+        let img = valid(dir.path(), &format!("bf{i}.qcow2"), &[]);
+        let mut name = b"qcow2".to_vec();
+        name.resize(len, 0);
+        add_extension(&img, 0xe279_2aca, &name);
+        qemu_refuses(&img, "ext_backing_format");
+        expect_rejected(&img, Select::Both, &["backing format extension"]);
+    }
+}
+
+#[test]
+fn encryption_header_extension_without_encryption() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = valid(dir.path(), "fde.qcow2", &[]);
+    let h = Header::read(&img);
+    let mut data = h.beyond_eof(&img).to_be_bytes().to_vec();
+    data.extend(4096u64.to_be_bytes());
+    add_extension(&img, 0x0537_be77, &data);
+    qemu_refuses(&img, "CRYPTO header extension only expected with LUKS");
+    expect_rejected(&img, Select::Both, &["encryption", "crypto"]);
+}
+
+#[test]
+fn bitmaps_extension_malformed() {
+    let dir = tempfile::tempdir().unwrap();
+    // A wrong length, whatever the autoclear bit says.
+    let img = valid(dir.path(), "bm.qcow2", &[]);
+    add_extension(&img, 0x2385_2875, &[0; 8]);
+    qemu_refuses(&img, "bitmaps_ext: Invalid extension length");
+    expect_rejected(&img, Select::Both, &["bitmaps extension"]);
+    // Zero bitmaps, marked consistent by the autoclear bit.
+    let img = valid(dir.path(), "bm0.qcow2", &[]);
+    add_extension(&img, 0x2385_2875, &[0; 24]);
+    let autoclear = be64(&img, off::AUTOCLEAR_FEATURES);
+    set_be64(&img, off::AUTOCLEAR_FEATURES, autoclear | 1);
+    qemu_refuses(&img, "zero bitmaps");
+    expect_rejected(&img, Select::Both, &["zero bitmaps"]);
+}
+
+#[test]
+fn backing_or_data_file_on_a_pseudo_file_system() {
+    // /proc/self/mem is a "regular file" of size 0 that reads memory: as a
+    // raw backing file QEMU would show zeros. Refused, as are other proc
+    // and sysfs files.
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (file, fmt)) in [
+        ("/proc/self/mem", "raw"),
+        ("/proc/self/mem", "qcow2"),
+        ("/proc/self/environ", "raw"),
+        ("/sys/kernel/mm/transparent_hugepage/enabled", "raw"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if !Path::new(file).exists() {
+            continue;
+        }
+        let img = valid(dir.path(), &format!("proc{i}.qcow2"), &[]);
+        set_backing(&img, file, fmt);
+        expect_rejected(&img, Select::Both, &["proc file", "sysfs file"]);
+    }
+    // The same as an external data file.
+    let data = dir.path().join("d.data");
+    let img = dir.path().join("procdata.qcow2");
+    create_qcow2(&img, &["-o", &format!("data_file={}", p(&data))], "1M");
+    qemu_img(&["amend", "-o", "data_file=/proc/self/mem", p(&img)]);
+    expect_rejected(&img, Select::Both, &["proc file"]);
+}

@@ -43,6 +43,11 @@ pub struct InputArgs {
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<std::path::PathBuf>,
 
+    /// Read images even while another process has them open for writing
+    /// (QEMU's image locks ignored, as qemu-img's -U) [default: "in use"].
+    #[arg(short = 'U', long)]
+    pub force_share: bool,
+
     /// Use the page cache (default: direct I/O where possible).
     #[arg(long)]
     pub cache: bool,
@@ -87,6 +92,7 @@ impl InputArgs {
                 format: self.format,
                 no_backing: self.no_backing,
                 secret_file: self.secret_file.clone(),
+                force_share: self.force_share,
                 nbd: self.nbd_options(),
             },
             ..MapOptions::default()

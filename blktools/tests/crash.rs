@@ -29,8 +29,26 @@ impl Rng {
     }
 }
 
+thread_local! {
+    /// The TMPDIR of this thread's blksync runs, if its test chose one.
+    static TMPDIR: std::cell::RefCell<Option<std::path::PathBuf>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// blksync, with this thread's TMPDIR if its test chose one (a private
+/// directory, so that it sees what its own runs leave and no other's).
+fn blksync() -> Command {
+    let mut cmd = Command::new(BLKSYNC);
+    TMPDIR.with(|t| {
+        if let Some(d) = &*t.borrow() {
+            cmd.env("TMPDIR", d);
+        }
+    });
+    cmd
+}
+
 fn spawn(args: &[&str]) -> Child {
-    Command::new(BLKSYNC)
+    blksync()
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -178,6 +196,10 @@ fn killed_at_random_points_then_rerun() {
 fn killed_at_random_points_nbd_dst() {
     let Some(dir) = scratch() else { return };
     let d = dir.path();
+    // blksync's TMPDIR, where its private qemu-nbd's directory lives.
+    let tmp = d.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    TMPDIR.with(|t| *t.borrow_mut() = Some(tmp.clone()));
     let size = 32 * MIB;
     let (src, dst, state) =
         qcow2_src_dst(d, size, &["write -P 0x11 0 20M", "write -P 0x12 24M 4M"]);
@@ -253,13 +275,21 @@ fn wait_unserved(path: &Path) {
 fn killed_at_random_points_served_image_dst() {
     let Some(dir) = scratch() else { return };
     let d = dir.path();
+    // blksync's TMPDIR, where its private qemu-nbd's directory lives.
+    let tmp = d.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    TMPDIR.with(|t| *t.borrow_mut() = Some(tmp.clone()));
     let size = 32 * MIB;
     let (src, dst, state) =
         qcow2_src_dst(d, size, &["write -P 0x11 0 20M", "write -P 0x12 24M 4M"]);
     let args = [s(&src), s(&dst), "--state", s(&state), "-t", "1"];
     let t = Instant::now();
-    let probe = run(BLKSYNC, &args);
-    assert_eq!(probe.code, 0, "{}", probe.stderr);
+    let probe = blksync().args(args).output().unwrap();
+    assert!(
+        probe.status.success(),
+        "{}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
     let span = (t.elapsed().as_micros() as u64 * 3 / 2).max(1000);
     let mut rng = Rng(0xd57);
     let mut killed = 0;
@@ -276,13 +306,25 @@ fn killed_at_random_points_served_image_dst() {
         );
         state_is_truthful(d, &dst, &state);
     }
-    let out = run(
-        BLKSYNC,
-        &[s(&src), s(&dst), "--state", s(&state), "--verify"],
+    let out = blksync()
+        .args([s(&src), s(&dst), "--state", s(&state), "--verify"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rerun: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(out.code, 0, "rerun: {}", out.stderr);
     assert!(same(&src, &dst), "qemu-img compare: DST differs from SRC");
     assert_eq!(checksum(d, &src), checksum(d, &dst));
+    // Runs killed while their qemu-nbd started left its private directory;
+    // the last run removed them, and its own.
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
     eprintln!("{killed} runs killed");
 }
 

@@ -35,6 +35,8 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 /// - ``cache``: read through the page cache (else direct I/O);
 /// - ``threads``: digest threads, 1 to 128 (None: one per core);
 /// - ``no_backing``: refuse qcow2 images that name other files;
+/// - ``force_share``: read an image another process has open for writing
+///   (QEMU's image locks ignored, as ``qemu-img -U``; else OSError "in use");
 /// - ``secret_file``: the passphrase file of a LUKS image;
 /// - ``timeout``: seconds an NBD server may stay silent;
 /// - ``tls_certificates``: the certificates directory for ``nbds://``;
@@ -50,13 +52,13 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 #[pyfunction]
 #[pyo3(
     text_signature = "(image, *, digest='sha256', block_size=65536, format=None, \
-    cache=False, threads=None, no_backing=False, secret_file=None, timeout=None, \
-    tls_certificates=None, read_size=1048576, queue_depth=16)"
+    cache=False, threads=None, no_backing=False, force_share=False, secret_file=None, \
+    timeout=None, tls_certificates=None, read_size=1048576, queue_depth=16)"
 )]
 #[pyo3(signature = (
     image, *, digest = "sha256", block_size = blkhash::DEFAULT_BLOCK_SIZE as i64,
     format = None, cache = false, threads = None, no_backing = false,
-    secret_file = None, timeout = None, tls_certificates = None,
+    force_share = false, secret_file = None, timeout = None, tls_certificates = None,
     read_size = 1 << 20, queue_depth = 16
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -69,6 +71,7 @@ pub fn checksum(
     cache: bool,
     threads: Option<i64>,
     no_backing: bool,
+    force_share: bool,
     secret_file: Option<PathBuf>,
     timeout: Option<f64>,
     tls_certificates: Option<PathBuf>,
@@ -115,6 +118,7 @@ pub fn checksum(
             cache,
             format,
             no_backing,
+            force_share,
             secret_file,
             nbd: blkimage::nbd::NbdOptions {
                 timeout,

@@ -98,6 +98,19 @@ def test_nbd_url_of_qcow2(raw, tmp_path, serve):
     assert blkhash.checksum(f"nbd+unix:///?socket={sock}") == blkhash.checksum(raw)
 
 
+def test_image_in_use_needs_force_share(raw, tmp_path, serve):
+    """An image a writable qemu-nbd holds (as a running VM would) is "in
+    use", as for qemu-img; force_share=True reads it anyway (qemu-img -U)."""
+    need("qemu-nbd", "qemu-utils")
+    qcow2 = tmp_path / "busy.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow2], check=True)
+    sock = tmp_path / "rw.sock"
+    serve(["qemu-nbd", "--persistent", "--format=qcow2", f"--socket={sock}", str(qcow2)], sock)
+    with pytest.raises(OSError, match="in use"):
+        blkhash.checksum(qcow2)
+    assert blkhash.checksum(qcow2, force_share=True) == blkhash.checksum(raw)
+
+
 def test_missing_file(tmp_path):
     missing = tmp_path / "missing.img"
     with pytest.raises(FileNotFoundError) as e:

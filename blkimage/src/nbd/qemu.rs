@@ -1,7 +1,9 @@
 //! Image formats read through QEMU: a private `qemu-nbd --read-only` on a
-//! unix socket in a private temporary directory, read with the NBD client.
-//! The server is stopped (killed and waited for) and the directory removed
-//! when the export is dropped: after a checksum, an error or an interrupt.
+//! unix socket in a private temporary directory (mode 0700), read with the
+//! NBD client. The directory is removed as soon as every connection is
+//! made (or on any error before); the server is stopped (killed and waited
+//! for) when the export is dropped: after a checksum, an error or an
+//! interrupt.
 
 use super::source::{Nbd, NbdOptions};
 use super::url::{Address, NbdUrl};
@@ -134,7 +136,10 @@ impl QemuExport {
     /// Serve `path` in `format` with qemu-nbd and connect to it. `cache`:
     /// qemu-nbd's --cache=writeback, else --cache=none (direct I/O).
     /// `secret`: a file holding the passphrase of a LUKS image (its bytes
-    /// as they are, as QEMU's `--object secret,file=` reads them).
+    /// as they are, as QEMU's `--object secret,file=` reads them; see
+    /// [`read_secret`]). `force_share`: ignore other processes' image locks
+    /// (qemu-img's `-U`); else an image a writer holds is an error
+    /// ([`io::ErrorKind::ResourceBusy`], "in use").
     ///
     /// ```no_run
     /// use blkimage::nbd::{NbdOptions, QemuExport};
@@ -145,6 +150,7 @@ impl QemuExport {
     ///     "luks",
     ///     false,
     ///     Some(Path::new("passphrase.txt")),
+    ///     false,
     ///     &NbdOptions::default(),
     /// )
     /// .unwrap();
@@ -155,9 +161,10 @@ impl QemuExport {
         format: &str,
         cache: bool,
         secret: Option<&Path>,
+        force_share: bool,
         opts: &NbdOptions,
     ) -> io::Result<QemuExport> {
-        let (nbd, server) = serve(path, format, cache, secret, false, opts)?;
+        let (nbd, server) = serve(path, format, cache, secret, force_share, false, opts)?;
         Ok(QemuExport {
             nbd,
             _server: server,
@@ -179,7 +186,7 @@ impl QemuTarget {
     /// NBD_CMD_FLUSH; `--discard=unmap`, so zeroed ranges free their
     /// clusters) and connect to it.
     pub fn open(path: &Path, format: &str, opts: &NbdOptions) -> io::Result<QemuTarget> {
-        let (nbd, server) = serve(path, format, true, None, true, opts)?;
+        let (nbd, server) = serve(path, format, true, None, false, true, opts)?;
         Ok(QemuTarget {
             nbd: Arc::new(nbd),
             _server: server,
@@ -192,12 +199,119 @@ impl QemuTarget {
     }
 }
 
-/// Start a private qemu-nbd on `path` and connect to it.
+/// The largest secret file read: far more than any passphrase (cryptsetup
+/// takes at most 512 characters typed in), small enough to hold in memory.
+pub const MAX_SECRET_BYTES: u64 = 64 << 10;
+
+/// The bytes of the secret file `path`, read here so that qemu-nbd never
+/// opens it: it must be a regular file of at most [`MAX_SECRET_BYTES`]. A
+/// FIFO, a device (`/dev/zero`) or a directory is refused at once: opened
+/// without blocking, never read.
+pub fn read_secret(path: &Path) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let ctx =
+        |e: io::Error| io::Error::new(e.kind(), format!("secret file {}: {e}", path.display()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(ctx)?;
+    let meta = file.metadata().map_err(ctx)?;
+    if !meta.is_file() {
+        return Err(ctx(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    if meta.len() > MAX_SECRET_BYTES {
+        return Err(ctx(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} bytes: larger than a passphrase can be (at most {MAX_SECRET_BYTES})",
+                meta.len()
+            ),
+        )));
+    }
+    let mut bytes = Vec::new();
+    // One byte past the limit: a file that grew since fstat is caught too.
+    file.take(MAX_SECRET_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(ctx)?;
+    if bytes.len() as u64 > MAX_SECRET_BYTES {
+        return Err(ctx(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("larger than a passphrase can be (at most {MAX_SECRET_BYTES} bytes)"),
+        )));
+    }
+    Ok(bytes)
+}
+
+/// The prefix of the private directories, `$TMPDIR/blkimage-PID-XXXXXX`.
+const DIR_PREFIX: &str = "blkimage-";
+
+/// Remove the private directories of runs that died (SIGKILL) before they
+/// could: ours by owner and name, their process gone. A directory lives
+/// only while its qemu-nbd starts (it is removed once connected), so only
+/// a run killed in that moment leaves one.
+fn remove_stale_dirs(tmp: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    // SAFETY: plain syscall.
+    let uid = unsafe { libc::geteuid() };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(DIR_PREFIX))
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<i32>().ok())
+            .filter(|&p| p > 0)
+        else {
+            continue;
+        };
+        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if !meta.is_dir() || meta.uid() != uid {
+            continue;
+        }
+        // SAFETY: signal 0 only checks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// A private directory (mode 0700: it holds the socket that serves the
+/// image, and the passphrase of a LUKS image while qemu-nbd starts).
+fn private_dir() -> io::Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = std::env::temp_dir();
+    remove_stale_dirs(&tmp);
+    tempfile::Builder::new()
+        .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir_in(tmp)
+}
+
+/// True if qemu-nbd's message says another process holds the image's locks.
+fn is_lock_error(msg: &str) -> bool {
+    msg.contains("Failed to get") && msg.contains("lock")
+}
+
+/// Start a private qemu-nbd on `path` and connect to it. `force_share`:
+/// read-only, ignoring other processes' image locks (qemu-img's -U).
 fn serve(
     path: &Path,
     format: &str,
     cache: bool,
     secret: Option<&Path>,
+    force_share: bool,
     writable: bool,
     opts: &NbdOptions,
 ) -> io::Result<(Nbd, Server)> {
@@ -208,15 +322,11 @@ fn serve(
                 "a LUKS image: give its passphrase with --secret-file FILE",
             ));
         };
-        // Our own message for a missing file, not qemu-nbd's.
-        File::open(secret).map_err(|e| {
-            io::Error::new(e.kind(), format!("secret file {}: {e}", secret.display()))
-        })?;
-        Some(std::path::absolute(secret)?)
+        Some(read_secret(secret)?)
     } else {
         None
     };
-    let dir = tempfile::Builder::new().prefix("blksum-").tempdir()?;
+    let dir = private_dir()?;
     let sock = dir.path().join("nbd.sock");
     let log = dir.path().join("qemu-nbd.log");
     let path = std::path::absolute(path)?;
@@ -232,28 +342,65 @@ fn serve(
         if cache { "writeback" } else { "none" }
     ))
     .arg(format!("--shared={}", opts.connections.max(1)));
+    let share = if force_share && !writable {
+        ",force-share=on"
+    } else {
+        ""
+    };
     match &secret {
-        // The passphrase stays in its file: never on a command line.
-        Some(secret) => cmd
-            .arg("--object")
-            .arg(format!("secret,id=sec0,file={}", qemu_escape(secret)?))
-            .arg("--image-opts")
-            .arg(format!(
-                "driver=luks,key-secret=sec0,file.filename={}",
-                qemu_escape(&path)?
-            )),
+        // The passphrase goes through a 0600 file in the 0700 directory,
+        // removed once qemu-nbd has read it: never on a command line.
+        Some(bytes) => {
+            let file = dir.path().join("secret");
+            {
+                use std::io::Write;
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&file)?
+                    .write_all(bytes)?;
+            }
+            cmd.arg("--object")
+                .arg(format!("secret,id=sec0,file={}", qemu_escape(&file)?))
+                .arg("--image-opts")
+                .arg(format!(
+                    "driver=luks,key-secret=sec0{share},file.filename={}",
+                    qemu_escape(&path)?
+                ))
+        }
+        None if !share.is_empty() => cmd.arg("--image-opts").arg(format!(
+            "driver={format}{share},file.filename={}",
+            qemu_escape(&path)?
+        )),
         None => cmd.arg(format!("--format={format}")).arg("--").arg(&path),
     };
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(File::create(&log)?);
+    // If we die, the server goes too. A read-only server has nothing to
+    // flush: SIGKILL, which it cannot miss (a SIGTERM that arrives while
+    // qemu-nbd opens the image, before its main loop runs, is noted and
+    // then never acted on: it waited forever, holding the image's locks).
+    // A writable one needs SIGTERM to flush and close the image.
+    let death_signal = if writable {
+        libc::SIGTERM
+    } else {
+        libc::SIGKILL
+    };
+    let parent = std::process::id() as libc::pid_t;
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             // Not in our process group: a terminal's Ctrl-C is ours to
-            // handle; and if we die, the server goes too.
+            // handle.
             libc::setpgid(0, 0);
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            libc::prctl(libc::PR_SET_PDEATHSIG, death_signal);
+            // We died between fork and prctl: no signal will come.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
             Ok(())
         });
     }
@@ -281,7 +428,15 @@ fn serve(
     };
     let failed = |status: std::process::ExitStatus| {
         let msg = std::fs::read_to_string(&log).unwrap_or_default();
-        io::Error::other(format!("qemu-nbd failed ({status}): {}", msg.trim()))
+        let msg = msg.trim();
+        if is_lock_error(msg) {
+            // Another process (a VM, a writable qemu-nbd) has the image.
+            return io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!("in use: qemu-nbd: {msg}"),
+            );
+        }
+        io::Error::other(format!("qemu-nbd failed ({status}): {msg}"))
     };
     let start = Instant::now();
     loop {
@@ -292,6 +447,12 @@ fn serve(
             match Nbd::connect(&url, opts) {
                 Ok(mut nbd) => {
                     nbd.set_format(format);
+                    // Every connection is made: the socket, the secret and
+                    // the directory go now, so that not even a SIGKILL
+                    // leaves them behind.
+                    if let Some(d) = server.dir.take() {
+                        let _ = d.close();
+                    }
                     return Ok((nbd, server));
                 }
                 Err(e)

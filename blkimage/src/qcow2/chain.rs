@@ -33,6 +33,36 @@ fn show(name: &[u8]) -> String {
     String::from_utf8_lossy(name).into_owned()
 }
 
+/// File systems whose "regular files" are not stored bytes: their sizes
+/// say nothing of their content (`/proc/self/mem` is 0 bytes long and
+/// reads a process's memory). An image names one only by mistake or to
+/// attack, and QEMU would read it as a size-0 (all zeros) image: refused.
+const PSEUDO_FILE_SYSTEMS: &[(i64, &str)] = &[
+    (0x9fa0, "proc"),
+    (0x6265_6572, "sysfs"),
+    (0x6462_6720, "debugfs"),
+    (0x7472_6163, "tracefs"),
+    (0x7363_6673, "securityfs"),
+    (0x0027_e0eb, "cgroup"),
+    (0x6367_7270, "cgroup2"),
+    (0xcafe_4a11, "bpf"),
+    (0x6265_6570, "configfs"),
+    (0xde5e_81e4, "efivarfs"),
+    (0x6165_676c, "pstore"),
+];
+
+/// An error if `file` lives on one of [`PSEUDO_FILE_SYSTEMS`].
+fn refuse_pseudo_file(file: &RawFile) -> io::Result<()> {
+    let kind = file.fs_type()?;
+    match PSEUDO_FILE_SYSTEMS.iter().find(|(t, _)| *t == kind) {
+        Some((_, name)) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a {name} file, not a disk image"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Open the qcow2 image in `file` (at `path`, already probed) with its data
 /// file and backing chain. `chain` holds the canonical paths of the images
 /// above it, for loop detection and the depth limit.
@@ -72,6 +102,8 @@ pub(crate) fn open_file(
             )));
         }
         let raw = RawFile::open(&p, !opts.cache).map_err(ctx)?;
+        refuse_pseudo_file(&raw).map_err(ctx)?;
+        raw.lock(opts.force_share).map_err(ctx)?;
         Some(Arc::new(ImageFile::new(raw, &p).map_err(ctx)?))
     } else {
         None
@@ -118,10 +150,10 @@ fn open_backing(
             "is a directory",
         )));
     }
-    if !ft.is_file() {
+    if !(ft.is_file() || ft.is_block_device()) {
         return Err(ctx(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "not a regular file",
+            "not a regular file or block device",
         )));
     }
     if chain.contains(&canon) {
@@ -146,6 +178,8 @@ fn open_backing(
         }
     };
     let file = RawFile::open(path, !opts.cache).map_err(ctx)?;
+    refuse_pseudo_file(&file).map_err(ctx)?;
+    file.lock(opts.force_share).map_err(ctx)?;
     let is_qcow2 = match format {
         Some(Format::Raw) => false,
         _ => probe(&file)?,

@@ -26,14 +26,29 @@ const INCOMPAT_EXTL2: u64 = 1 << 4;
 const INCOMPAT_KNOWN: u64 =
     INCOMPAT_DIRTY | INCOMPAT_CORRUPT | INCOMPAT_DATA_FILE | INCOMPAT_COMPRESSION | INCOMPAT_EXTL2;
 
+/// Autoclear bit: the bitmaps extension is consistent.
+const AUTOCLEAR_BITMAPS: u64 = 1 << 0;
 /// Autoclear bit: the external data file is a consistent raw image.
 const AUTOCLEAR_DATA_FILE_RAW: u64 = 1 << 1;
+
+/// QEMU's limits, checked as QEMU checks them on open (so that an image
+/// QEMU refuses is refused here too): the refcount table at most 8 MiB,
+/// at most 65536 snapshots (headers of at least 40 bytes), bitmaps.
+const MAX_REFTABLE_BYTES: u64 = 8 << 20;
+const MAX_SNAPSHOTS: u64 = 65536;
+const SNAPSHOT_HEADER_LEN: u64 = 40;
+const MAX_BITMAPS: u32 = 65535;
+const MAX_BITMAP_DIRECTORY_BYTES: u64 = 64 << 20;
+/// QEMU keeps the backing format in 16 bytes with its NUL.
+const MAX_BACKING_FORMAT_LEN: usize = 15;
 
 /// Header extension types.
 const EXT_END: u32 = 0;
 const EXT_BACKING_FORMAT: u32 = 0xe279_2aca;
 const EXT_FEATURE_NAMES: u32 = 0x6803_f857;
 const EXT_DATA_FILE: u32 = 0x4441_5441;
+const EXT_CRYPTO_HEADER: u32 = 0x0537_be77;
+const EXT_BITMAPS: u32 = 0x2385_2875;
 
 const V2_HEADER_LEN: u32 = 72;
 const V3_HEADER_LEN: u32 = 104;
@@ -182,6 +197,7 @@ impl Header {
         let l1_size = be32(&first, 36);
         let l1_offset = be64(&first, 40);
         let refcount_table_offset = be64(&first, 48);
+        let refcount_table_clusters = be32(&first, 56);
         let nb_snapshots = be32(&first, 60);
         let snapshots_offset = be64(&first, 64);
 
@@ -191,7 +207,13 @@ impl Header {
         } else {
             first_len
         };
-        let exts = parse_extensions(&first, header_len as usize, ext_end)?;
+        let exts = parse_extensions(
+            &first,
+            header_len as usize,
+            ext_end,
+            autoclear,
+            cluster_size,
+        )?;
 
         if incompatible & INCOMPAT_CORRUPT != 0 {
             return Err(unsupported(
@@ -254,9 +276,41 @@ impl Header {
                 "refcount table offset {refcount_table_offset:#x} is not aligned to the cluster size"
             )));
         }
-        if nb_snapshots != 0 && !aligned(snapshots_offset) {
+        // The refcount and snapshot tables are not read (the active layer
+        // needs neither), but QEMU refuses images whose tables are too
+        // large or whose end overflows, and so do we, with its words.
+        if u64::from(refcount_table_clusters) > MAX_REFTABLE_BYTES >> cluster_bits {
             return Err(invalid(format!(
-                "snapshot table offset {snapshots_offset:#x} is not aligned to the cluster size"
+                "Reference count table too large ({refcount_table_clusters} clusters of {cluster_size} bytes; QEMU allows 8 MiB)"
+            )));
+        }
+        let in_i64 = |offset: u64, len: u64| {
+            offset
+                .checked_add(len)
+                .is_some_and(|e| e <= i64::MAX as u64)
+        };
+        if !in_i64(
+            refcount_table_offset,
+            u64::from(refcount_table_clusters) << cluster_bits,
+        ) {
+            return Err(invalid(format!(
+                "Reference count table offset invalid ({refcount_table_offset:#x})"
+            )));
+        }
+        if u64::from(nb_snapshots) > MAX_SNAPSHOTS {
+            return Err(invalid(format!(
+                "Snapshot table too large ({nb_snapshots} snapshots; QEMU allows {MAX_SNAPSHOTS})"
+            )));
+        }
+        // QEMU checks the offset's alignment even without snapshots.
+        if !aligned(snapshots_offset)
+            || !in_i64(
+                snapshots_offset,
+                u64::from(nb_snapshots) * SNAPSHOT_HEADER_LEN,
+            )
+        {
+            return Err(invalid(format!(
+                "Snapshot table offset invalid ({snapshots_offset:#x}: not aligned to the cluster size, or past the largest offset)"
             )));
         }
 
@@ -337,6 +391,41 @@ impl Header {
     }
 }
 
+/// The bitmaps extension (the bitmaps themselves are not read): its
+/// length always; its fields when the autoclear bit says it is consistent
+/// (else QEMU ignores it, with a warning).
+fn check_bitmaps(data: &[u8], autoclear: u64, cluster_size: u64) -> io::Result<()> {
+    if data.len() != 24 {
+        return Err(invalid(format!(
+            "bitmaps extension of {} bytes (24 expected)",
+            data.len()
+        )));
+    }
+    if autoclear & AUTOCLEAR_BITMAPS == 0 {
+        return Ok(());
+    }
+    let count = be32(data, 0);
+    let reserved = be32(data, 4);
+    let dir_size = be64(data, 8);
+    let dir_offset = be64(data, 16);
+    let problem = if reserved != 0 {
+        "its reserved field is not zero".to_string()
+    } else if count == 0 {
+        "it has zero bitmaps".to_string()
+    } else if count > MAX_BITMAPS {
+        format!("{count} bitmaps, more than QEMU allows ({MAX_BITMAPS})")
+    } else if dir_offset & (cluster_size - 1) != 0 {
+        format!("bitmap directory offset {dir_offset:#x} is not aligned to the cluster size")
+    } else if dir_size > MAX_BITMAP_DIRECTORY_BYTES {
+        format!(
+            "bitmap directory of {dir_size} bytes, more than QEMU allows ({MAX_BITMAP_DIRECTORY_BYTES})"
+        )
+    } else {
+        return Ok(());
+    };
+    Err(invalid(format!("bitmaps extension: {problem}")))
+}
+
 #[derive(Default)]
 struct Extensions {
     backing_format: Option<String>,
@@ -354,8 +443,15 @@ impl Extensions {
     }
 }
 
-/// The header extensions in `first[start..end]`.
-fn parse_extensions(first: &[u8], start: usize, end: usize) -> io::Result<Extensions> {
+/// The header extensions in `first[start..end]`, checked as QEMU checks
+/// them (`autoclear` and `cluster_size` for the bitmaps extension).
+fn parse_extensions(
+    first: &[u8],
+    start: usize,
+    end: usize,
+    autoclear: u64,
+    cluster_size: u64,
+) -> io::Result<Extensions> {
     let mut exts = Extensions::default();
     let mut at = start;
     // Each extension takes at least 8 bytes: this ends.
@@ -380,6 +476,11 @@ fn parse_extensions(first: &[u8], start: usize, end: usize) -> io::Result<Extens
                 if exts.backing_format.is_some() {
                     return Err(invalid("two backing format extensions".into()));
                 }
+                if len > MAX_BACKING_FORMAT_LEN {
+                    return Err(invalid(format!(
+                        "backing format extension of {len} bytes is too large (QEMU allows {MAX_BACKING_FORMAT_LEN})"
+                    )));
+                }
                 let name = String::from_utf8_lossy(data);
                 exts.backing_format = Some(name.trim_end_matches('\0').to_string());
             }
@@ -390,6 +491,14 @@ fn parse_extensions(first: &[u8], start: usize, end: usize) -> io::Result<Extens
                 let name = data.split(|&b| b == 0).next().unwrap_or_default();
                 exts.data_file = Some(name.to_vec());
             }
+            // Encrypted images are refused before extensions are read: a
+            // crypto header here belongs to an image that is not encrypted.
+            EXT_CRYPTO_HEADER => {
+                return Err(invalid(
+                    "a full disk encryption (crypto) header extension in an image that is not encrypted with LUKS".into(),
+                ));
+            }
+            EXT_BITMAPS => check_bitmaps(data, autoclear, cluster_size)?,
             EXT_FEATURE_NAMES => {
                 for entry in data.chunks_exact(48) {
                     let name = &entry[2..];

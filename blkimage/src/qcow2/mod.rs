@@ -9,7 +9,10 @@
 //! not need the refcounts).
 //!
 //! Refused with a message: encryption (AES, LUKS), unknown incompatible
-//! features, the corrupt bit. Every offset taken from the image is checked
+//! features, the corrupt bit, and what QEMU refuses on open (its limits on
+//! the refcount and snapshot tables, malformed header extensions), in its
+//! words. The virtual size is rounded down to whole 512-byte sectors, as
+//! QEMU's guest sees it. Every offset taken from the image is checked
 //! (alignment, inside the file, no overflow) before use, memory stays
 //! bounded (L2 tables go through a bounded cache; the L1 table is at most 32
 //! MiB, as QEMU allows, and inside the file), and every loop advances.
@@ -183,8 +186,10 @@ impl Source for Qcow2 {
         "qcow2"
     }
 
+    /// The virtual size rounded down to a multiple of 512, as QEMU does
+    /// (it counts whole sectors): the guest sees no partial last sector.
     fn size(&self) -> u64 {
-        self.header.size
+        self.header.size & !511
     }
 
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {

@@ -8,9 +8,29 @@ pub mod qemu;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-/// The blksum binary built by cargo for these tests.
+thread_local! {
+    /// The TMPDIR of the blksum runs of this thread's test, if it chose one.
+    static TMPDIR: std::cell::RefCell<Option<PathBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Run this thread's blksum commands with TMPDIR=`dir` (created): a test
+/// that checks what blksum leaves in its temporary directory looks at its
+/// own, never at one that tests running beside it use.
+pub fn use_tmpdir(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    TMPDIR.with(|t| *t.borrow_mut() = Some(dir.to_path_buf()));
+}
+
+/// The blksum binary built by cargo for these tests (with the TMPDIR of
+/// [`use_tmpdir`], if this thread set one).
 pub fn blksum() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_blksum"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_blksum"));
+    TMPDIR.with(|t| {
+        if let Some(d) = &*t.borrow() {
+            cmd.env("TMPDIR", d);
+        }
+    });
+    cmd
 }
 
 /// Run blksum with `args`, standard input from `stdin` (or nothing).

@@ -315,18 +315,28 @@ pub fn processes_with(needle: &str) -> Vec<String> {
         .collect()
 }
 
-/// The blksum-* directories in the temporary directory.
+/// The private qemu-nbd directories (`blkimage-*`) in the system's
+/// temporary directory; tests that check for leftovers should rather give
+/// blksum a TMPDIR of their own (`use_tmpdir`, `temp_leftovers`).
 pub fn blksum_temp_dirs() -> Vec<PathBuf> {
-    let tmp = std::env::temp_dir();
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&tmp)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
+    let mut v: Vec<PathBuf> = temp_leftovers(&std::env::temp_dir())
+        .into_iter()
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("blksum-"))
+                .is_some_and(|n| n.starts_with("blkimage-"))
         })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The entries blksum left in `tmp` (its TMPDIR: see `use_tmpdir`).
+pub fn temp_leftovers(tmp: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(tmp)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
         .collect();
     v.sort();
     v
