@@ -38,10 +38,6 @@ struct Tally {
     verified: usize,
 }
 
-fn plural(n: usize, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
-
 /// The name as check output shows it (its bytes): escaped, with a leading
 /// backslash, when it holds a backslash or a newline.
 fn shown(name: &OsStr) -> Vec<u8> {
@@ -170,15 +166,19 @@ pub fn check_file(
     }
     if !opts.status {
         if tally.malformed > 0 {
-            let what = plural(tally.malformed, "line is", "lines are");
+            let what = blkcli::plural(tally.malformed as u64, "line is", "lines are");
             writeln!(err, "blksum: WARNING: {what} improperly formatted")?;
         }
         if tally.unreadable > 0 {
-            let what = plural(tally.unreadable, "listed file", "listed files");
+            let what = blkcli::plural(tally.unreadable as u64, "listed file", "listed files");
             writeln!(err, "blksum: WARNING: {what} could not be read")?;
         }
         if tally.mismatched > 0 {
-            let what = plural(tally.mismatched, "computed checksum", "computed checksums");
+            let what = blkcli::plural(
+                tally.mismatched as u64,
+                "computed checksum",
+                "computed checksums",
+            );
             writeln!(err, "blksum: WARNING: {what} did NOT match")?;
         }
     }

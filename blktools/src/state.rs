@@ -178,12 +178,24 @@ impl Side {
                 ("change", now.ctime, self.ctime)
             };
             return Some(format!(
-                "it was written after the state was saved (its {what} time is {}.{:09}, the state recorded {}.{:09})",
-                now.0, now.1, then.0, then.1
+                "it was written after the state was saved (its {what} time is {}, the state recorded {})",
+                when(now),
+                when(then)
             ));
         }
         None
     }
+}
+
+/// A file time as people read it: `2026-11-23T22:15:07.123456789Z` (UTC).
+fn when((secs, nanos): (i64, i64)) -> String {
+    let t = match u64::try_from(secs) {
+        Ok(s) => {
+            std::time::UNIX_EPOCH + std::time::Duration::new(s, nanos.clamp(0, 999_999_999) as u32)
+        }
+        Err(_) => return format!("{secs}.{nanos:09} s since 1970"),
+    };
+    humantime::format_rfc3339_nanos(t).to_string()
 }
 
 fn sha256_hex(data: &[u8]) -> String {

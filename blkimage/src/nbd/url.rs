@@ -30,9 +30,18 @@ pub struct NbdUrl {
 
 /// True if `name` is an NBD URL (by its scheme).
 pub fn is_url(name: &str) -> bool {
-    ["nbd://", "nbds://", "nbd+unix://", "nbds+unix://"]
-        .iter()
-        .any(|s| name.starts_with(s))
+    // The vsock schemes are URLs too (libnbd's), refused by name when
+    // parsed rather than taken for file names.
+    [
+        "nbd://",
+        "nbds://",
+        "nbd+unix://",
+        "nbds+unix://",
+        "nbd+vsock://",
+        "nbds+vsock://",
+    ]
+    .iter()
+    .any(|s| name.starts_with(s))
 }
 
 fn bad(url: &str, why: &str) -> io::Error {
@@ -70,6 +79,13 @@ impl NbdUrl {
             "nbds" => (true, false),
             "nbd+unix" => (false, true),
             "nbds+unix" => (true, true),
+            "nbd+vsock" | "nbds+vsock" => {
+                return Err(bad(
+                    url,
+                    "AF_VSOCK (nbd+vsock://) is not supported: reach the server over TCP \
+                     (nbd://) or a unix socket (nbd+unix://)",
+                ));
+            }
             _ => return Err(bad(url, "unknown scheme")),
         };
         let (rest, query) = match rest.split_once('?') {
@@ -203,5 +219,11 @@ mod tests {
         assert!(NbdUrl::parse("http://h/").is_err());
         assert!(is_url("nbds+unix:///"));
         assert!(!is_url("disk.img"));
+        // vsock: a URL, refused by name (not "No such file or directory").
+        assert!(is_url("nbd+vsock://2:10809"));
+        let e = NbdUrl::parse("nbd+vsock://2:10809")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("AF_VSOCK") && e.contains("not supported"), "{e}");
     }
 }

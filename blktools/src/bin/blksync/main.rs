@@ -379,12 +379,12 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     let blocks = size.div_ceil(block_size as u64);
     let (written, zeroed) = (Counts::get(&counts.written), Counts::get(&counts.zeroed));
     eprintln!(
-        "blksync: {} -> {}: {written} bytes written, {zeroed} zeroed, in {} ranges, of {size}; \
-         {} blocks compared, {} bytes saved",
+        "blksync: {} -> {}: {written} bytes written, {zeroed} zeroed, in {}, of {size}; \
+         {} compared, {} bytes saved",
         args.src,
         args.dst,
-        Counts::get(&counts.ranges),
-        blocks,
+        blkcli::plural(Counts::get(&counts.ranges), "range", "ranges"),
+        blkcli::plural(blocks, "block", "blocks"),
         size - written - zeroed,
     );
     if let (true, Some(m)) = (args.checksum, &src_map) {
