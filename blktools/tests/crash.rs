@@ -249,6 +249,14 @@ fn killed_at_random_points_nbd_dst() {
 /// Wait until no process has `path` on its command line (a private
 /// qemu-nbd serving it, which exits on the parent-death SIGTERM).
 fn wait_unserved(path: &Path) {
+    assert!(
+        unserved_within(path, Duration::from_secs(30)),
+        "the private qemu-nbd outlived blksync by 30 s"
+    );
+}
+
+/// True once no process has `path` on its command line, false after `limit`.
+fn unserved_within(path: &Path, limit: Duration) -> bool {
     let t = Instant::now();
     loop {
         let serving = std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
@@ -256,14 +264,29 @@ fn wait_unserved(path: &Path) {
                 .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == s(path).as_bytes()))
         });
         if !serving {
-            return;
+            return true;
         }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the private qemu-nbd outlived blksync by 30 s"
-        );
+        if t.elapsed() > limit {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// After a served-image run was killed: its private qemu-nbd is gone, or
+/// (killed while the server started, when qemu-nbd loses the SIGTERM its
+/// parent's death sends) the server's private directory is still there and
+/// the next run, which starts a server of its own, stops the orphan first.
+fn served_run_cleaned_up(args: &[&str], dst: &Path, tmp: &Path) {
+    if unserved_within(dst, Duration::from_secs(5)) {
+        return;
+    }
+    let dirs = std::fs::read_dir(tmp).unwrap().count();
+    assert!(dirs > 0, "a qemu-nbd outlived blksync after it was up");
+    let mut dry = args.to_vec();
+    dry.push("--dry-run");
+    let _ = blksync().args(&dry).output().unwrap();
+    wait_unserved(dst);
 }
 
 /// The same with a qcow2 file as DST, which blksync serves itself with a
@@ -297,7 +320,7 @@ fn killed_at_random_points_served_image_dst() {
         if change_then_kill(&mut rng, &src, 0x40 + round, &args, span) {
             killed += 1;
         }
-        wait_unserved(&dst);
+        served_run_cleaned_up(&args, &dst, &tmp);
         let check = run("qemu-img", &["check", s(&dst)]);
         assert_eq!(
             check.code, 0,

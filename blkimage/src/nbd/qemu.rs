@@ -247,6 +247,34 @@ pub fn read_secret(path: &Path) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Stop the qemu-nbd servers left serving a socket in `dir` by a run that
+/// died while they started. A writable server is told to stop by SIGTERM
+/// when its parent dies (so that it flushes), but qemu-nbd loses a SIGTERM
+/// that comes while it starts up; once up, it acts on one. Waits up to 10 s
+/// for each to exit (it flushes and closes its image, releasing its locks).
+fn stop_orphans(dir: &Path) {
+    let socket = format!("--socket={}", dir.join("nbd.sock").display());
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let serves = std::fs::read(p.path().join("cmdline"))
+            .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == socket.as_bytes()));
+        if !serves {
+            continue;
+        }
+        // SAFETY: signals to a process found above; kill(pid, 0) checks it.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let t = std::time::Instant::now();
+        while unsafe { libc::kill(pid, 0) } == 0 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// The prefix of the private directories, `$TMPDIR/blkimage-PID-XXXXXX`.
 const DIR_PREFIX: &str = "blkimage-";
 
@@ -282,6 +310,7 @@ fn remove_stale_dirs(tmp: &Path) {
         let gone = unsafe { libc::kill(pid, 0) } != 0
             && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
         if gone {
+            stop_orphans(&e.path());
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
