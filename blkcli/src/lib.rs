@@ -11,8 +11,8 @@ pub mod signals;
 /// `n` and the noun for it, as English has it: "1 range", "2 ranges".
 ///
 /// ```
-/// assert_eq!(blkcli::plural(1, "line is", "lines are"), "1 line is");
-/// assert_eq!(blkcli::plural(0, "range", "ranges"), "0 ranges");
+/// assert_eq!(blkcli::plural(1u64, "line is", "lines are"), "1 line is");
+/// assert_eq!(blkcli::plural(0u64, "range", "ranges"), "0 ranges");
 /// ```
 pub fn plural(n: impl Into<u64>, one: &str, many: &str) -> String {
     let n = n.into();

@@ -167,6 +167,7 @@ impl Map {
 /// `path` sees the old file or the new one, never a part of one.
 ///
 /// ```
+/// use std::io::Write;
 /// let dir = std::env::temp_dir().join(format!("blkmap-doc-{}", std::process::id()));
 /// std::fs::create_dir_all(&dir).unwrap();
 /// let p = dir.join("out");

@@ -22,7 +22,8 @@ fn summary_and_refusal_read_as_english() {
     let out = run(BLKSYNC, &[s(&src), s(&dst), "--state", s(&state)]);
     assert_eq!(out.code, 1, "{}", out.stderr);
     assert!(
-        out.stderr.contains("modification time is 2030-01-02T03:04:05"),
+        out.stderr
+            .contains("modification time is 2030-01-02T03:04:05"),
         "{}",
         out.stderr
     );

@@ -220,7 +220,9 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
     };
     let size = src.size();
 
-    // A missing DST is created now, by one run only, and locked.
+    // A missing DST is created now, by one run only, and locked; it is
+    // removed again if the run fails before the copy starts.
+    let mut created = None;
     if kind == Kind::Missing && !args.dry_run {
         let f = OpenOptions::new()
             .write(true)
@@ -233,6 +235,7 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
                 ),
                 _ => ioerr(&args.dst, &e),
             })?;
+        created = Some(Created(dst_path.to_path_buf()));
         _dst_lock = Some(guard::lock(f, &args.dst, wait)?);
     }
     let kind = match (kind, args.output_format) {
@@ -348,6 +351,8 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
 
     let counts = Arc::new(Counts::default());
     let progress = Progress::new(args.progress, size, block_size);
+    // From here on DST is written: a failed run leaves it for the next.
+    std::mem::forget(created);
     let result = sync(
         args,
         SyncCtx {
@@ -456,6 +461,16 @@ fn guard_outputs(args: &Args, cancel: &AtomicBool) -> Result<Option<guard::Lock>
     };
     let f = guard::open_lock_file(&lock)?;
     guard::lock(f, &p.display().to_string(), wait).map(Some)
+}
+
+/// A DST this run created, removed when dropped (the run failed before
+/// writing it).
+struct Created(PathBuf);
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 struct SyncCtx<'a> {
