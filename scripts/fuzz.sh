@@ -18,6 +18,7 @@ if ! cargo +nightly --version >/dev/null 2>&1; then
     export RUSTC_BOOTSTRAP=1
 fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "fuzz: installing cargo-fuzz (cargo install --locked cargo-fuzz)" >&2
     cargo install --locked cargo-fuzz
 fi
 

@@ -10,7 +10,8 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 # A short fuzzing run of every parser of untrusted bytes.
 scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 
-cargo test --workspace --release
+# Every test binary runs, and every failure is reported, not only the first.
+cargo test --workspace --release --no-fail-fast
 
 # The Python package, built and installed as a user would, and its tests.
 scripts/test-python.sh
