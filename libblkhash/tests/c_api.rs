@@ -334,6 +334,7 @@ fn valgrind_finds_no_error_or_leak() {
                 // "Possibly lost": the 48-byte handle std makes for a C
                 // thread that calls into Rust, kept for the thread's life.
                 "--errors-for-leak-kinds=definite,indirect",
+                "--show-possibly-lost=no",
                 "--quiet",
             ])
             .env("LD_LIBRARY_PATH", scratch().lib())
