@@ -3,7 +3,7 @@
 # Safe to run again: apt-get skips what is installed.
 set -euo pipefail
 
-packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time)
+packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc pkg-config valgrind)
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then

@@ -10,6 +10,8 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 # A short fuzzing run of every parser of untrusted bytes.
 scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 
+# libblkhash.so and .a, which the C tests link (cargo test builds only the rlib).
+cargo build --workspace --release
 # Every test binary runs, and every failure is reported, not only the first.
 cargo test --workspace --release --no-fail-fast
 

@@ -2,7 +2,7 @@
 
 use crate::algorithm::{Algorithm, Streaming};
 use crate::checksum::Checksum;
-use crate::pool::{Done, Fill, Job, JobBuf, Pool};
+use crate::pool::{Done, Fill, Job, JobBuf, JobDone, Pool};
 use crate::zero::is_zero;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -62,6 +62,7 @@ pub struct Options {
     block_size: usize,
     threads: usize,
     queue_depth: Option<usize>,
+    job_done: Option<JobDone>,
 }
 
 impl Default for Options {
@@ -78,6 +79,7 @@ impl Options {
             block_size: DEFAULT_BLOCK_SIZE,
             threads: default_threads(),
             queue_depth: None,
+            job_done: None,
         }
     }
     pub fn algorithm(mut self, a: Algorithm) -> Self {
@@ -96,6 +98,28 @@ impl Options {
     /// finish (default 16: enough that workers never wait for the caller).
     pub fn queue_depth(mut self, n: usize) -> Self {
         self.queue_depth = Some(n.max(1));
+        self
+    }
+    /// Call `f` on a worker thread each time a job is digested: a caller
+    /// that waits for [`reclaim`](Hasher::reclaim) on some other event (an
+    /// eventfd polled by a C program, say) learns when to look again.
+    /// Reclaiming then may still find nothing, since buffers come back in
+    /// order; `f` must be cheap and must not call into the hasher.
+    ///
+    /// ```
+    /// use blkhash::{Hasher, Options};
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// let jobs = Arc::new(AtomicUsize::new(0));
+    /// let seen = jobs.clone();
+    /// let opts = Options::new().on_job_done(move || { seen.fetch_add(1, Ordering::Relaxed); });
+    /// let mut h = Hasher::new(opts).unwrap();
+    /// h.submit(vec![1u8; 1 << 20]);
+    /// h.reclaim_wait().unwrap();
+    /// assert!(jobs.load(Ordering::Relaxed) >= 1);
+    /// ```
+    pub fn on_job_done(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.job_done = Some(JobDone(std::sync::Arc::new(f)));
         self
     }
     pub fn get_algorithm(&self) -> Algorithm {
@@ -261,7 +285,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Hasher<B> {
             alg,
             block_size: bs,
             out_len,
-            pool: Pool::new(opts.threads, alg, bs, zero_digest.clone()),
+            pool: Pool::new(opts.threads, alg, bs, zero_digest.clone(), opts.job_done),
             zero_digest,
             zero_run,
             outer: alg.streaming(),

@@ -6,11 +6,23 @@
 use crate::algorithm::Algorithm;
 use crate::zero::is_zero;
 use crossbeam_channel::{Receiver, Sender};
+use std::fmt;
 use std::io;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// Produces a job's bytes on a worker: fills the whole slice, or fails.
 pub type Fill = Box<dyn FnOnce(&mut [u8]) -> io::Result<()> + Send>;
+
+/// Called by a worker after each finished job (see `Options::on_job_done`).
+#[derive(Clone)]
+pub(crate) struct JobDone(pub Arc<dyn Fn() + Send + Sync>);
+
+impl fmt::Debug for JobDone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("JobDone")
+    }
+}
 
 /// Bytes a job digests: an internal staging buffer, a caller's buffer, or
 /// bytes a worker produces itself into its own buffer (a read, typically:
@@ -46,7 +58,13 @@ pub(crate) struct Pool<B> {
 }
 
 impl<B: AsRef<[u8]> + Send + 'static> Pool<B> {
-    pub fn new(threads: usize, alg: Algorithm, block_size: usize, zero_digest: Vec<u8>) -> Self {
+    pub fn new(
+        threads: usize,
+        alg: Algorithm,
+        block_size: usize,
+        zero_digest: Vec<u8>,
+        job_done: Option<JobDone>,
+    ) -> Self {
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job<B>>();
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         let threads = (0..threads)
@@ -54,9 +72,10 @@ impl<B: AsRef<[u8]> + Send + 'static> Pool<B> {
                 let jobs = jobs_rx.clone();
                 let done = done_tx.clone();
                 let zero_digest = zero_digest.clone();
+                let job_done = job_done.clone();
                 std::thread::Builder::new()
                     .name(format!("blkhash-{i}"))
-                    .spawn(move || worker(jobs, done, alg, block_size, &zero_digest))
+                    .spawn(move || worker(jobs, done, job_done, alg, block_size, &zero_digest))
                     .expect("cannot start a blkhash worker thread")
             })
             .collect();
@@ -90,6 +109,7 @@ impl<B> Drop for Pool<B> {
 fn worker<B: AsRef<[u8]>>(
     jobs: Receiver<Job<B>>,
     done: Sender<Done<B>>,
+    job_done: Option<JobDone>,
     alg: Algorithm,
     block_size: usize,
     zero_digest: &[u8],
@@ -135,6 +155,9 @@ fn worker<B: AsRef<[u8]>>(
         };
         if done.send(done_job).is_err() {
             return;
+        }
+        if let Some(f) = &job_done {
+            (f.0)();
         }
     }
 }
