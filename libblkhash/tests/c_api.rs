@@ -77,7 +77,15 @@ fn run(cmd: &mut Command) -> Output {
     out
 }
 
-const CFLAGS: &[&str] = &["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-g", "-pthread"];
+const CFLAGS: &[&str] = &[
+    "-std=gnu11",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-O2",
+    "-g",
+    "-pthread",
+];
 
 /// Compile `tests/c/NAME.c` against the built library, once per test run.
 fn compile(name: &str) -> PathBuf {
@@ -121,7 +129,9 @@ fn api_and_error_paths() {
 
 #[test]
 fn the_shared_object_is_libblkhash_so_0() {
-    let out = run(Command::new("readelf").arg("-d").arg(lib_dir().join("libblkhash.so")));
+    let out = run(Command::new("readelf")
+        .arg("-d")
+        .arg(lib_dir().join("libblkhash.so")));
     assert!(
         stdout(&out).contains("Library soname: [libblkhash.so.0]"),
         "{}",
@@ -160,7 +170,9 @@ fn every_digest_matches_the_rust_library() {
     let mut seen = Vec::new();
     for line in text.lines() {
         let (name, hex) = line.split_once(' ').unwrap_or((line, ""));
-        let alg: Algorithm = name.parse().unwrap_or_else(|_| panic!("unknown name {name}"));
+        let alg: Algorithm = name
+            .parse()
+            .unwrap_or_else(|_| panic!("unknown name {name}"));
         assert_eq!(
             hex,
             checksum_of(alg, 4096, &data).to_hex(),
@@ -168,7 +180,10 @@ fn every_digest_matches_the_rust_library() {
         );
         seen.push(alg);
     }
-    assert_eq!(seen, ALGORITHMS, "blkhash_digests lists every algorithm, in order");
+    assert_eq!(
+        seen, ALGORITHMS,
+        "blkhash_digests lists every algorithm, in order"
+    );
 }
 
 #[test]
@@ -200,7 +215,9 @@ fn reference_vectors_three_ways() {
     let dir = tempfile::tempdir().unwrap();
     let mut list = String::new();
     let mut images = std::collections::HashMap::new();
-    let raw = testkit::vectors().into_iter().filter(|v| v.format.is_none());
+    let raw = testkit::vectors()
+        .into_iter()
+        .filter(|v| v.format.is_none());
     for (i, v) in raw.enumerate() {
         let n = images.len();
         let path = images
@@ -238,7 +255,10 @@ fn write_pc(dir: &Path) {
     let pc = pc
         .replace("@PREFIX@", &dir.display().to_string())
         .replace("@LIBDIR@", &lib_dir().display().to_string())
-        .replace("@INCLUDEDIR@", &crate_dir().join("include").display().to_string())
+        .replace(
+            "@INCLUDEDIR@",
+            &crate_dir().join("include").display().to_string(),
+        )
         .replace("@VERSION@", "0.11.0");
     std::fs::write(dir.join("blkhash.pc"), pc).unwrap();
 }
@@ -252,7 +272,10 @@ fn builds_with_pkg_config_and_statically() {
             .env("PKG_CONFIG_PATH", dir.path())
             .args(args)
             .arg("blkhash"));
-        stdout(&out).split_whitespace().map(str::to_string).collect()
+        stdout(&out)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
     };
     assert!(
         run(Command::new("pkg-config")
@@ -306,13 +329,30 @@ fn header_is_strict_c_and_cxx() {
     .unwrap();
     let inc = crate_dir().join("include");
     run(Command::new("cc")
-        .args(["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-c", "-o"])
+        .args([
+            "-std=c99",
+            "-pedantic",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-c",
+            "-o",
+        ])
         .arg(dir.path().join("inc.o"))
         .arg("-I")
         .arg(&inc)
         .arg(&src));
     run(Command::new("c++")
-        .args(["-x", "c++", "-std=c++11", "-Wall", "-Wextra", "-Werror", "-c", "-o"])
+        .args([
+            "-x",
+            "c++",
+            "-std=c++11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-c",
+            "-o",
+        ])
         .arg(dir.path().join("inc-cxx.o"))
         .arg("-I")
         .arg(&inc)
