@@ -52,7 +52,7 @@ seeds() {
 # Small block maps as seeds: of qemu-made images, written by blkmap
 # (built in the main workspace if needed).
 map_seeds() {
-    local dir=$1 tmp blkmap=../target/release/blkmap
+    local dir=$1 tmp blkmap=${CARGO_TARGET_DIR:-../target}/release/blkmap
     command -v qemu-img >/dev/null && command -v qemu-io >/dev/null || return 0
     if [ ! -x "$blkmap" ]; then
         cargo build --release -p blktools --manifest-path ../Cargo.toml --bin blkmap

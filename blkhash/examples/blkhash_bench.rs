@@ -15,7 +15,7 @@
 //!
 //! The time includes `finalize`.
 
-use blkhash::{Algorithm, Hasher, Options};
+use blkhash::{Algorithm, Options, Pipeline};
 use std::process::exit;
 use std::time::{Duration, Instant};
 
@@ -158,7 +158,7 @@ fn main() {
     if let Some(q) = a.queue_depth {
         opts = opts.queue_depth(q);
     }
-    let mut h = Hasher::new(opts).unwrap_or_else(|e| fail(&e.to_string()));
+    let mut h: Pipeline = Pipeline::new(opts).unwrap_or_else(|e| fail(&e.to_string()));
     let budget = Duration::from_secs_f64(a.seconds);
     let mut bytes = 0u64;
     let start = Instant::now();
@@ -199,7 +199,7 @@ fn main() {
             }
         }
     }
-    let checksum = h.finalize();
+    let checksum = h.finalize().unwrap_or_else(|e| fail(&e.to_string()));
     let elapsed = start.elapsed().as_secs_f64();
     let throughput = bytes as f64 / elapsed;
     println!(

@@ -12,7 +12,7 @@ use std::fmt;
 ///
 /// ```
 /// use blkhash::{Algorithm, Checksum, Hasher, Options};
-/// let h = Hasher::new(Options::new().algorithm(Algorithm::Md5)).unwrap();
+/// let h = Hasher::with_options(Options::new().algorithm(Algorithm::Md5)).unwrap();
 /// let c = h.finalize();
 /// // The checksum of nothing is H(le64(0)).
 /// assert_eq!(c.to_string(), "7dea362b3fac8e00956a4952a3d4f474");

@@ -18,25 +18,41 @@
 //!
 //! ```
 //! use blkhash::{Algorithm, Hasher, Options};
-//! let mut h = Hasher::new(Options::new().algorithm(Algorithm::Sha256)).unwrap();
+//! let mut h = Hasher::with_options(Options::new().algorithm(Algorithm::Blake3)).unwrap();
 //! h.update(b"hello");
 //! h.update_zeros(1 << 30);
 //! let checksum = h.finalize();
 //! assert_eq!(checksum.to_hex().len(), 64);
 //! ```
+//!
+//! [`Hasher`] is the everyday type (and [`hash`] the one-call form);
+//! [`Pipeline`] takes buffers without a copy and runs reads on the workers,
+//! for image readers and bindings.
+//!
+//! ```
+//! let mut h = blkhash::Hasher::new(); // SHA-256, 64 KiB blocks
+//! h.update(b"hello");
+//! assert_eq!(h.finalize(), blkhash::hash(b"hello"));
+//! ```
 
 mod algorithm;
 mod checksum;
 mod hasher;
+mod options;
+mod order;
+mod pipeline;
 mod pool;
 mod zero;
 
 pub use algorithm::{ALGORITHMS, Algorithm, Streaming, UnknownAlgorithm};
 pub use checksum::{Checksum, ParseChecksumError, to_hex};
-pub use hasher::{
-    BlockEvent, DEFAULT_BLOCK_SIZE, Hasher, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE, Options,
-    OptionsError, default_threads,
+pub use hasher::Hasher;
+pub use options::{
+    DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE, Options, OptionsError,
+    default_threads,
 };
+pub use order::BlockEvent;
+pub use pipeline::Pipeline;
 pub use pool::Fill;
 pub use zero::is_zero;
 
@@ -49,7 +65,7 @@ pub use zero::is_zero;
 /// assert_eq!(c, blkhash::checksum_of(blkhash::Algorithm::Sha256, 65536, b"hello"));
 /// ```
 pub fn hash(data: impl AsRef<[u8]>) -> Checksum {
-    let mut h = Hasher::new(Options::new()).expect("the default options are valid");
+    let mut h = Hasher::new();
     h.update(data);
     h.finalize()
 }
@@ -60,7 +76,7 @@ pub fn hash(data: impl AsRef<[u8]>) -> Checksum {
 /// ```
 /// use blkhash::{checksum_of, Algorithm, Hasher, Options};
 /// let data = vec![3u8; 100_000];
-/// let mut h = Hasher::new(Options::new().block_size(4096)).unwrap();
+/// let mut h = Hasher::with_options(Options::new().block_size(4096)).unwrap();
 /// h.update(&data);
 /// assert_eq!(h.finalize(), checksum_of(Algorithm::Sha256, 4096, &data));
 /// ```

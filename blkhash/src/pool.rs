@@ -174,9 +174,6 @@ fn digest_blocks(
     let blocks = data.len().div_ceil(block_size);
     let mut digests = vec![0u8; blocks * out_len];
     let mut zero = vec![false; blocks];
-    if alg == Algorithm::Null {
-        return (digests, zero);
-    }
     // Zero blocks take the constant; the rest are digested together so a
     // multi-buffer digest (SHA-256) can interleave them.
     let mut data_blocks: Vec<&[u8]> = Vec::with_capacity(blocks);

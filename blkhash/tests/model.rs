@@ -1,7 +1,7 @@
 //! Property tests: however the same bytes are cut into `update`, `submit` and
 //! `update_zeros` calls, the checksum equals the plain model's.
 
-use blkhash::{Algorithm, BlockEvent, Hasher, Options, checksum_of};
+use blkhash::{Algorithm, BlockEvent, Hasher, Options, Pipeline, checksum_of};
 use proptest::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -48,7 +48,7 @@ proptest! {
         threads in 1usize..4,
         depth in 1usize..5,
     ) {
-        let mut h = Hasher::new(
+        let mut h = Pipeline::new(
             Options::new().algorithm(alg).block_size(bs).threads(threads).queue_depth(depth),
         ).unwrap();
         let mut all = Vec::new();
@@ -68,7 +68,7 @@ proptest! {
             while let Some(b) = h.reclaim() { drop(b); }
         }
         prop_assert_eq!(h.len(), all.len() as u64);
-        prop_assert_eq!(h.finalize(), checksum_of(alg, bs, &all));
+        prop_assert_eq!(h.finalize().unwrap(), checksum_of(alg, bs, &all));
     }
 
     #[test]
@@ -78,7 +78,7 @@ proptest! {
         let bs = 512;
         let events = Arc::new(Mutex::new(Vec::new()));
         let log = events.clone();
-        let mut h = Hasher::new(Options::new().block_size(bs).threads(2)).unwrap();
+        let mut h = Hasher::with_options(Options::new().block_size(bs).threads(2)).unwrap();
         h.set_observer(move |e| log.lock().unwrap().push(match e {
             BlockEvent::Data { index, digest } => (index, 1, Some(digest.to_vec())),
             BlockEvent::Zeros { index, count } => (index, count, None),
@@ -116,7 +116,7 @@ proptest! {
 fn huge_zero_range_is_cheap() {
     // 8 TiB of zeros: no allocation or digest per block, only the outer
     // digest over 128 Mi constant digests (blake3 takes large updates fast).
-    let mut h = Hasher::new(Options::new().algorithm(Algorithm::Blake3)).unwrap();
+    let mut h = Hasher::with_options(Options::new().algorithm(Algorithm::Blake3)).unwrap();
     let start = std::time::Instant::now();
     h.update_zeros(8 << 40);
     let c = h.finalize();
@@ -127,18 +127,25 @@ fn huge_zero_range_is_cheap() {
 #[test]
 fn invalid_options() {
     for bs in [0, 511, 513, 1000, (64 << 20) + 512, 128 << 20] {
-        assert!(Hasher::new(Options::new().block_size(bs)).is_err(), "{bs}");
+        assert!(
+            Hasher::with_options(Options::new().block_size(bs)).is_err(),
+            "{bs}"
+        );
     }
     for t in [0, 129] {
-        assert!(Hasher::new(Options::new().threads(t)).is_err(), "{t}");
+        assert!(
+            Hasher::with_options(Options::new().threads(t)).is_err(),
+            "{t}"
+        );
     }
-    assert!(Hasher::new(Options::new().block_size(64 << 20).threads(128)).is_ok());
+    assert!(Hasher::with_options(Options::new().block_size(64 << 20).threads(128)).is_ok());
 }
 
 #[test]
 fn a_failed_fill_fails_the_checksum() {
     for threads in [1, 2, 4] {
-        let mut h = Hasher::new(Options::new().block_size(4096).threads(threads)).unwrap();
+        let mut h: Pipeline =
+            Pipeline::new(Options::new().block_size(4096).threads(threads)).unwrap();
         let mut result = Ok(());
         for i in 0..64u64 {
             let fill: blkhash::Fill = if i == 40 {
@@ -152,8 +159,8 @@ fn a_failed_fill_fails_the_checksum() {
             result = result.and(h.submit_with(64 << 10, fill));
             h.update_zeros(1 << 20);
         }
-        // The error comes back from a later call or from try_finalize.
-        let end = h.try_finalize();
+        // The error comes back from a later call or from finalize.
+        let end = h.finalize();
         let err = result.err().or(end.err()).expect("an error");
         assert!(err.to_string().contains("chunk 40"), "{err}");
     }

@@ -32,7 +32,7 @@ pub trait Sink {
 
 /// The hasher is the sink everything here feeds: reads run on its digest
 /// workers, read buffers are handed over without a copy, zeros cost nothing.
-impl Sink for blkhash::Hasher<AlignedBuf> {
+impl Sink for blkhash::Pipeline<AlignedBuf> {
     fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
         self.submit_with(len, fill)
     }
@@ -45,10 +45,10 @@ impl Sink for blkhash::Hasher<AlignedBuf> {
         Ok(())
     }
     fn reclaim(&mut self) -> Option<AlignedBuf> {
-        blkhash::Hasher::reclaim(self)
+        blkhash::Pipeline::reclaim(self)
     }
     fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
-        blkhash::Hasher::reclaim_wait(self)
+        blkhash::Pipeline::reclaim_wait(self)
     }
 }
 

@@ -1,9 +1,60 @@
 //! Building a map while hashing, from the hasher's block events.
 
 use crate::{Body, Map, MapError, check_params, zero_digest};
-use blkhash::{Algorithm, BlockEvent, Hasher};
+use blkhash::{Algorithm, BlockEvent, Checksum, Hasher, Pipeline};
 use std::io;
 use std::sync::{Arc, Mutex};
+
+/// What a builder can observe: a [`Hasher`], or a [`Pipeline`] (whose
+/// reads can fail, so finishing it is fallible).
+pub trait Observed: Sized {
+    /// The digest.
+    fn algorithm(&self) -> Algorithm;
+    /// Bytes per block.
+    fn block_size(&self) -> usize;
+    /// Bytes given so far.
+    fn size(&self) -> u64;
+    /// See [`Hasher::set_observer`].
+    fn set_observer(&mut self, f: impl FnMut(BlockEvent<'_>) + Send + 'static);
+    /// The checksum, or the error of a read that failed.
+    fn checksum(self) -> io::Result<Checksum>;
+}
+
+impl Observed for Hasher {
+    fn algorithm(&self) -> Algorithm {
+        Hasher::algorithm(self)
+    }
+    fn block_size(&self) -> usize {
+        Hasher::block_size(self)
+    }
+    fn size(&self) -> u64 {
+        Hasher::len(self)
+    }
+    fn set_observer(&mut self, f: impl FnMut(BlockEvent<'_>) + Send + 'static) {
+        Hasher::set_observer(self, f)
+    }
+    fn checksum(self) -> io::Result<Checksum> {
+        Ok(self.finalize())
+    }
+}
+
+impl<B: AsRef<[u8]> + Send + 'static> Observed for Pipeline<B> {
+    fn algorithm(&self) -> Algorithm {
+        Pipeline::algorithm(self)
+    }
+    fn block_size(&self) -> usize {
+        Pipeline::block_size(self)
+    }
+    fn size(&self) -> u64 {
+        Pipeline::len(self)
+    }
+    fn set_observer(&mut self, f: impl FnMut(BlockEvent<'_>) + Send + 'static) {
+        Pipeline::set_observer(self, f)
+    }
+    fn checksum(self) -> io::Result<Checksum> {
+        self.finalize()
+    }
+}
 
 struct State {
     body: Body,
@@ -56,7 +107,7 @@ impl State {
 /// ```
 /// use blkhash::{Hasher, Options};
 /// use blkmap::MapBuilder;
-/// let mut h = Hasher::new(Options::new().block_size(512)).unwrap();
+/// let mut h = Hasher::with_options(Options::new().block_size(512)).unwrap();
 /// let builder = MapBuilder::attach(&mut h).unwrap();
 /// h.update(&[1u8; 512]);
 /// h.update_zeros(1024);
@@ -89,9 +140,7 @@ impl MapBuilder {
 
     /// A builder for `hasher`, set as its observer. Attach it before giving
     /// the hasher any data.
-    pub fn attach<B: AsRef<[u8]> + Send + 'static>(
-        hasher: &mut Hasher<B>,
-    ) -> Result<MapBuilder, MapError> {
+    pub fn attach(hasher: &mut impl Observed) -> Result<MapBuilder, MapError> {
         let b = MapBuilder::new(hasher.algorithm(), hasher.block_size())?;
         hasher.set_observer(b.observer());
         Ok(b)
@@ -134,9 +183,9 @@ impl MapBuilder {
 
     /// Finish `hasher` (which this builder observes) and return the map,
     /// which holds the checksum. A failed read in the hasher is an error.
-    pub fn finalize<B: AsRef<[u8]> + Send + 'static>(self, hasher: Hasher<B>) -> io::Result<Map> {
-        let size = hasher.len();
-        let checksum = hasher.try_finalize()?;
+    pub fn finalize(self, hasher: impl Observed) -> io::Result<Map> {
+        let size = hasher.size();
+        let checksum = hasher.checksum()?;
         Ok(self.finish(size, checksum.as_bytes())?)
     }
 }

@@ -18,7 +18,7 @@
 //! use blkhash::{Hasher, Options};
 //! use blkmap::{Map, MapBuilder};
 //!
-//! let mut h = Hasher::new(Options::new().block_size(4096)).unwrap();
+//! let mut h = Hasher::with_options(Options::new().block_size(4096)).unwrap();
 //! let builder = MapBuilder::attach(&mut h).unwrap();
 //! h.update(&[7u8; 10000]);
 //! h.update_zeros(1 << 20);
@@ -42,7 +42,7 @@ mod builder;
 mod diff;
 mod format;
 
-pub use builder::MapBuilder;
+pub use builder::{MapBuilder, Observed};
 pub use diff::{Diff, Mismatch, Range, diff};
 pub use format::{MAGIC, VERSION, is_map, write_atomic};
 
@@ -286,12 +286,13 @@ impl Map {
     /// assert_eq!(map.blocks(), 4);
     /// assert_eq!(map.block(0), Some(Block::Zero));
     /// assert!(matches!(map.block(2), Some(Block::Data(_))));
-    /// let mut h = Hasher::new(opts).unwrap();
+    /// let mut h = Hasher::with_options(opts).unwrap();
     /// h.update(&data);
     /// assert_eq!(map.checksum(), h.finalize().as_bytes());
     /// ```
     pub fn compute(opts: blkhash::Options, data: &[u8]) -> Result<Map, MapError> {
-        let mut h = blkhash::Hasher::new(opts).map_err(|e| MapError::Invalid(e.to_string()))?;
+        let mut h =
+            blkhash::Hasher::with_options(opts).map_err(|e| MapError::Invalid(e.to_string()))?;
         let builder = MapBuilder::attach(&mut h)?;
         h.update(data);
         Ok(builder.finalize(h)?)
@@ -378,7 +379,7 @@ impl Map {
     /// ```
     /// use blkhash::{Hasher, Options};
     /// use blkmap::MapBuilder;
-    /// let mut h = Hasher::new(Options::new().block_size(512)).unwrap();
+    /// let mut h = Hasher::with_options(Options::new().block_size(512)).unwrap();
     /// let builder = MapBuilder::attach(&mut h).unwrap();
     /// h.update(&[1u8; 1024]);
     /// h.update_zeros(1 << 20);

@@ -1,7 +1,7 @@
 //! Maps: round trips, damage refused, checksums derived, diffs against a
 //! byte-by-byte model.
 
-use blkhash::{Algorithm, Hasher, Options, checksum_of};
+use blkhash::{Algorithm, Hasher, Options, Pipeline, checksum_of};
 use blkmap::{Block, Map, MapBuilder, MapError, Range, diff};
 use proptest::prelude::*;
 
@@ -135,7 +135,7 @@ proptest! {
 #[test]
 fn builder_sees_every_way_of_feeding() {
     let o = opts(Algorithm::Sha256, 4096);
-    let mut h = Hasher::new(o.clone()).unwrap();
+    let mut h = Pipeline::new(o.clone()).unwrap();
     let builder = MapBuilder::attach(&mut h).unwrap();
     let mut data = Vec::new();
     h.update([1u8; 5000]);
@@ -174,7 +174,7 @@ fn empty_and_sparse_maps_are_small() {
     assert_eq!(Map::from_bytes(&empty.to_bytes()).unwrap(), empty);
 
     // 1 TiB of zeros: a header, one run, a trailer.
-    let mut h = Hasher::new(Options::new()).unwrap();
+    let mut h = Hasher::with_options(Options::new()).unwrap();
     let b = MapBuilder::attach(&mut h).unwrap();
     h.update_zeros(1 << 40);
     let map = b.finalize(h).unwrap();

@@ -199,7 +199,8 @@ mod tests {
         if name.as_bytes().starts_with(b"missing") {
             return Err(io::Error::from(io::ErrorKind::NotFound));
         }
-        let mut h = Hasher::new(Options::new().algorithm(alg).block_size(bs).threads(1)).unwrap();
+        let mut h =
+            Hasher::with_options(Options::new().algorithm(alg).block_size(bs).threads(1)).unwrap();
         h.update(name.as_bytes());
         Ok(h.finalize())
     }

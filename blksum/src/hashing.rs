@@ -1,6 +1,6 @@
 //! Hashing one input: open it, wire its source to a hasher, report.
 
-use blkhash::{Algorithm, Checksum, Hasher, Options};
+use blkhash::{Algorithm, Checksum, Options, Pipeline};
 use blkimage::{AlignedBuf, Input, OpenOptions, Source, Stats};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::ffi::OsStr;
@@ -41,7 +41,7 @@ impl Hashing {
             .block_size(block_size)
             .threads(self.threads)
             .queue_depth(self.queue_depth);
-        let mut sink: Hasher<AlignedBuf> = Hasher::with_buffers(opts).map_err(io::Error::other)?;
+        let mut sink: Pipeline<AlignedBuf> = Pipeline::new(opts).map_err(io::Error::other)?;
         // Whole blocks per read: reads then go to the digest workers as they are.
         let read_size = self.read_size.next_multiple_of(block_size);
         let progress = &self.progress;
@@ -63,7 +63,7 @@ impl Hashing {
                     &self.cancel,
                     &mut |n| progress.inc(n),
                 )?;
-                let checksum = sink.try_finalize()?;
+                let checksum = sink.finalize()?;
                 // Only now are all reads done: is the image still what we read?
                 src.finish()?;
                 Ok(report(src.format().to_string(), stats, checksum))
@@ -74,7 +74,7 @@ impl Hashing {
                     blkimage::read_stream(&mut r, &mut sink, read_size, &self.cancel, &mut |n| {
                         progress.grow(n)
                     })?;
-                let checksum = sink.try_finalize()?;
+                let checksum = sink.finalize()?;
                 Ok(report("stream".to_string(), stats, checksum))
             }
         }

@@ -4,7 +4,7 @@
 
 pub mod state;
 
-use blkhash::{Algorithm, BlockEvent, Hasher, MAX_THREADS, Options};
+use blkhash::{Algorithm, BlockEvent, MAX_THREADS, Options, Pipeline};
 use blkimage::{AlignedBuf, Input, OpenOptions, Source};
 use blkmap::{Map, MapBuilder};
 use std::fs::File;
@@ -167,7 +167,7 @@ pub fn map_image(name: impl AsRef<std::ffi::OsStr>, opts: &MapOptions) -> io::Re
 }
 
 /// A hasher for `opts` with a map builder observing it.
-pub fn hasher(opts: &MapOptions) -> io::Result<(Hasher<AlignedBuf>, MapBuilder)> {
+pub fn hasher(opts: &MapOptions) -> io::Result<(Pipeline<AlignedBuf>, MapBuilder)> {
     hasher_also(opts, |_| {})
 }
 
@@ -176,12 +176,12 @@ pub fn hasher(opts: &MapOptions) -> io::Result<(Hasher<AlignedBuf>, MapBuilder)>
 pub fn hasher_also(
     opts: &MapOptions,
     mut also: impl FnMut(BlockEvent<'_>) + Send + 'static,
-) -> io::Result<(Hasher<AlignedBuf>, MapBuilder)> {
+) -> io::Result<(Pipeline<AlignedBuf>, MapBuilder)> {
     let hopts = Options::new()
         .algorithm(opts.algorithm)
         .block_size(opts.block_size)
         .threads(opts.threads);
-    let mut h = Hasher::with_buffers(hopts).map_err(io::Error::other)?;
+    let mut h = Pipeline::new(hopts).map_err(io::Error::other)?;
     let builder = MapBuilder::new(opts.algorithm, opts.block_size)?;
     let mut build = builder.observer();
     h.set_observer(move |e| {

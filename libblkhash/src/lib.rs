@@ -2,7 +2,7 @@
 //! over the Rust [`construction`] crate.
 //!
 //! Every function is a thin translation: C pointers and integers in, the
-//! `Hasher` does the work, errno values out. The contract of each function
+//! `Pipeline` does the work, errno values out. The contract of each function
 //! is the one 0.11's header documents; `include/blkhash.h` and the manual
 //! pages in `man/` say it for users, the comments here say how.
 //!
@@ -13,7 +13,7 @@
 //!   [`std::panic::catch_unwind`]; a panic becomes `EIO` and the handle's
 //!   sticky error.
 //! - The async API hands the caller's buffer to the hasher without copying
-//!   (`Hasher::submit`); a completion is reported when the hasher gives the
+//!   (`Pipeline::submit`); a completion is reported when the hasher gives the
 //!   buffer back. Workers signal an eventfd after each digested job, so a
 //!   caller sleeping in `poll()` wakes and collects what came back.
 //!
@@ -21,7 +21,7 @@
 
 #![allow(non_camel_case_types)]
 
-use construction::{Algorithm, Hasher, Options};
+use construction::{Algorithm, Options, Pipeline};
 use libc::{EAGAIN, EINVAL, EIO, ENOTSUP, c_char, c_int, c_uint, c_void, size_t};
 use std::collections::VecDeque;
 use std::ffi::{CStr, CString};
@@ -139,7 +139,7 @@ struct Aio {
 /// A hash, as `blkhash_new` makes it.
 pub struct blkhash {
     /// None once finalized (or after a panic left it unusable).
-    hasher: Option<Hasher<CallerBuf>>,
+    hasher: Option<Pipeline<CallerBuf>>,
     out_len: usize,
     /// The first error; every later call returns it.
     error: c_int,
@@ -424,7 +424,7 @@ fn new_hash(name: &CStr, block_size: u32, threads: u8, queue_depth: c_uint) -> *
                 ready: VecDeque::new(),
             });
         }
-        let hasher = Hasher::with_buffers(opts).map_err(|_| EINVAL)?;
+        let hasher = Pipeline::new(opts).map_err(|_| EINVAL)?;
         Ok(Box::into_raw(Box::new(blkhash {
             hasher: Some(hasher),
             out_len: alg.output_len(),
@@ -469,7 +469,7 @@ impl blkhash {
         self.error
     }
 
-    fn hasher(&mut self) -> Result<&mut Hasher<CallerBuf>, c_int> {
+    fn hasher(&mut self) -> Result<&mut Pipeline<CallerBuf>, c_int> {
         self.hasher.as_mut().ok_or(EINVAL)
     }
 
@@ -680,7 +680,7 @@ pub unsafe extern "C" fn blkhash_final(
         }
         let hasher = h.hasher.take().ok_or(EINVAL)?;
         let sum = hasher
-            .try_finalize()
+            .finalize()
             .map_err(|e| e.raw_os_error().unwrap_or(EIO))?;
         let bytes = sum.as_bytes();
         debug_assert!(bytes.len() <= BLKHASH_MAX_MD_SIZE);

@@ -7,7 +7,7 @@
 //! private directory removed, and only then is KeyboardInterrupt raised.
 
 use crate::{check_block_size, check_threads, parse_digest};
-use blkhash::{Checksum, Hasher, Options};
+use blkhash::{Checksum, Options, Pipeline};
 use blkimage::{AlignedBuf, Format, Input, OpenOptions, Source};
 use crossbeam_channel::RecvTimeoutError;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
@@ -185,20 +185,20 @@ impl Job {
     /// Open, read into a hasher, finish: what blksum does for one input.
     fn run(self, cancel: &AtomicBool) -> io::Result<Checksum> {
         let input = blkimage::open(&self.name, &self.open)?;
-        let mut sink: Hasher<AlignedBuf> =
-            Hasher::with_buffers(self.hasher).map_err(io::Error::other)?;
+        let mut sink: Pipeline<AlignedBuf> =
+            Pipeline::new(self.hasher).map_err(io::Error::other)?;
         match input {
             Input::Image(src) => {
                 let src: Arc<dyn Source> = Arc::from(src);
                 blkimage::read_image(src.clone(), &mut sink, self.read_size, cancel, &mut |_| {})?;
-                let sum = sink.try_finalize()?;
+                let sum = sink.finalize()?;
                 // Only now are all reads done: is the image still what we read?
                 src.finish()?;
                 Ok(sum)
             }
             Input::Stream(mut r) => {
                 blkimage::read_stream(&mut r, &mut sink, self.read_size, cancel, &mut |_| {})?;
-                sink.try_finalize()
+                sink.finalize()
             }
         }
     }

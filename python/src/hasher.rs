@@ -2,7 +2,7 @@
 
 use crate::buffer::{Exported, RawSlice};
 use crate::{check_block_size, check_threads, parse_digest};
-use blkhash::{Algorithm, Hasher, Options};
+use blkhash::{Algorithm, Options, Pipeline};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -23,7 +23,7 @@ const MIN_PIECE: usize = 256 << 10;
 
 enum State {
     /// Hashing.
-    Open(Box<Hasher<RawSlice>>),
+    Open(Box<Pipeline<RawSlice>>),
     /// Finalized: the digest, kept so that `digest()` can be called again.
     Done(Vec<u8>),
     /// An internal error (a panic) stopped it.
@@ -77,8 +77,7 @@ impl PyHasher {
             .algorithm(alg)
             .block_size(block_size)
             .threads(threads);
-        let hasher =
-            Hasher::with_buffers(opts).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let hasher = Pipeline::new(opts).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let h = PyHasher {
             alg,
             block_size,
@@ -196,7 +195,7 @@ impl PyHasher {
     /// Run `f` on the open hasher. A panic inside becomes an error and
     /// breaks the hasher: its workers are joined before this returns, so
     /// none still reads a caller's buffer.
-    fn with_open(&self, st: &mut State, f: impl FnOnce(&mut Hasher<RawSlice>)) -> PyResult<()> {
+    fn with_open(&self, st: &mut State, f: impl FnOnce(&mut Pipeline<RawSlice>)) -> PyResult<()> {
         match st {
             State::Open(h) => {
                 if catch_unwind(AssertUnwindSafe(|| f(h))).is_ok() {
@@ -218,7 +217,7 @@ impl PyHasher {
     fn finish(&self) -> PyResult<Vec<u8>> {
         let mut st = self.lock()?;
         match std::mem::replace(&mut *st, State::Broken) {
-            State::Open(h) => match catch_unwind(AssertUnwindSafe(|| h.try_finalize())) {
+            State::Open(h) => match catch_unwind(AssertUnwindSafe(|| h.finalize())) {
                 Ok(Ok(sum)) => {
                     let d = sum.as_bytes().to_vec();
                     *st = State::Done(d.clone());
@@ -245,7 +244,7 @@ fn broken() -> PyErr {
 /// `MIN_PIECE`), and wait until every piece is digested: then no worker
 /// holds a pointer into the caller's buffer, which the caller may reuse as
 /// soon as we return.
-fn feed(h: &mut Hasher<RawSlice>, bytes: RawSlice, threads: usize) {
+fn feed(h: &mut Pipeline<RawSlice>, bytes: RawSlice, threads: usize) {
     let len = bytes.len();
     let bs = h.block_size();
     // Bytes that complete a block begun by an earlier call: the first piece

@@ -105,7 +105,7 @@ pub fn reference_checksum(dir: &Path, img: &Path, alg: Algorithm, bs: usize) -> 
     sh("qemu-img", &["convert", "-O", "raw", s(img), s(&raw)]);
     let data = std::fs::read(&raw).unwrap();
     std::fs::remove_file(&raw).unwrap();
-    let mut h = Hasher::new(Options::new().algorithm(alg).block_size(bs)).unwrap();
+    let mut h = Hasher::with_options(Options::new().algorithm(alg).block_size(bs)).unwrap();
     h.update(&data);
     h.finalize().to_hex()
 }

@@ -2,7 +2,7 @@
 //! block on the fly while SRC is hashed (a DST known to hold only zeros).
 
 use crate::target::Target;
-use blkhash::Hasher;
+use blkhash::Pipeline;
 use blkimage::{AlignedBuf, Fill, Sink, Source};
 use blkmap::{Block, Map, Range};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
@@ -320,7 +320,7 @@ pub fn named(name: &str, e: io::Error) -> io::Error {
 /// skipped (they are holes already). SRC is read once, and writes run in
 /// parallel with hashing.
 pub struct WriteThrough<'a> {
-    pub hasher: &'a mut Hasher<AlignedBuf>,
+    pub hasher: &'a mut Pipeline<AlignedBuf>,
     pub dst: Arc<Target>,
     pub dst_name: Arc<str>,
     pub block_size: usize,

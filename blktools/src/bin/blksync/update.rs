@@ -182,7 +182,7 @@ mod tests {
     const BS: usize = 4096;
 
     fn map(build: impl FnOnce(&mut Hasher)) -> Map {
-        let mut h = Hasher::new(Options::new().block_size(BS)).unwrap();
+        let mut h = Hasher::with_options(Options::new().block_size(BS)).unwrap();
         let b = MapBuilder::attach(&mut h).unwrap();
         build(&mut h);
         b.finalize(h).unwrap()
@@ -192,7 +192,7 @@ mod tests {
     fn ops(dst: Map, size: u64, src: impl FnOnce(&mut Hasher)) -> Vec<Op> {
         let (differ, rx) = Differ::new(dst, size);
         let differ = std::sync::Mutex::new(differ);
-        let mut h = Hasher::new(Options::new().block_size(BS)).unwrap();
+        let mut h = Hasher::with_options(Options::new().block_size(BS)).unwrap();
         h.set_observer(move |e| differ.lock().unwrap().event(e));
         src(&mut h);
         assert_eq!(h.len(), size);
@@ -281,7 +281,7 @@ mod tests {
             let dst_map = map(|h| dst_bytes = feed(h, &dst));
             let mut src_bytes = Vec::new();
             let size = {
-                let mut h = Hasher::new(Options::new().block_size(BS)).unwrap();
+                let mut h = Hasher::with_options(Options::new().block_size(BS)).unwrap();
                 feed(&mut h, &src).len() as u64
             };
             let got = ops(dst_map, size, |h| src_bytes = feed(h, &src));

@@ -1,0 +1,144 @@
+//! How to hash: the digest, the block size, the worker threads, and their limits.
+
+use crate::algorithm::Algorithm;
+use crate::pool::JobDone;
+use std::fmt;
+
+/// Smallest and largest block sizes accepted (the reference's limits).
+pub const MIN_BLOCK_SIZE: usize = 512;
+pub const MAX_BLOCK_SIZE: usize = 64 << 20;
+/// Largest worker count accepted.
+pub const MAX_THREADS: usize = 128;
+/// The default block size: 64 KiB.
+pub const DEFAULT_BLOCK_SIZE: usize = 64 << 10;
+
+/// Jobs in flight by default: with 1 MiB jobs, workers always find one
+/// queued, and memory stays at a few MiB.
+pub(crate) const DEFAULT_QUEUE_DEPTH: usize = 16;
+
+/// Invalid hasher options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OptionsError {
+    BlockSize(usize),
+    Threads(usize),
+}
+
+impl fmt::Display for OptionsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OptionsError::BlockSize(n) => write!(
+                f,
+                "invalid block size {n}: must be a multiple of 512 from {MIN_BLOCK_SIZE} to {MAX_BLOCK_SIZE}"
+            ),
+            OptionsError::Threads(n) => {
+                write!(f, "invalid thread count {n}: must be 1 to {MAX_THREADS}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for OptionsError {}
+
+/// How to hash: digest, block size and worker threads, set builder-style
+/// and read back from the [`Hasher`](crate::Hasher) they make.
+///
+/// ```
+/// use blkhash::{Algorithm, Hasher, Options};
+/// let opts = Options::new().algorithm(Algorithm::Blake3).block_size(4096).threads(2);
+/// let h = Hasher::with_options(opts).unwrap();
+/// assert_eq!((h.algorithm(), h.block_size(), h.threads()), (Algorithm::Blake3, 4096, 2));
+/// assert!(Options::new().block_size(1000).validate().is_err());
+/// ```
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub(crate) algorithm: Algorithm,
+    pub(crate) block_size: usize,
+    pub(crate) threads: usize,
+    pub(crate) queue_depth: Option<usize>,
+    pub(crate) job_done: Option<JobDone>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Options {
+    /// SHA-256, 64 KiB blocks, one worker per available core.
+    pub fn new() -> Self {
+        Options {
+            algorithm: Algorithm::Sha256,
+            block_size: DEFAULT_BLOCK_SIZE,
+            threads: default_threads(),
+            queue_depth: None,
+            job_done: None,
+        }
+    }
+    /// The digest of blocks and of the checksum (default SHA-256).
+    pub fn algorithm(mut self, a: Algorithm) -> Self {
+        self.algorithm = a;
+        self
+    }
+    /// Bytes per block: a multiple of 512 from 512 to 64 MiB (default 64 KiB).
+    pub fn block_size(mut self, n: usize) -> Self {
+        self.block_size = n;
+        self
+    }
+    /// Digest workers: 1 to 128 (default one per core).
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = n;
+        self
+    }
+    /// Jobs queued or running before a call waits for half of them to
+    /// finish (default 16: enough that workers never wait for the caller).
+    pub fn queue_depth(mut self, n: usize) -> Self {
+        self.queue_depth = Some(n.max(1));
+        self
+    }
+    /// Call `f` on a worker thread each time a job is digested: a caller
+    /// that waits for [`reclaim`](crate::Pipeline::reclaim) on some other event (an
+    /// eventfd polled by a C program, say) learns when to look again.
+    /// Reclaiming then may still find nothing, since buffers come back in
+    /// order; `f` must be cheap and must not call into the hasher. It runs
+    /// just after the job is made available, so a buffer may come back
+    /// before its call.
+    ///
+    /// ```
+    /// use blkhash::{Options, Pipeline};
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// let jobs = Arc::new(AtomicUsize::new(0));
+    /// let seen = jobs.clone();
+    /// let opts = Options::new().on_job_done(move || { seen.fetch_add(1, Ordering::Relaxed); });
+    /// let mut h = Pipeline::new(opts).unwrap();
+    /// h.submit(vec![1u8; 1 << 20]);
+    /// h.reclaim_wait().unwrap();
+    /// h.finalize().unwrap(); // joins the workers: every call has run
+    /// assert_eq!(jobs.load(Ordering::Relaxed), 1);
+    /// ```
+    pub fn on_job_done(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.job_done = Some(JobDone(std::sync::Arc::new(f)));
+        self
+    }
+    /// Check the limits: block size a multiple of 512 in 512 B..=64 MiB, threads 1..=128.
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        let bs = self.block_size;
+        if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&bs) || !bs.is_multiple_of(512) {
+            return Err(OptionsError::BlockSize(bs));
+        }
+        if !(1..=MAX_THREADS).contains(&self.threads) {
+            return Err(OptionsError::Threads(self.threads));
+        }
+        Ok(())
+    }
+}
+
+/// One worker per core: digesting is CPU-bound, and the caller's thread
+/// (reading, ordering, the outer digest) mostly waits on I/O.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(MAX_THREADS)
+}

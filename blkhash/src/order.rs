@@ -1,0 +1,433 @@
+//! The ordering engine: jobs go to the worker pool, their block digests come
+//! back in any order and join the outer digest in block order.
+
+use crate::algorithm::{Algorithm, Streaming};
+use crate::checksum::Checksum;
+use crate::options::{DEFAULT_QUEUE_DEPTH, Options, OptionsError};
+use crate::pool::{Done, Fill, Job, JobBuf, Pool};
+use crate::zero::is_zero;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io;
+
+/// Bytes of data an internal staging buffer gathers before it becomes a job.
+const STAGING_SIZE: usize = 1 << 20;
+/// Bytes of repeated zero-block digests given to the outer digest per update:
+/// long updates are much faster than one per block (blake3 above all).
+const ZERO_RUN_BYTES: usize = 256 << 10;
+
+/// What the hasher saw of one block or run of blocks, reported in block order
+/// to an observer (see [`Hasher::set_observer`](crate::Hasher::set_observer)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockEvent<'a> {
+    /// Block `index` holds data with this digest (a short last block included).
+    Data { index: u64, digest: &'a [u8] },
+    /// `count` full blocks from `index` read as zeros: their digest is the constant.
+    Zeros { index: u64, count: u64 },
+}
+
+type Observer = Box<dyn FnMut(BlockEvent<'_>) + Send>;
+
+enum Pending {
+    Zeros(u64),
+    Job(u64),
+}
+
+/// The state every hasher shares: staging, jobs in flight, the order they
+/// join the checksum in, the outer digest. [`Hasher`](crate::Hasher) and
+/// [`Pipeline`](crate::Pipeline) are the public faces of it.
+pub(crate) struct Engine<B> {
+    alg: Algorithm,
+    block_size: usize,
+    out_len: usize,
+    zero_digest: Vec<u8>,
+    /// The zero-block digest repeated, fed to the outer digest for zero runs.
+    zero_run: Vec<u8>,
+    /// Zero-block digests in `zero_run` (at least 1, so a 0-byte digest needs no case).
+    zero_run_blocks: u64,
+    threads: usize,
+    outer: Box<dyn Streaming>,
+    total_len: u64,
+    staging: Vec<u8>,
+    staging_cap: usize,
+    free: Vec<Vec<u8>>,
+    pool: Pool<B>,
+    order: VecDeque<Pending>,
+    done: HashMap<u64, Done<B>>,
+    next_seq: u64,
+    in_flight: usize,
+    max_in_flight: usize,
+    reclaimed: VecDeque<B>,
+    observer: Option<Observer>,
+    next_block: u64,
+    /// The first fill that failed: nothing after it joins the checksum.
+    failure: Option<Failure>,
+}
+
+enum Failure {
+    Pending(io::Error),
+    Reported,
+}
+
+impl<B> Engine<B> {
+    /// `Debug` for the public types, under their own name.
+    pub(crate) fn fmt_as(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("algorithm", &self.alg)
+            .field("block_size", &self.block_size)
+            .field("threads", &self.threads)
+            .field("len", &self.total_len)
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
+    pub(crate) fn new(opts: Options) -> Result<Self, OptionsError> {
+        opts.validate()?;
+        let alg = opts.algorithm;
+        let bs = opts.block_size;
+        let out_len = alg.output_len();
+        let mut zero_digest = vec![0u8; out_len];
+        alg.digest_into(&vec![0u8; bs], &mut zero_digest);
+        let zero_run_blocks = (ZERO_RUN_BYTES / out_len.max(1)).max(1);
+        let zero_run = zero_digest.repeat(zero_run_blocks);
+        let staging_cap = (STAGING_SIZE / bs).max(1) * bs;
+        let max_in_flight = opts.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH).max(2);
+        Ok(Engine {
+            alg,
+            threads: opts.threads,
+            zero_run_blocks: zero_run_blocks as u64,
+            block_size: bs,
+            out_len,
+            pool: Pool::new(opts.threads, alg, bs, zero_digest.clone(), opts.job_done),
+            zero_digest,
+            zero_run,
+            outer: alg.streaming(),
+            total_len: 0,
+            staging: Vec::new(),
+            staging_cap,
+            free: Vec::new(),
+            order: VecDeque::new(),
+            done: HashMap::new(),
+            next_seq: 0,
+            in_flight: 0,
+            max_in_flight,
+            reclaimed: VecDeque::new(),
+            observer: None,
+            next_block: 0,
+            failure: None,
+        })
+    }
+
+    pub(crate) fn algorithm(&self) -> Algorithm {
+        self.alg
+    }
+
+    pub(crate) fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub(crate) fn threads(&self) -> usize {
+        self.threads
+    }
+
+    pub(crate) fn zero_digest(&self) -> &[u8] {
+        &self.zero_digest
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.total_len
+    }
+
+    pub(crate) fn set_observer(&mut self, f: impl FnMut(BlockEvent<'_>) + Send + 'static) {
+        self.observer = Some(Box::new(f));
+    }
+
+    /// Copy bytes into staging. Whole blocks of zeros are found here and not
+    /// copied: they cost a scan, not a digest.
+    pub(crate) fn update(&mut self, mut data: &[u8]) {
+        let bs = self.block_size;
+        while !data.is_empty() {
+            let partial = self.staging.len() % bs;
+            if partial == 0 && data.len() >= bs && is_zero(&data[..bs]) {
+                let mut n = bs;
+                while data.len() - n >= bs && is_zero(&data[n..n + bs]) {
+                    n += bs;
+                }
+                self.update_zeros(n as u64);
+                data = &data[n..];
+                continue;
+            }
+            let n = (bs - partial).min(data.len());
+            self.stage(&data[..n]);
+            data = &data[n..];
+        }
+    }
+
+    /// Copy bytes into staging; they must fit in what is left of the block.
+    fn stage(&mut self, data: &[u8]) {
+        self.total_len += data.len() as u64;
+        if self.staging.capacity() == 0 {
+            self.staging = self.free.pop().unwrap_or_default();
+            self.staging.clear();
+            self.staging.reserve_exact(self.staging_cap);
+        }
+        self.staging.extend_from_slice(data);
+        if self.staging.len() == self.staging_cap {
+            self.flush_staging();
+        }
+    }
+
+    /// `len` bytes that read as zeros: full zero blocks are neither
+    /// allocated nor digested, their digest is a constant.
+    pub(crate) fn update_zeros(&mut self, mut len: u64) {
+        let bs = self.block_size as u64;
+        let partial = (self.staging.len() as u64) % bs;
+        if partial != 0 {
+            let fill = (bs - partial).min(len);
+            self.update(&vec![0u8; fill as usize]);
+            len -= fill;
+        }
+        if len == 0 {
+            return;
+        }
+        self.flush_staging();
+        self.total_len += len - len % bs;
+        let blocks = len / bs;
+        if blocks > 0 {
+            match self.order.back_mut() {
+                Some(Pending::Zeros(n)) => *n += blocks,
+                _ => self.order.push_back(Pending::Zeros(blocks)),
+            }
+            self.advance();
+        }
+        self.update(&vec![0u8; (len % bs) as usize]);
+    }
+
+    /// Digest `buf` in place but for a part that straddles a block boundary
+    /// left by an earlier call; it comes back from `reclaim` once digested.
+    pub(crate) fn submit(&mut self, buf: B) {
+        let data = buf.as_ref();
+        let len = data.len();
+        let bs = self.block_size;
+        let mut start = 0;
+        let partial = self.staging.len() % bs;
+        if partial != 0 {
+            start = (bs - partial).min(len);
+            self.update(&data[..start]);
+        }
+        let full_end = start + (len - start) / bs * bs;
+        if full_end == start {
+            // Nothing whole to digest: the bytes were copied, the buffer is free.
+            self.update(&data[start..]);
+            self.reclaimed.push_back(buf);
+            return;
+        }
+        self.flush_staging();
+        self.total_len += (full_end - start) as u64;
+        // The tail goes to staging after the job, keeping byte order.
+        let tail = data[full_end..].to_vec();
+        self.send(JobBuf::External(buf), start, full_end);
+        self.update(&tail);
+    }
+
+    pub(crate) fn reclaim(&mut self) -> Option<B> {
+        self.collect(false);
+        self.reclaimed.pop_front()
+    }
+
+    pub(crate) fn reclaim_wait(&mut self) -> Option<B> {
+        loop {
+            if let Some(b) = self.reclaim() {
+                return Some(b);
+            }
+            if self.in_flight == 0 {
+                return None;
+            }
+            self.collect(true);
+        }
+    }
+
+    /// `len` bytes that `fill` produces on a worker, into the worker's own
+    /// buffer; after a failed fill nothing joins the checksum.
+    pub(crate) fn submit_with(&mut self, len: usize, fill: Fill) -> io::Result<()> {
+        self.check_failure()?;
+        if len == 0 {
+            return Ok(());
+        }
+        let bs = self.block_size;
+        if !self.staging.len().is_multiple_of(bs) || !len.is_multiple_of(bs) {
+            // Not on block boundaries: produce the bytes here and copy them.
+            let mut tmp = vec![0u8; len];
+            if let Err(e) = fill(&mut tmp) {
+                self.failure = Some(Failure::Reported);
+                return Err(e);
+            }
+            self.update(&tmp);
+            return Ok(());
+        }
+        self.flush_staging();
+        self.total_len += len as u64;
+        self.send(JobBuf::Fill(fill), 0, len);
+        self.check_failure()
+    }
+
+    /// Wait for every job and feed what they digested.
+    pub(crate) fn drain(&mut self) {
+        self.flush_staging();
+        while self.in_flight > 0 {
+            self.collect(true);
+        }
+        self.advance();
+    }
+
+    /// The error of the first fill that failed, if one did.
+    pub(crate) fn failed(&mut self) -> Option<io::Error> {
+        match self.failure.take()? {
+            Failure::Pending(e) => Some(e),
+            Failure::Reported => Some(io::Error::other("an earlier read failed")),
+        }
+    }
+
+    /// The checksum of everything fed; call [`drain`](Engine::drain) first.
+    pub(crate) fn checksum(mut self) -> Checksum {
+        debug_assert!(self.in_flight == 0 && self.order.is_empty());
+        self.outer.update(&self.total_len.to_le_bytes());
+        Checksum::new(self.alg, self.outer.finalize())
+    }
+
+    fn check_failure(&mut self) -> io::Result<()> {
+        match self.failure.replace(Failure::Reported) {
+            Some(Failure::Pending(e)) => Err(e),
+            Some(Failure::Reported) => Err(io::Error::other("an earlier read failed")),
+            None => {
+                self.failure = None;
+                Ok(())
+            }
+        }
+    }
+
+    /// Send the staged bytes as a job (whole blocks, or the short last block at the end).
+    fn flush_staging(&mut self) {
+        if self.staging.is_empty() {
+            return;
+        }
+        let staged = std::mem::take(&mut self.staging);
+        let len = staged.len();
+        self.send(JobBuf::Internal(staged), 0, len);
+    }
+
+    fn send(&mut self, buf: JobBuf<B>, start: usize, end: usize) {
+        if self.in_flight >= self.max_in_flight {
+            // Wait until half the queue is done, not just one job: the caller
+            // then wakes once per several jobs instead of once per job, which
+            // matters when the workers keep every core busy.
+            while self.in_flight > self.max_in_flight / 2 {
+                self.collect(true);
+            }
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.in_flight += 1;
+        self.order.push_back(Pending::Job(seq));
+        self.pool.send(Job {
+            seq,
+            buf,
+            start,
+            end,
+        });
+    }
+
+    /// Take finished jobs (waiting for one if `wait`), then feed what is in order.
+    fn collect(&mut self, wait: bool) {
+        if wait && self.in_flight > 0 {
+            let d = self.pool.done.recv().expect("blkhash worker died");
+            self.in_flight -= 1;
+            self.done.insert(d.seq, d);
+        }
+        while let Ok(d) = self.pool.done.try_recv() {
+            self.in_flight -= 1;
+            self.done.insert(d.seq, d);
+        }
+        self.advance();
+    }
+
+    /// Feed the outer digest with everything at the head of the order that is ready.
+    fn advance(&mut self) {
+        while let Some(front) = self.order.front() {
+            match *front {
+                Pending::Zeros(n) => {
+                    self.order.pop_front();
+                    self.feed_zeros(n);
+                }
+                Pending::Job(seq) => {
+                    let Some(d) = self.done.remove(&seq) else {
+                        return;
+                    };
+                    self.order.pop_front();
+                    if self.failure.is_some() {
+                        continue;
+                    }
+                    self.feed_job(d);
+                }
+            }
+        }
+    }
+
+    fn feed_zeros(&mut self, n: u64) {
+        if self.failure.is_some() {
+            return;
+        }
+        if let Some(obs) = self.observer.as_mut() {
+            obs(BlockEvent::Zeros {
+                index: self.next_block,
+                count: n,
+            });
+        }
+        self.next_block += n;
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(self.zero_run_blocks);
+            self.outer
+                .update(&self.zero_run[..k as usize * self.out_len]);
+            left -= k;
+        }
+    }
+
+    fn feed_job(&mut self, mut d: Done<B>) {
+        if let Some(e) = d.error.take() {
+            self.failure = Some(Failure::Pending(e));
+            return;
+        }
+        self.outer.update(&d.digests);
+        if let Some(obs) = self.observer.as_mut() {
+            let mut i = 0;
+            while i < d.zero.len() {
+                let index = self.next_block + i as u64;
+                if d.zero[i] {
+                    let run = d.zero[i..].iter().take_while(|&&z| z).count();
+                    obs(BlockEvent::Zeros {
+                        index,
+                        count: run as u64,
+                    });
+                    i += run;
+                } else {
+                    let digest = &d.digests[i * self.out_len..(i + 1) * self.out_len];
+                    obs(BlockEvent::Data { index, digest });
+                    i += 1;
+                }
+            }
+        }
+        self.next_block += d.zero.len() as u64;
+        match d.buf {
+            Some(JobBuf::Internal(v)) => {
+                if self.free.len() < self.max_in_flight {
+                    self.free.push(v);
+                }
+            }
+            Some(JobBuf::External(b)) => self.reclaimed.push_back(b),
+            Some(JobBuf::Fill(_)) | None => {}
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! The hasher for readers: buffers handed over without a copy, and reads
+//! that run on the digest workers.
+
+use crate::algorithm::Algorithm;
+use crate::checksum::Checksum;
+use crate::options::{Options, OptionsError};
+use crate::order::{BlockEvent, Engine};
+use crate::pool::Fill;
+use std::fmt;
+use std::io;
+
+/// A [`Hasher`](crate::Hasher) that also takes data without copying it:
+///
+/// - [`submit`](Pipeline::submit) hands over a buffer of type `B` (aligned
+///   buffers for direct I/O, a caller's memory in the C library); it comes
+///   back from [`reclaim`](Pipeline::reclaim) once its blocks are digested.
+/// - [`submit_with`](Pipeline::submit_with) hands over a read: a worker runs
+///   it into its own buffer and digests the bytes while they are in its
+///   cache. A read can fail, so [`finalize`](Pipeline::finalize) returns a
+///   `Result`: no checksum for data not all read.
+///
+/// The ways of giving data mix freely; the checksum only depends on the bytes.
+///
+/// ```
+/// use blkhash::{Options, Pipeline};
+/// let mut p = Pipeline::new(Options::new()).unwrap();
+/// let mut buf = vec![7u8; 1 << 20];
+/// for _ in 0..4 {
+///     p.submit(buf);
+///     buf = p.reclaim_wait().unwrap(); // a digested buffer, ready to refill
+/// }
+/// assert_eq!(p.finalize().unwrap(), blkhash::hash(vec![7u8; 4 << 20]));
+/// ```
+pub struct Pipeline<B = Vec<u8>>(Engine<B>);
+
+impl<B: AsRef<[u8]> + Send + 'static> Pipeline<B> {
+    /// A pipeline with `opts`, or why they are invalid.
+    pub fn new(opts: Options) -> Result<Self, OptionsError> {
+        Engine::new(opts).map(Pipeline)
+    }
+
+    /// The digest.
+    pub fn algorithm(&self) -> Algorithm {
+        self.0.algorithm()
+    }
+
+    /// Bytes per block.
+    pub fn block_size(&self) -> usize {
+        self.0.block_size()
+    }
+
+    /// Digest workers.
+    pub fn threads(&self) -> usize {
+        self.0.threads()
+    }
+
+    /// The digest of a full block of zeros.
+    pub fn zero_digest(&self) -> &[u8] {
+        self.0.zero_digest()
+    }
+
+    /// Bytes given so far.
+    pub fn len(&self) -> u64 {
+        self.0.len()
+    }
+
+    /// True if nothing was given yet.
+    pub fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
+
+    /// As [`Hasher::set_observer`](crate::Hasher::set_observer).
+    pub fn set_observer(&mut self, f: impl FnMut(BlockEvent<'_>) + Send + 'static) {
+        self.0.set_observer(f);
+    }
+
+    /// Add bytes by copy, as [`Hasher::update`](crate::Hasher::update).
+    pub fn update(&mut self, data: impl AsRef<[u8]>) {
+        self.0.update(data.as_ref());
+    }
+
+    /// Add `len` bytes that read as zeros, as
+    /// [`Hasher::update_zeros`](crate::Hasher::update_zeros).
+    pub fn update_zeros(&mut self, len: u64) {
+        self.0.update_zeros(len);
+    }
+
+    /// Hand over a buffer to digest without copying it (but for a part that
+    /// straddles a block boundary left by an earlier call). It comes back from
+    /// [`reclaim`](Pipeline::reclaim) or [`reclaim_wait`](Pipeline::reclaim_wait)
+    /// once its blocks are digested. Waits while the queue is full.
+    pub fn submit(&mut self, buf: B) {
+        self.0.submit(buf);
+    }
+
+    /// A buffer given to [`submit`](Pipeline::submit) and now digested, if any.
+    pub fn reclaim(&mut self) -> Option<B> {
+        self.0.reclaim()
+    }
+
+    /// Like [`reclaim`](Pipeline::reclaim), but waits for a submitted buffer
+    /// still in flight; `None` only if none is.
+    pub fn reclaim_wait(&mut self) -> Option<B> {
+        self.0.reclaim_wait()
+    }
+
+    /// Add `len` bytes that `fill` produces (reads, typically) on a worker
+    /// thread, into that worker's own page-aligned buffer, which it then
+    /// digests while the bytes are in its cache. Fills run in parallel and in
+    /// any order; their bytes join the checksum in call order.
+    ///
+    /// If a fill fails, nothing after it counts: this call, or
+    /// [`finalize`](Pipeline::finalize), returns the error.
+    ///
+    /// ```
+    /// use blkhash::{Options, Pipeline};
+    /// let mut p: Pipeline = Pipeline::new(Options::new()).unwrap();
+    /// for i in 0..8u8 {
+    ///     p.submit_with(1 << 20, Box::new(move |buf| { buf.fill(i); Ok(()) })).unwrap();
+    /// }
+    /// let sum = p.finalize().unwrap();
+    ///
+    /// // A failed fill fails the checksum, even if the caller ignores the error.
+    /// for len in [65536, 4096] {
+    ///     let mut failing: Pipeline = Pipeline::new(Options::new()).unwrap();
+    ///     let _ = failing.submit_with(len, Box::new(|_| Err(std::io::Error::other("disk on fire"))));
+    ///     assert!(failing.finalize().is_err());
+    /// }
+    /// ```
+    pub fn submit_with(&mut self, len: usize, fill: Fill) -> io::Result<()> {
+        self.0.submit_with(len, fill)
+    }
+
+    /// Finish: the checksum of everything given, or the error of the first
+    /// fill that failed.
+    pub fn finalize(mut self) -> io::Result<Checksum> {
+        self.0.drain();
+        match self.0.failed() {
+            Some(e) => Err(e),
+            None => Ok(self.0.checksum()),
+        }
+    }
+}
+
+impl<B> fmt::Debug for Pipeline<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt_as("Pipeline", f)
+    }
+}
