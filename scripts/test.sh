@@ -13,7 +13,9 @@ scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 # libblkhash.so and .a, which the C tests link (cargo test builds only the rlib).
 cargo build --workspace --release
 # Every test binary runs, and every failure is reported, not only the first.
-cargo test --workspace --release --no-fail-fast
+# A hung test fails the run after 40 minutes instead of stalling CI (libtest
+# names a test running for over 60 s, which points at the hang).
+timeout --kill-after=30 2400 cargo test --workspace --release --no-fail-fast
 
 # The Python package, built and installed as a user would, and its tests.
 scripts/test-python.sh

@@ -123,7 +123,10 @@ fn worker<B: AsRef<[u8]>>(
     } in jobs
     {
         let digest = |data: &[u8]| digest_blocks(data, alg, block_size, zero_digest);
-        let (buf, result) = match buf {
+        // A panic (a bug, or a caller's fill that panics) must become this
+        // job's error: left to unwind, it would end this worker while the
+        // others keep the done channel open, and the caller would wait forever.
+        let work = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match buf {
             JobBuf::Fill(fill) => {
                 let data = scratch.get(end - start);
                 (None, fill(data).map(|()| digest(data)))
@@ -136,7 +139,9 @@ fn worker<B: AsRef<[u8]>>(
                 let r = digest(&b.as_ref()[start..end]);
                 (Some(JobBuf::External(b)), Ok(r))
             }
-        };
+        }));
+        let (buf, result) =
+            work.unwrap_or_else(|_| (None, Err(io::Error::other("a blkhash worker panicked"))));
         let done_job = match result {
             Ok((digests, zero)) => Done {
                 seq,
@@ -174,6 +179,10 @@ fn digest_blocks(
     let blocks = data.len().div_ceil(block_size);
     let mut digests = vec![0u8; blocks * out_len];
     let mut zero = vec![false; blocks];
+    if out_len == 0 {
+        // The null digest measures reading: nothing to digest, no zero scan.
+        return (digests, zero);
+    }
     // Zero blocks take the constant; the rest are digested together so a
     // multi-buffer digest (SHA-256) can interleave them.
     let mut data_blocks: Vec<&[u8]> = Vec::with_capacity(blocks);

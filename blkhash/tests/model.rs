@@ -34,6 +34,8 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
         Algorithm::Blake3,
         Algorithm::Md5,
         Algorithm::Shake128,
+        // No digest at all: every path must cope with empty block digests.
+        Algorithm::Null,
     ])
 }
 
@@ -139,6 +141,29 @@ fn invalid_options() {
         );
     }
     assert!(Hasher::with_options(Options::new().block_size(64 << 20).threads(128)).is_ok());
+}
+
+#[test]
+fn a_panicking_fill_is_an_error_not_a_hang() {
+    for threads in [1, 2, 4] {
+        let mut h: Pipeline =
+            Pipeline::new(Options::new().block_size(4096).threads(threads)).unwrap();
+        let mut result = Ok(());
+        for i in 0..16u64 {
+            let fill: blkhash::Fill = if i == 5 {
+                Box::new(|_| panic!("a fill that panics"))
+            } else {
+                Box::new(|b| {
+                    b.fill(1);
+                    Ok(())
+                })
+            };
+            result = result.and(h.submit_with(64 << 10, fill));
+        }
+        let end = h.finalize();
+        let err = result.err().or(end.err()).expect("an error");
+        assert!(err.to_string().contains("panicked"), "{err}");
+    }
 }
 
 #[test]
