@@ -55,23 +55,10 @@ fn main() -> ExitCode {
     let signals = blkcli::signals::Signals::install("blksum: interrupted");
 
     let hashing = Hashing {
-        open: blkimage::OpenOptions {
-            cache: args.cache,
-            format: args.format,
-            no_backing: args.no_backing,
-            force_share: args.force_share,
-            secret_file: args.secret_file.clone(),
-            nbd: blkimage::nbd::NbdOptions {
-                timeout: args.timeout,
-                tls_certificates: args.tls_certificates.clone(),
-                ..Default::default()
-            },
-        },
-        threads: args
-            .threads
-            .map_or_else(blkhash::default_threads, usize::from),
-        queue_depth: args.queue_depth.into(),
-        read_size: args.read_size.unwrap_or(1 << 20),
+        open: args.input.open_options(),
+        threads: args.input.threads(),
+        queue_depth: args.input.queue_depth(),
+        read_size: args.input.read_size(),
         cancel: signals.cancel.clone(),
         progress: Progress::new(args.progress),
     };
@@ -100,7 +87,7 @@ fn main() -> ExitCode {
 /// Hash every input, `--jobs` at a time, printing results in argument order.
 /// Ok(true) if every input was hashed.
 fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Result<bool, Stop> {
-    let (alg, bs) = (args.digest, args.block_size);
+    let (alg, bs) = args.input.params(None);
     let mut all_ok = true;
     let mut json = Vec::new();
     let mut emit = |name: &OsStr, result: io::Result<Report>| -> Result<(), Stop> {
@@ -198,9 +185,10 @@ fn in_order<T: Send>(
 
 /// `--check`: verify every checksum file. Ok(true) if all verified.
 fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Result<bool, Stop> {
+    let (algorithm, block_size) = args.input.params(None);
     let opts = check::CheckOptions {
-        algorithm: args.digest,
-        block_size: args.block_size,
+        algorithm,
+        block_size,
         quiet: args.quiet,
         status: args.status,
         warn: args.warn,

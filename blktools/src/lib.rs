@@ -4,7 +4,7 @@
 
 pub mod state;
 
-use blkhash::{Algorithm, BlockEvent, MAX_THREADS, Options, Pipeline};
+use blkhash::{Algorithm, BlockEvent, Options, Pipeline};
 use blkimage::{AlignedBuf, Input, OpenOptions, Source};
 use blkmap::{Map, MapBuilder};
 use std::fs::File;
@@ -12,100 +12,40 @@ use std::io::{self, Read};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-pub use blkimage::units::{parse_block_size, reason};
+pub use blkcli::args::{InputArgs, parse_format};
+pub use blkimage::units::reason;
 
-/// How the commands hash their inputs, as each takes it on the command line.
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct InputArgs {
-    /// Digest, by its OpenSSL name, not null [default: a saved map's, else sha256].
-    #[arg(short, long, value_name = "NAME", value_parser = parse_digest)]
-    pub digest: Option<Algorithm>,
-
-    /// Block size: a multiple of 512 from 512 to 64m (suffixes k, m)
-    /// [default: a saved map's, else 64k].
-    #[arg(long, value_name = "SIZE", value_parser = parse_block_size)]
-    pub block_size: Option<usize>,
-
-    /// Digest threads [default: the number of cores].
-    #[arg(short, long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS as i64))]
-    pub threads: Option<u16>,
-
-    /// Image format: raw or qcow2 (or another QEMU reads) [default: probed].
-    #[arg(short, long, value_name = "FORMAT", value_parser = parse_format)]
-    pub format: Option<blkimage::Format>,
-
-    /// Refuse images that refer to other files (qcow2 backing and data files).
-    #[arg(long)]
-    pub no_backing: bool,
-
-    /// LUKS images: the file that holds the passphrase, its bytes as they
-    /// are (as QEMU's `--object secret,file=FILE` reads them).
-    #[arg(long, value_name = "FILE")]
-    pub secret_file: Option<std::path::PathBuf>,
-
-    /// Read images even while another process has them open for writing
-    /// (QEMU's image locks ignored, as qemu-img's -U) [default: "in use"].
-    #[arg(short = 'U', long)]
-    pub force_share: bool,
-
-    /// Use the page cache (default: direct I/O where possible).
-    #[arg(long)]
-    pub cache: bool,
-
-    /// NBD: seconds a handshake step or a reply may take (trickled or
-    /// silent), and a request may wait for its reply to begin, before the
-    /// input or DST fails (also the connect timeout) [default: no limit].
-    #[arg(long, value_name = "SECONDS", value_parser = blkimage::units::parse_timeout)]
-    pub timeout: Option<std::time::Duration>,
-
-    /// NBD over TLS (nbds://, nbds+unix://): the directory with ca-cert.pem
-    /// (and client-cert.pem, client-key.pem), when the URL has no
-    /// tls-certificates=DIR [default: the system's CAs].
-    #[arg(long, value_name = "DIR")]
-    pub tls_certificates: Option<std::path::PathBuf>,
+/// Parse the command line of a command that makes maps: as `A::parse`, and
+/// a digest that computes no block digests (`null`) is a usage error, since
+/// its map would say nothing.
+pub fn parse_args<A: clap::Parser>(input: impl Fn(&A) -> &InputArgs) -> A {
+    let args = A::parse();
+    if let Some(a) = input(&args).digest.filter(|a| a.output_len() == 0) {
+        A::command()
+            .error(
+                clap::error::ErrorKind::InvalidValue,
+                format!("invalid value '{a}' for '--digest <NAME>': digest {a} computes no block digests"),
+            )
+            .exit();
+    }
+    args
 }
 
-impl InputArgs {
-    /// The digest and block size: asked for, else `map`'s, else the defaults.
-    pub fn params(&self, map: Option<&Map>) -> (Algorithm, usize) {
-        let algorithm = self
-            .digest
-            .or(map.map(Map::algorithm))
-            .unwrap_or(Algorithm::Sha256);
-        let block_size = self
-            .block_size
-            .or(map.map(Map::block_size))
-            .unwrap_or(blkhash::DEFAULT_BLOCK_SIZE);
-        (algorithm, block_size)
-    }
+/// The digest and block size: asked for, else `map`'s, else the defaults.
+pub fn map_params(input: &InputArgs, map: Option<&Map>) -> (Algorithm, usize) {
+    input.params(map.map(|m| (m.algorithm(), m.block_size())))
+}
 
-    /// Options to hash with `algorithm` and `block_size`.
-    pub fn map_options(&self, algorithm: Algorithm, block_size: usize) -> MapOptions {
-        MapOptions {
-            algorithm,
-            block_size,
-            threads: self
-                .threads
-                .map_or_else(blkhash::default_threads, usize::from),
-            open: OpenOptions {
-                cache: self.cache,
-                format: self.format,
-                no_backing: self.no_backing,
-                secret_file: self.secret_file.clone(),
-                force_share: self.force_share,
-                nbd: self.nbd_options(),
-            },
-            ..MapOptions::default()
-        }
-    }
-
-    /// How to connect to NBD servers.
-    pub fn nbd_options(&self) -> blkimage::nbd::NbdOptions {
-        blkimage::nbd::NbdOptions {
-            timeout: self.timeout,
-            tls_certificates: self.tls_certificates.clone(),
-            ..Default::default()
-        }
+/// Options to hash with `algorithm` and `block_size`, and the rest as asked.
+pub fn map_options(input: &InputArgs, algorithm: Algorithm, block_size: usize) -> MapOptions {
+    MapOptions {
+        algorithm,
+        block_size,
+        threads: input.threads(),
+        read_size: input.read_size(),
+        queue_depth: input.queue_depth(),
+        open: input.open_options(),
+        ..MapOptions::default()
     }
 }
 
@@ -129,6 +69,8 @@ pub struct MapOptions {
     pub threads: usize,
     /// Bytes per read, before rounding up to whole blocks.
     pub read_size: usize,
+    /// Jobs queued ahead of the digest workers.
+    pub queue_depth: usize,
     pub open: OpenOptions,
     /// Set by Ctrl-C or SIGTERM: hashing stops with an "interrupted" error.
     pub cancel: Arc<AtomicBool>,
@@ -140,7 +82,8 @@ impl Default for MapOptions {
             algorithm: Algorithm::Sha256,
             block_size: blkhash::DEFAULT_BLOCK_SIZE,
             threads: blkhash::default_threads(),
-            read_size: 1 << 20,
+            read_size: blkcli::args::DEFAULT_READ_SIZE,
+            queue_depth: blkcli::args::DEFAULT_QUEUE_DEPTH.into(),
             open: OpenOptions::default(),
             cancel: Arc::default(),
         }
@@ -180,7 +123,8 @@ pub fn hasher_also(
     let hopts = Options::new()
         .algorithm(opts.algorithm)
         .block_size(opts.block_size)
-        .threads(opts.threads);
+        .threads(opts.threads)
+        .queue_depth(opts.queue_depth);
     let mut h = Pipeline::new(hopts).map_err(io::Error::other)?;
     let builder = MapBuilder::new(opts.algorithm, opts.block_size)?;
     let mut build = builder.observer();
@@ -254,31 +198,4 @@ pub fn map_stdin(opts: &MapOptions, detect_map: bool) -> io::Result<Mapped> {
         });
     }
     map_input(Input::Stream(Box::new(rest)), opts)
-}
-
-/// A digest name; `null` is refused (it computes no block digests).
-pub fn parse_digest(s: &str) -> Result<Algorithm, String> {
-    let a: Algorithm = s
-        .parse()
-        .map_err(|e: blkhash::UnknownAlgorithm| e.to_string())?;
-    if a.output_len() == 0 {
-        return Err(format!("digest {a} computes no block digests"));
-    }
-    Ok(a)
-}
-
-/// An image format name.
-pub fn parse_format(s: &str) -> Result<blkimage::Format, String> {
-    s.parse()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names() {
-        assert_eq!(parse_digest("BLAKE3"), Ok(Algorithm::Blake3));
-        assert!(parse_digest("null").is_err());
-    }
 }

@@ -61,7 +61,7 @@ fn trouble(msg: impl std::fmt::Display) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let mut args = Args::parse();
+    let mut args: Args = blktools::parse_args(|a: &Args| &a.input);
     args.a = args.a_path.to_string_lossy().into_owned();
     args.b = args.b_path.to_string_lossy().into_owned();
     if args.a == "-" && args.b == "-" {
@@ -93,7 +93,7 @@ fn main() -> ExitCode {
         Ok(p) => p,
         Err(msg) => return trouble(msg),
     };
-    let mut opts = args.input.map_options(algorithm, block_size);
+    let mut opts = blktools::map_options(&args.input, algorithm, block_size);
     let signals = blkcli::signals::Signals::install("blkdiff: interrupted");
     opts.cancel = signals.cancel.clone();
     let [ma, mb] = maps;
@@ -151,7 +151,7 @@ fn main() -> ExitCode {
 /// defaults. Every map must agree.
 fn params(args: &Args, maps: &[Option<Mapped>; 2]) -> Result<(Algorithm, usize), String> {
     let first = maps.iter().flatten().next().map(|m| &m.map);
-    let (algorithm, block_size) = args.input.params(first);
+    let (algorithm, block_size) = blktools::map_params(&args.input, first);
     for (m, name) in maps.iter().zip([&args.a, &args.b]) {
         if let Some(m) = m {
             check_map(name, &m.map, algorithm, block_size)?;

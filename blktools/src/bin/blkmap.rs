@@ -33,7 +33,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args: Args = blktools::parse_args(|a: &Args| &a.input);
     let (image, out_name) = (args.image.to_string_lossy(), args.out.display());
     // Before anything is read: OUT must not replace what it would destroy.
     let out = blkcli::guard::Output {
@@ -49,8 +49,8 @@ fn main() -> ExitCode {
         eprintln!("blkmap: {e}");
         return ExitCode::FAILURE;
     }
-    let (algorithm, block_size) = args.input.params(None);
-    let mut opts = args.input.map_options(algorithm, block_size);
+    let (algorithm, block_size) = blktools::map_params(&args.input, None);
+    let mut opts = blktools::map_options(&args.input, algorithm, block_size);
     let signals = Signals::install(&format!("blkmap: {image}: interrupted"));
     opts.cancel = signals.cancel.clone();
     let mapped = if args.image == "-" {

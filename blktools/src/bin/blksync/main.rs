@@ -111,7 +111,7 @@ impl Args {
 }
 
 fn main() -> ExitCode {
-    let mut args = Args::parse();
+    let mut args: Args = blktools::parse_args(|a: &Args| &a.input);
     args.src = args.src_path.to_string_lossy().into_owned();
     args.dst = args.dst_path.to_string_lossy().into_owned();
     // Ctrl-C and SIGTERM stop the run between chunks; a second one kills
@@ -205,10 +205,9 @@ fn run(args: &Args, cancel: &AtomicBool) -> Result<(), String> {
         Some(p) if p.exists() => Some(Map::load(p).map_err(|e| e.to_string())),
         _ => None,
     };
-    let (algorithm, block_size) = args
-        .input
-        .params(loaded.as_ref().and_then(|r| r.as_ref().ok()));
-    let opts = args.input.map_options(algorithm, block_size);
+    let (algorithm, block_size) =
+        blktools::map_params(&args.input, loaded.as_ref().and_then(|r| r.as_ref().ok()));
+    let opts = blktools::map_options(&args.input, algorithm, block_size);
 
     // SRC: random access, kept open for the copy.
     let src: Arc<dyn Source> = match blkimage::open(&args.src_path, &opts.open) {

@@ -1,0 +1,217 @@
+//! The input options every command takes, as one clap group
+//! (`#[command(flatten)]`), with their parsers: an option means the same,
+//! with the same default and the same validation, in `blksum`, `blkmap`,
+//! `blkdiff` and `blksync`.
+
+use blkhash::{Algorithm, MAX_THREADS};
+use blkimage::nbd::NbdOptions;
+use blkimage::units::{parse_block_size, parse_size, parse_timeout};
+use blkimage::{Format, OpenOptions};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Bytes per read when `--read-size` is not given.
+pub const DEFAULT_READ_SIZE: usize = 1 << 20;
+/// Jobs queued ahead of the digest workers when `--queue-depth` is not given.
+pub const DEFAULT_QUEUE_DEPTH: u16 = 16;
+
+/// How the commands read and hash their inputs.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct InputArgs {
+    /// Digest, by its OpenSSL name (see blksum --list-digests); blkdiff and
+    /// blksync take a saved map's [default: sha256].
+    #[arg(short, long, value_name = "NAME", value_parser = parse_digest)]
+    pub digest: Option<Algorithm>,
+
+    /// Block size: a multiple of 512 from 512 to 64m (suffixes k, m); blkdiff
+    /// and blksync take a saved map's [default: 64k].
+    #[arg(long, value_name = "SIZE", value_parser = parse_block_size)]
+    pub block_size: Option<usize>,
+
+    /// Digest threads [default: the number of cores]: digesting is
+    /// CPU-bound and reading mostly waits, so one per core keeps all busy.
+    #[arg(short, long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS as i64))]
+    pub threads: Option<u16>,
+
+    /// Image format: raw (the bytes as they are), qcow2, or one QEMU reads
+    /// through a private qemu-nbd: vmdk, vdi, vhdx, vpc, qed, parallels, dmg,
+    /// qcow, bochs, cloop, luks (with --secret-file) [default: probed from
+    /// the magic bytes: qcow2 if the file starts with the qcow2 magic and
+    /// version 2 or later, one of the others by its signature, else raw].
+    /// Standard input, pipes and NBD URLs are always raw.
+    #[arg(short, long, value_name = "FORMAT", value_parser = parse_format)]
+    pub format: Option<Format>,
+
+    /// Refuse images that refer to other files: qcow2 backing files and
+    /// external data files. Use it for untrusted images: a qcow2 image can
+    /// name any host file as its backing file, and that file would be read.
+    #[arg(long)]
+    pub no_backing: bool,
+
+    /// Read images even while another process has them open for writing
+    /// (a running VM, a writable qemu-nbd), as qemu-img's -U: by default
+    /// such an image fails with "in use", as QEMU's image locks say, and an
+    /// image being read is locked against new writers.
+    #[arg(short = 'U', long)]
+    pub force_share: bool,
+
+    /// LUKS images: the file that holds the passphrase. Its bytes are the
+    /// passphrase as they are (a trailing newline is part of it: write it
+    /// with printf '%s'), as QEMU's `--object secret,file=FILE` reads them:
+    /// a file, not the passphrase itself, so that it never shows in the
+    /// process list or the shell history, and the file that works with
+    /// qemu-img and qemu-nbd works here.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+
+    /// Use the page cache. By default files are read with direct I/O where
+    /// the file system allows it, as QEMU's cache=none: a large image does
+    /// not evict everything else from memory.
+    #[arg(long)]
+    pub cache: bool,
+
+    /// NBD: seconds a handshake step or a reply may take (trickled or
+    /// silent), and a request may wait for its reply to begin, before the
+    /// input fails (also the connect timeout) [default: no limit].
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
+
+    /// NBD over TLS (nbds://, nbds+unix://): the directory with ca-cert.pem,
+    /// and client-cert.pem and client-key.pem for a client certificate, when
+    /// the URL has no tls-certificates=DIR [default: the system's CAs].
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+
+    /// Bytes per read (suffixes k, m), rounded up to whole blocks [default: 1m].
+    #[arg(long, value_name = "SIZE", value_parser = parse_read_size)]
+    pub read_size: Option<usize>,
+
+    /// Reads and digest jobs queued ahead of the digest workers [default: 16].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=128))]
+    pub queue_depth: Option<u16>,
+}
+
+impl InputArgs {
+    /// The digest and block size: asked for, else `saved` (a saved map's),
+    /// else the defaults.
+    pub fn params(&self, saved: Option<(Algorithm, usize)>) -> (Algorithm, usize) {
+        let algorithm = self
+            .digest
+            .or(saved.map(|s| s.0))
+            .unwrap_or(Algorithm::Sha256);
+        let block_size = self
+            .block_size
+            .or(saved.map(|s| s.1))
+            .unwrap_or(blkhash::DEFAULT_BLOCK_SIZE);
+        (algorithm, block_size)
+    }
+
+    /// Digest threads: asked for, else one per core.
+    pub fn threads(&self) -> usize {
+        self.threads
+            .map_or_else(blkhash::default_threads, usize::from)
+    }
+
+    /// Bytes per read, before rounding up to whole blocks.
+    pub fn read_size(&self) -> usize {
+        self.read_size.unwrap_or(DEFAULT_READ_SIZE)
+    }
+
+    /// Jobs queued ahead of the digest workers.
+    pub fn queue_depth(&self) -> usize {
+        self.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH).into()
+    }
+
+    /// How to open images.
+    pub fn open_options(&self) -> OpenOptions {
+        OpenOptions {
+            cache: self.cache,
+            format: self.format,
+            no_backing: self.no_backing,
+            secret_file: self.secret_file.clone(),
+            force_share: self.force_share,
+            nbd: self.nbd_options(),
+        }
+    }
+
+    /// How to connect to NBD servers.
+    pub fn nbd_options(&self) -> NbdOptions {
+        NbdOptions {
+            timeout: self.timeout,
+            tls_certificates: self.tls_certificates.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+/// An image format by name (raw, qcow2, or one QEMU reads).
+pub fn parse_format(s: &str) -> Result<Format, String> {
+    s.parse()
+}
+
+/// A digest by its OpenSSL name; `null` (no digest, for measuring reads) too.
+pub fn parse_digest(s: &str) -> Result<Algorithm, String> {
+    s.parse()
+        .map_err(|e: blkhash::UnknownAlgorithm| e.to_string())
+}
+
+/// A read size: a multiple of 4k from 4k to 256m (suffixes k, m).
+pub fn parse_read_size(s: &str) -> Result<usize, String> {
+    let n = parse_size(s)?;
+    if n % 4096 != 0 || !(4096..=(256u64 << 20)).contains(&n) {
+        return Err(format!(
+            "read size must be a multiple of 4k from 4k to 256m, not {n}"
+        ));
+    }
+    Ok(n as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        input: InputArgs,
+    }
+
+    #[test]
+    fn read_sizes() {
+        assert_eq!(parse_read_size("1m"), Ok(1 << 20));
+        assert!(parse_read_size("1000").is_err());
+        assert!(parse_read_size("512m").is_err());
+    }
+
+    #[test]
+    fn defaults_and_saved_params() {
+        let a = Cmd::parse_from(["cmd"]).input;
+        assert_eq!(a.params(None), (Algorithm::Sha256, 64 << 10));
+        assert_eq!(
+            a.params(Some((Algorithm::Md5, 4096))),
+            (Algorithm::Md5, 4096)
+        );
+        assert_eq!((a.read_size(), a.queue_depth()), (1 << 20, 16));
+        let a = Cmd::parse_from(["cmd", "-d", "blake3", "--block-size", "1m", "-t", "3"]).input;
+        assert_eq!(
+            a.params(Some((Algorithm::Md5, 4096))),
+            (Algorithm::Blake3, 1 << 20)
+        );
+        assert_eq!(a.threads(), 3);
+    }
+
+    #[test]
+    fn one_validation_for_every_command() {
+        for bad in [
+            &["cmd", "--block-size", "1000"][..],
+            &["cmd", "-t", "0"],
+            &["cmd", "-d", "sha3"],
+            &["cmd", "--read-size", "100"],
+            &["cmd", "--queue-depth", "0"],
+            &["cmd", "-f", "iso"],
+        ] {
+            assert!(Cmd::try_parse_from(bad).is_err(), "{bad:?}");
+        }
+    }
+}
