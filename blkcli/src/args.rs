@@ -3,9 +3,9 @@
 //! with the same default and the same validation, in `blksum`, `blkmap`,
 //! `blkdiff` and `blksync`.
 
+use crate::units::{parse_block_size, parse_size, parse_timeout};
 use blkhash::{Algorithm, MAX_THREADS};
 use blkimage::nbd::NbdOptions;
-use blkimage::units::{parse_block_size, parse_size, parse_timeout};
 use blkimage::{Format, OpenOptions};
 use std::path::PathBuf;
 use std::time::Duration;

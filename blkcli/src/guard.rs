@@ -121,7 +121,7 @@ fn check_output(out: &Output<'_>, inputs: &[(Key, &Input<'_>)]) -> Result<(), St
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return key(out.path).map_or(Ok(()), |k| aliased(&k));
         }
-        Err(e) => return Err(format!("{name}: {}", blkimage::units::reason(&e))),
+        Err(e) => return Err(format!("{name}: {}", crate::units::reason(&e))),
     };
     let ft = meta.file_type();
     if ft.is_symlink() {
@@ -158,7 +158,7 @@ fn check_output(out: &Output<'_>, inputs: &[(Key, &Input<'_>)]) -> Result<(), St
         let mut prefix = [0u8; 16];
         let n = File::open(out.path)
             .and_then(|f| read_prefix(&f, &mut prefix))
-            .map_err(|e| format!("{name}: {}", blkimage::units::reason(&e)))?;
+            .map_err(|e| format!("{name}: {}", crate::units::reason(&e)))?;
         if !own_kind(&prefix[..n]) {
             return Err(format!(
                 "{name}: exists and is not {}: not replaced (remove it first if it is not needed)",
@@ -207,10 +207,7 @@ pub fn lock(file: File, name: &str, wait: Wait<'_>) -> Result<Lock, String> {
         }
         let e = io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(format!(
-                "{name}: cannot lock: {}",
-                blkimage::units::reason(&e)
-            ));
+            return Err(format!("{name}: cannot lock: {}", crate::units::reason(&e)));
         }
         match wait {
             Wait::No => {
@@ -223,7 +220,7 @@ pub fn lock(file: File, name: &str, wait: Wait<'_>) -> Result<Lock, String> {
                 if cancel.load(Ordering::Relaxed) {
                     return Err(format!(
                         "{name}: {}",
-                        blkimage::units::reason(&blkimage::interrupted())
+                        crate::units::reason(&blkimage::interrupted())
                     ));
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -243,7 +240,7 @@ pub fn open_lock_file(path: &Path) -> Result<File, String> {
         .mode(0o644)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| format!("{}: {}", path.display(), blkimage::units::reason(&e)))
+        .map_err(|e| format!("{}: {}", path.display(), crate::units::reason(&e)))
 }
 
 /// Who holds a lock on `file`: "blksync (pid 123)", from /proc/locks.

@@ -8,6 +8,7 @@ pub mod args;
 pub mod guard;
 pub mod lines;
 pub mod signals;
+pub mod units;
 
 /// `n` and the noun for it, as English has it: "1 range", "2 ranges".
 ///

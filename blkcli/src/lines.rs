@@ -198,7 +198,7 @@ pub fn parse_line_bytes(line: &[u8]) -> Option<Entry> {
 }
 
 fn parse_block_size(s: &str) -> Option<usize> {
-    let n = blkimage::units::parse_size(s).ok()?;
+    let n = crate::units::parse_size(s).ok()?;
     let n = usize::try_from(n).ok()?;
     blkhash::Options::new().block_size(n).validate().ok()?;
     Some(n)

@@ -15,7 +15,6 @@ pub mod qcow2;
 mod raw;
 mod reader;
 mod source;
-pub mod units;
 
 pub use buffer::{ALIGN, AlignedBuf};
 pub use qcow2::Qcow2;

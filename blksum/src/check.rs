@@ -148,7 +148,7 @@ pub fn check_file(
             Err(e) => {
                 tally.unreadable += 1;
                 let lossy = name.to_string_lossy();
-                writeln!(err, "blksum: {lossy}: {}", blkimage::units::reason(&e))?;
+                writeln!(err, "blksum: {lossy}: {}", blkcli::units::reason(&e))?;
                 if !opts.status {
                     say(out, &name, "FAILED open or read")?;
                 }

@@ -1,3 +1,3 @@
 //! Error messages.
 
-pub use blkimage::units::reason;
+pub use blkcli::units::reason;

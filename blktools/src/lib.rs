@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 pub use blkcli::args::{InputArgs, parse_format};
-pub use blkimage::units::reason;
+pub use blkcli::units::reason;
 
 /// Parse the command line of a command that makes maps: as `A::parse`, and
 /// a digest that computes no block digests (`null`) is a usage error, since

@@ -208,7 +208,12 @@ impl Job {
 /// errno, `OSError(errno, reason, name)` (Python then picks the subclass,
 /// FileNotFoundError..., and sets `filename`); else "NAME: reason".
 fn os_error(name: &str, e: &io::Error) -> PyErr {
-    let reason = blkimage::units::reason(e);
+    if e.get_ref()
+        .is_some_and(|inner| inner.is::<blkimage::nbd::PassphraseNeeded>())
+    {
+        return PyOSError::new_err(format!("{name}: {e}: give it with secret_file=PATH"));
+    }
+    let reason = blkcli::units::reason(e);
     match e.raw_os_error() {
         Some(errno) => PyOSError::new_err((errno, reason, name.to_string())),
         // No errno: OSError's own formatting would then print "[Errno None]"

@@ -11,19 +11,23 @@
 
 mod connection;
 mod handshake;
+// The wire format is the client's business, public only to the fuzz targets.
+#[cfg(feature = "fuzzing")]
 pub mod protocol;
-pub mod qemu;
+#[cfg(not(feature = "fuzzing"))]
+mod protocol;
+pub(crate) mod qemu;
 mod source;
 mod tls;
 mod transport;
-pub mod url;
+mod url;
 
 // Fuzz entry points: not API, only built for the fuzz targets.
 #[cfg(feature = "fuzzing")]
 pub use connection::fuzz_replies;
 #[cfg(feature = "fuzzing")]
 pub use handshake::fuzz_handshake;
-pub use qemu::{QemuExport, QemuTarget, probe_format};
+pub use qemu::{PassphraseNeeded, QemuExport, QemuTarget, probe_format};
 pub use source::{Nbd, NbdOptions};
 pub use url::{NbdUrl, is_url};
 

@@ -21,7 +21,6 @@ pub const FLAG_C_FIXED_NEWSTYLE: u32 = 1 << 0;
 pub const FLAG_C_NO_ZEROES: u32 = 1 << 1;
 
 // Transmission flags.
-pub const FLAG_HAS_FLAGS: u16 = 1 << 0;
 pub const FLAG_READ_ONLY: u16 = 1 << 1;
 pub const FLAG_SEND_FLUSH: u16 = 1 << 2;
 pub const FLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
@@ -29,7 +28,6 @@ pub const FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 
 // Options.
 pub const OPT_EXPORT_NAME: u32 = 1;
-pub const OPT_ABORT: u32 = 2;
 pub const OPT_STARTTLS: u32 = 5;
 pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
@@ -157,10 +155,10 @@ pub fn request(cmd: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> [u8;
     b
 }
 
-/// A reply to an option, with its (bounded) payload.
+/// A reply to an option (the one it answers is checked on reading), with
+/// its (bounded) payload.
 #[derive(Debug)]
 pub struct OptionReply {
-    pub option: u32,
     pub kind: u32,
     pub data: Vec<u8>,
 }
@@ -213,7 +211,7 @@ pub fn read_option_reply(r: &mut dyn Read, expected: u32) -> io::Result<OptionRe
     }
     let mut data = vec![0u8; len as usize];
     read_full(r, &mut data)?;
-    Ok(OptionReply { option, kind, data })
+    Ok(OptionReply { kind, data })
 }
 
 /// What an NBD_REP_INFO says.

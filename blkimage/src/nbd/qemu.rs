@@ -328,6 +328,19 @@ fn private_dir() -> io::Result<tempfile::TempDir> {
         .tempdir_in(tmp)
 }
 
+/// Opening a LUKS image without its passphrase (the `io::Error`'s inner
+/// error): a program recognizes it to say how its user gives one.
+#[derive(Debug)]
+pub struct PassphraseNeeded;
+
+impl std::fmt::Display for PassphraseNeeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a LUKS image needs its passphrase")
+    }
+}
+
+impl std::error::Error for PassphraseNeeded {}
+
 /// True if qemu-nbd's message says another process holds the image's locks.
 fn is_lock_error(msg: &str) -> bool {
     msg.contains("Failed to get") && msg.contains("lock")
@@ -348,7 +361,7 @@ fn serve(
         let Some(secret) = secret else {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "a LUKS image: give its passphrase with --secret-file FILE",
+                PassphraseNeeded,
             ));
         };
         Some(read_secret(secret)?)

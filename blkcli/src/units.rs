@@ -44,8 +44,15 @@ pub fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
     }
 }
 
-/// An I/O error's reason without Rust's " (os error N)" suffix.
+/// An I/O error's reason without Rust's " (os error N)" suffix, and with
+/// the option that helps where the image library's error calls for one (the
+/// library knows images, not command lines).
 pub fn reason(e: &io::Error) -> String {
+    if e.get_ref()
+        .is_some_and(|inner| inner.is::<blkimage::nbd::PassphraseNeeded>())
+    {
+        return format!("{e}: give it with --secret-file FILE");
+    }
     let s = e.to_string();
     match s.rsplit_once(" (os error ") {
         Some((msg, _)) => msg.to_string(),
@@ -79,5 +86,7 @@ mod tests {
         let e = io::Error::from_raw_os_error(2);
         assert_eq!(reason(&e), "No such file or directory");
         assert_eq!(reason(&io::Error::other("bad")), "bad");
+        let luks = io::Error::new(io::ErrorKind::InvalidInput, blkimage::nbd::PassphraseNeeded);
+        assert!(reason(&luks).ends_with("--secret-file FILE"), "{luks}");
     }
 }
