@@ -1273,6 +1273,23 @@ class Bench:
                     p.wait()
         self.r()
 
+    def c_bench(self):
+        """Our C benchmark (bench/c/bench.c) compiled with the system cc against
+        the libblkhash.so of this build, or None (the reason is in the report)."""
+        d = Path(self.a.dir)
+        lib = d / "c-bench-lib"
+        lib.mkdir(parents=True, exist_ok=True)
+        # The program asks the loader for the SONAME, libblkhash.so.0.
+        so = lib / "libblkhash.so.0"
+        if so.is_symlink() or so.exists():
+            so.unlink()
+        so.symlink_to(RELEASE / "libblkhash.so")
+        exe = d / "c-bench"
+        argv = ["cc", "-O2", "-Wall", "-o", str(exe), str(ROOT / "bench" / "c" / "bench.c"),
+                "-I", str(ROOT / "libblkhash" / "include"), "-L", str(RELEASE), "-lblkhash",
+                f"-Wl,-rpath,{lib}"]
+        return str(exe) if self.steps(argv) else None
+
     def case_lib(self):
         r = self.r
         secs = self.a.lib_seconds
@@ -1281,11 +1298,16 @@ class Bench:
         rs = short(self.read_size)
         r(f"## Library benchmark ({secs} s each, block size {bs}, buffers of {rs}, holes of 16g)")
         r()
-        r("Ours: `blkhash_bench` example (data: `submit`/`reclaim` zero-copy; zero: `update`; "
-          "hole: `update_zeros`). Reference: `blkhash-bench` (data with `-a`, its zero-copy "
-          "path). Throughput in GB/s.")
+        r("Rust: `blkhash_bench` example (data: `Pipeline::submit`/`reclaim`, zero-copy; zero: "
+          "`update`; hole: `update_zeros`). C: `bench/c/bench.c` through libblkhash.so, simple "
+          "(`blkhash_update`, which copies; hole: `blkhash_zero`) and async "
+          "(`blkhash_aio_update` in place, queue depth 2 × threads + 2, as many buffers as the "
+          "Rust example recycles, completions by `poll()`). C/Rust compares the C API's "
+          "zero-copy path for data (async) and its simple calls for zeros and holes. "
+          "Reference: `blkhash-bench` (data with `-a`, its zero-copy path). Throughput in GB/s.")
         r()
         ours_exe = str(RELEASE / "examples" / "blkhash_bench")
+        c_exe = self.c_bench()
         rows = []
         for inp in ("data", "zero", "hole"):
             for digest in ("sha256", "blake3"):
@@ -1295,6 +1317,12 @@ class Bench:
                             "--seconds", str(secs), "--block-size", bs, "--read-size", rs,
                             "--hole-size", "16g"]
                     ours = self.lib_run(argv, "gbs", 1.0)
+                    c_simple = c_async = None
+                    if c_exe:
+                        argv = [c_exe, "-i", inp, "-d", digest, "-t", str(t), "-T", str(secs),
+                                "-b", bs, "-r", rs, "-z", "16g"]
+                        c_simple = self.lib_run(argv, "gbs", 1.0)
+                        c_async = self.lib_run(argv + ["-q", str(2 * t + 2)], "gbs", 1.0)
                     ref = None
                     if self.bench_ref:
                         argv = [self.bench_ref, "-i", inp, "-d", digest, "-T", str(secs),
@@ -1302,15 +1330,16 @@ class Bench:
                         if inp == "data":
                             argv.append("-a")
                         ref = self.lib_run(argv, "throughput", 1e-9)
-                    row = [inp, digest, t, fmt_gbs(ours)]
+                    c_best = c_async if inp == "data" else c_simple
+                    row = [inp, digest, t, fmt_gbs(ours), fmt_gbs(c_simple), fmt_gbs(c_async),
+                           fmt_ratio(c_best, ours)]
                     if self.bench_ref:
-                        row.append(fmt_gbs(ref))
-                        row.append(f"{ours / ref:.2f}x" if isinstance(ours, float)
-                                   and isinstance(ref, float) and ref > 0 else "")
+                        row += [fmt_gbs(ref), fmt_ratio(ours, ref), fmt_ratio(c_best, ref)]
                     rows.append(row)
-        header = ["input", "digest", "threads", "ours GB/s"]
+        header = ["input", "digest", "threads", "Rust GB/s", "C simple GB/s", "C async GB/s",
+                  "C/Rust"]
         if self.bench_ref:
-            header += ["ref GB/s", "ours/ref"]
+            header += ["ref GB/s", "Rust/ref", "C/ref"]
         r.table(header, rows)
 
     # -- the Python package
@@ -1430,6 +1459,12 @@ class Bench:
         except (ValueError, KeyError, TypeError) as e:
             self.r.problems.append(f"FAILED: lib: {' '.join(argv)}: bad output: {e}")
             return "FAILED"
+
+
+def fmt_ratio(a, b):
+    if isinstance(a, float) and isinstance(b, float) and b > 0:
+        return f"{a / b:.2f}x"
+    return ""
 
 
 def fmt_gbs(v):

@@ -1,22 +1,68 @@
 #!/usr/bin/env bash
-# Build blksum and install it with its manual page and shell completions:
+# Build and install the commands and libblkhash:
 #   scripts/install.sh [PREFIX]      (default /usr/local)
+#
+# PREFIX/bin: blksum, blkmap, blkdiff, blksync (stripped);
+# PREFIX/share/man/man1 and the shell completion directories: blksum's
+# manual page and completions;
+# LIBDIR (default PREFIX/lib): libblkhash.so.0 (its SONAME, as libblkhash
+# 0.11's) with the libblkhash.so link, libblkhash.a, pkgconfig/blkhash.pc;
+# PREFIX/include/blkhash.h; PREFIX/share/man/man3: blkhash(3),
+# blkhash-opts(3), blkhash-aio(3) and a page per function.
+# Run as root for a system prefix: ldconfig then refreshes the loader's cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 prefix=${1:-/usr/local}
-cargo build --release -p blksum -p blktools
-bin=target/release/blksum
+libdir=${LIBDIR:-$prefix/lib}
+includedir=$prefix/include
+mandir=$prefix/share/man
+release=${CARGO_TARGET_DIR:-target}/release
+
+cargo build --release -p blksum -p blktools -p libblkhash
 
 for b in blksum blkmap blkdiff blksync; do
-    install -D -m 755 "target/release/$b" "$prefix/bin/$b"
+    install -D -s -m 755 "$release/$b" "$prefix/bin/$b"
 done
-mkdir -p "$prefix/share/man/man1" \
+mkdir -p "$mandir/man1" "$mandir/man3" \
     "$prefix/share/bash-completion/completions" \
     "$prefix/share/zsh/site-functions" \
     "$prefix/share/fish/vendor_completions.d"
-"$bin" --man > "$prefix/share/man/man1/blksum.1"
+bin=$release/blksum
+"$bin" --man > "$mandir/man1/blksum.1"
 "$bin" --completions bash > "$prefix/share/bash-completion/completions/blksum"
 "$bin" --completions zsh > "$prefix/share/zsh/site-functions/_blksum"
 "$bin" --completions fish > "$prefix/share/fish/vendor_completions.d/blksum.fish"
-echo "installed blksum (with its manual page and completions), blkmap, blkdiff, blksync in $prefix/bin"
+
+# The library: the file under its SONAME, the link the linker looks for.
+install -D -s -m 755 "$release/libblkhash.so" "$libdir/libblkhash.so.0"
+ln -sfn libblkhash.so.0 "$libdir/libblkhash.so"
+install -D -m 644 "$release/libblkhash.a" "$libdir/libblkhash.a"
+install -D -m 644 libblkhash/include/blkhash.h "$includedir/blkhash.h"
+mkdir -p "$libdir/pkgconfig"
+# Version: the libblkhash API this library implements (programs check it
+# with pkg-config --atleast-version).
+sed -e "s|@PREFIX@|$prefix|" -e "s|@LIBDIR@|$libdir|" \
+    -e "s|@INCLUDEDIR@|$includedir|" -e "s|@VERSION@|0.11.0|" \
+    libblkhash/blkhash.pc.in > "$libdir/pkgconfig/blkhash.pc"
+for page in libblkhash/man/*.3; do
+    install -m 644 "$page" "$mandir/man3/"
+    # One page per function, each pointing at the page that documents it
+    # (man blkhash_update finds blkhash(3)).
+    name=$(basename "$page")
+    sed -n '/^\.SH NAME/,/\\-/p' "$page" | tr -s ', \n' '\n' | grep '^blkhash_' |
+        while read -r fn; do
+            printf '.so man3/%s\n' "$name" > "$mandir/man3/$fn.3"
+        done
+done
+if [ "$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then
+    ldconfig
+fi
+
+echo "installed in $prefix: blksum (with its manual page and completions), blkmap, blkdiff, blksync;"
+echo "libblkhash.so.0, libblkhash.a and blkhash.pc in $libdir, blkhash.h in $includedir,"
+echo "manual pages blkhash(3), blkhash-opts(3), blkhash-aio(3)"
+case ":$(ldconfig -p 2>/dev/null | grep -o "=> $libdir/" | head -1):" in
+    *"$libdir"*) ;;
+    *) echo "note: $libdir is not in the loader's path: add it to /etc/ld.so.conf.d/ and run ldconfig, or set LD_LIBRARY_PATH" ;;
+esac

@@ -3,7 +3,8 @@
 # Safe to run again: apt-get skips what is installed.
 set -euo pipefail
 
-packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc pkg-config valgrind)
+packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc pkg-config valgrind
+    binutils file man-db)
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then

@@ -17,5 +17,9 @@ cargo build --workspace --release
 # names a test running for over 60 s, which points at the hang).
 timeout --kill-after=30 2400 cargo test --workspace --release --no-fail-fast
 
+# scripts/install.sh into a scratch prefix: the commands, the C library
+# through pkg-config, the manual pages.
+scripts/test-install.sh
+
 # The Python package, built and installed as a user would, and its tests.
 scripts/test-python.sh
