@@ -56,6 +56,7 @@ fn key(path: &Path) -> Option<Key> {
 /// An input of the run, by the name the user gave (an NBD URL or `-` has
 /// no file to alias and is skipped).
 pub struct Input<'a> {
+    /// The name as given.
     pub name: &'a std::ffi::OsStr,
     /// How messages call it: "SRC", "DST", "the image".
     pub role: &'a str,
@@ -63,6 +64,7 @@ pub struct Input<'a> {
 
 /// A file the run will write (or create and lock).
 pub struct Output<'a> {
+    /// Where it will be written.
     pub path: &'a Path,
     /// What it is, for messages: "the map", "the state".
     pub what: &'a str,

@@ -4,6 +4,9 @@
 //! that keep an output from destroying data and two runs from writing one
 //! destination ([`guard`]). The commands only parse, wire and print.
 
+// Every public item says what it is (cargo doc is part of the API).
+#![warn(missing_docs)]
+
 pub mod args;
 pub mod guard;
 pub mod lines;

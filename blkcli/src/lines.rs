@@ -34,6 +34,7 @@ pub struct Entry {
     pub hex: String,
     /// From the tag; `None` for an untagged line (use the command line's).
     pub algorithm: Option<Algorithm>,
+    /// From the tag; `None` for an untagged line.
     pub block_size: Option<usize>,
 }
 

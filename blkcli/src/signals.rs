@@ -24,6 +24,7 @@ pub const GRACE: Duration = Duration::from_secs(2);
 
 /// The flag SIGINT and SIGTERM set, and which of them came.
 pub struct Signals {
+    /// Set by the first signal; readers check it between chunks.
     pub cancel: Arc<AtomicBool>,
     signal: Arc<AtomicUsize>,
 }

@@ -18,26 +18,46 @@ use std::str::FromStr;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Algorithm {
+    /// MD5.
     Md5,
+    /// SHA-1.
     Sha1,
+    /// SHA-224.
     Sha224,
+    /// SHA-256 (the default).
     #[default]
     Sha256,
+    /// SHA-384.
     Sha384,
+    /// SHA-512.
     Sha512,
+    /// SHA-512/224.
     Sha512_224,
+    /// SHA-512/256.
     Sha512_256,
+    /// SHA3-224.
     Sha3_224,
+    /// SHA3-256.
     Sha3_256,
+    /// SHA3-384.
     Sha3_384,
+    /// SHA3-512.
     Sha3_512,
+    /// BLAKE2b-512.
     Blake2b512,
+    /// BLAKE2s-256.
     Blake2s256,
+    /// SM3.
     Sm3,
+    /// RIPEMD-160.
     Ripemd160,
+    /// MD5 and SHA-1 concatenated (OpenSSL's md5-sha1).
     Md5Sha1,
+    /// SHAKE128 (16 bytes, as OpenSSL gives it).
     Shake128,
+    /// SHAKE256 (32 bytes, as OpenSSL gives it).
     Shake256,
+    /// BLAKE3 (32 bytes).
     Blake3,
     /// Computes nothing and gives an empty checksum: for measuring I/O.
     Null,

@@ -35,6 +35,9 @@
 //! assert_eq!(h.finalize(), blkhash::hash(b"hello"));
 //! ```
 
+// Every public item says what it is (cargo doc is part of the API).
+#![warn(missing_docs)]
+
 mod algorithm;
 mod checksum;
 mod hasher;

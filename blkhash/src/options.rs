@@ -4,8 +4,9 @@ use crate::algorithm::Algorithm;
 use crate::pool::JobDone;
 use std::fmt;
 
-/// Smallest and largest block sizes accepted (the reference's limits).
+/// Smallest block size accepted (the reference's limit).
 pub const MIN_BLOCK_SIZE: usize = 512;
+/// Largest block size accepted (the reference's limit).
 pub const MAX_BLOCK_SIZE: usize = 64 << 20;
 /// Largest worker count accepted.
 pub const MAX_THREADS: usize = 128;
@@ -19,7 +20,9 @@ pub(crate) const DEFAULT_QUEUE_DEPTH: usize = 16;
 /// Invalid hasher options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OptionsError {
+    /// A block size out of range or not a multiple of 512.
     BlockSize(usize),
+    /// A thread count out of range.
     Threads(usize),
 }
 

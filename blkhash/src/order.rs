@@ -21,9 +21,19 @@ const ZERO_RUN_BYTES: usize = 256 << 10;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockEvent<'a> {
     /// Block `index` holds data with this digest (a short last block included).
-    Data { index: u64, digest: &'a [u8] },
+    Data {
+        /// The block's index from the start.
+        index: u64,
+        /// Its digest.
+        digest: &'a [u8],
+    },
     /// `count` full blocks from `index` read as zeros: their digest is the constant.
-    Zeros { index: u64, count: u64 },
+    Zeros {
+        /// The first block's index.
+        index: u64,
+        /// How many blocks.
+        count: u64,
+    },
 }
 
 type Observer = Box<dyn FnMut(BlockEvent<'_>) + Send>;

@@ -9,6 +9,9 @@
 //! }
 //! ```
 
+// Every public item says what it is (cargo doc is part of the API).
+#![warn(missing_docs)]
+
 mod buffer;
 pub mod nbd;
 pub mod qcow2;
@@ -17,6 +20,9 @@ mod reader;
 mod source;
 
 pub use buffer::{ALIGN, AlignedBuf};
+/// The formats read through a private qemu-nbd (QEMU's driver names), for
+/// `--format` and its completions.
+pub use nbd::qemu::FORMATS as QEMU_FORMATS;
 pub use qcow2::Qcow2;
 pub use raw::RawFile;
 pub use reader::{Fill, Sink, Stats, interrupted, read_image, read_stream};
@@ -34,7 +40,7 @@ pub enum Format {
     Raw,
     /// qcow2 (versions 2 and 3); an error if the file is not qcow2.
     Qcow2,
-    /// Another format QEMU reads (a name from [`nbd::qemu::FORMATS`]):
+    /// Another format QEMU reads (a name from [`QEMU_FORMATS`]):
     /// served by a private qemu-nbd and read over NBD.
     Qemu(&'static str),
 }

@@ -64,6 +64,7 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Every guest byte accounted for: data, zeros and holes.
     pub fn total(&self) -> u64 {
         self.data + self.zero + self.hole
     }

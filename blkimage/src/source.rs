@@ -23,12 +23,16 @@ impl ExtentKind {
 /// A guest range and what it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
+    /// Guest offset of the first byte.
     pub offset: u64,
+    /// Bytes in the range.
     pub len: u64,
+    /// What the range holds.
     pub kind: ExtentKind,
 }
 
 impl Extent {
+    /// The offset just past the range.
     pub fn end(&self) -> u64 {
         self.offset + self.len
     }

@@ -6,11 +6,14 @@ use std::fmt;
 /// A guest byte range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Range {
+    /// The first byte's guest offset.
     pub offset: u64,
+    /// Bytes in the range.
     pub len: u64,
 }
 
 impl Range {
+    /// The offset just past the range.
     pub fn end(&self) -> u64 {
         self.offset + self.len
     }
@@ -26,7 +29,9 @@ impl fmt::Display for Range {
 /// Maps that cannot be compared.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Mismatch {
+    /// The two maps' digest names.
     Digest(String, String),
+    /// The two maps' block sizes.
     BlockSize(usize, usize),
 }
 
@@ -49,7 +54,9 @@ pub struct Diff {
     /// Differing ranges within the size both have, in order, adjacent
     /// differing blocks merged into one range.
     pub ranges: Vec<Range>,
+    /// The first image's size.
     pub size_a: u64,
+    /// The second image's size.
     pub size_b: u64,
 }
 

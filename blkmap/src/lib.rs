@@ -38,6 +38,9 @@
 //! assert!(Map::from_bytes(&bytes[..bytes.len() - 1]).is_err());
 //! ```
 
+// Every public item says what it is (cargo doc is part of the API).
+#![warn(missing_docs)]
+
 mod builder;
 mod diff;
 mod format;

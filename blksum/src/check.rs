@@ -17,6 +17,7 @@ use std::os::unix::ffi::OsStrExt;
 pub struct CheckOptions {
     /// Digest and block size for untagged lines.
     pub algorithm: Algorithm,
+    /// Block size for untagged lines.
     pub block_size: usize,
     /// Print only failures.
     pub quiet: bool,

@@ -5,6 +5,9 @@
 //! zeros, `r` pseudo-random bytes, `t` compressible text, any other character
 //! that byte repeated. `SIZE` takes the suffixes k, m, g, t (powers of 1024).
 
+// Every public item says what it is (cargo doc is part of the API).
+#![warn(missing_docs)]
+
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::fs::File;
@@ -15,17 +18,25 @@ use std::path::Path;
 pub const VECTORS_JSON: &str = include_str!("../data/vectors.json");
 
 #[derive(Debug, Clone, Deserialize)]
+/// One reference vector: an image recipe and its checksums.
 pub struct Vector {
+    /// The image's content (see [`Recipe`]).
     pub recipe: String,
+    /// Image size in bytes.
     pub size: u64,
+    /// Digest name.
     pub digest: String,
+    /// Block size in bytes.
     pub block_size: usize,
     /// The checksum of the image opened by path (size rounded up to 512).
     pub file: String,
     /// The checksum of the exact bytes from a pipe, where it differs.
     pub pipe: Option<String>,
+    /// The image format, when not raw.
     pub format: Option<String>,
+    /// `qemu-img create -o` options for the format.
     pub options: Option<String>,
+    /// The guest size, when it differs from `size`.
     pub virtual_size: Option<u64>,
 }
 
@@ -51,23 +62,33 @@ pub fn vectors() -> Vec<Vector> {
 /// What a segment holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// Unallocated.
     Hole,
+    /// Written zeros.
     Zeros,
+    /// Pseudo-random bytes.
     Random,
+    /// Compressible text lines.
     Text,
+    /// One byte repeated.
     Byte(u8),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A range of a recipe and what it holds.
 pub struct Segment {
+    /// Offset in the image.
     pub offset: u64,
+    /// Length in bytes.
     pub len: u64,
+    /// What it holds.
     pub kind: Kind,
 }
 
 /// A parsed recipe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recipe {
+    /// In order, without gaps.
     pub segments: Vec<Segment>,
 }
 
@@ -91,6 +112,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 impl Recipe {
+    /// Parse a recipe: whitespace-separated `SIZE:KIND` segments.
     pub fn parse(recipe: &str) -> Result<Recipe, String> {
         let mut segments = Vec::new();
         let mut offset = 0u64;

@@ -42,7 +42,7 @@ fn at(file: &File, offset: u64, n: usize) -> Option<Vec<u8>> {
 }
 
 /// The QEMU format of `file` from its magic bytes, if it is one of
-/// [`FORMATS`] (raw and qcow2 are not: blkimage reads those itself).
+/// [`QEMU_FORMATS`](crate::QEMU_FORMATS) (raw and qcow2 are not: blkimage reads those itself).
 /// LUKS is reported as "luks" (it needs a passphrase: a secret file).
 pub fn probe_format(file: &File, size: u64) -> io::Result<Option<&'static str>> {
     let head = at(file, 0, 512.min(size as usize)).unwrap_or_default();
@@ -137,7 +137,7 @@ impl QemuExport {
     /// qemu-nbd's --cache=writeback, else --cache=none (direct I/O).
     /// `secret`: a file holding the passphrase of a LUKS image (its bytes
     /// as they are, as QEMU's `--object secret,file=` reads them; see
-    /// [`read_secret`]). `force_share`: ignore other processes' image locks
+    /// `read_secret`). `force_share`: ignore other processes' image locks
     /// (qemu-img's `-U`); else an image a writer holds is an error
     /// ([`io::ErrorKind::ResourceBusy`], "in use").
     ///

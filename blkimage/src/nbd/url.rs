@@ -18,8 +18,11 @@ pub enum Address {
 /// A parsed NBD URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NbdUrl {
+    /// Where the server listens.
     pub address: Address,
+    /// The export name (empty: the server's default export).
     pub export: String,
+    /// Whether the URL asks for TLS (`nbds://`, `nbds+unix://`).
     pub tls: bool,
     /// A directory with ca-cert.pem (and client-cert.pem, client-key.pem).
     pub tls_certificates: Option<PathBuf>,
@@ -72,6 +75,8 @@ fn percent_decode(s: &str, url: &str) -> io::Result<String> {
 }
 
 impl NbdUrl {
+    /// Parse an NBD URL (`nbd://`, `nbd+unix://`, `nbds://`, `nbds+unix://`);
+    /// an error names the URL and what is wrong with it.
     pub fn parse(url: &str) -> io::Result<NbdUrl> {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| bad(url, "no scheme"))?;
         let (tls, unix) = match scheme {

@@ -58,23 +58,34 @@ const V3_HEADER_LEN: u32 = 104;
 pub enum Compression {
     /// Raw deflate (the default).
     Zlib,
+    /// Zstandard (`compression_type=zstd`).
     Zstd,
 }
 
 /// What the reader needs from the header, validated.
 #[derive(Clone, Debug)]
 pub struct Header {
+    /// 2 or 3.
     pub version: u32,
+    /// log2 of the cluster size.
     pub cluster_bits: u32,
     /// Virtual size in bytes.
     pub size: u64,
+    /// Entries in the L1 table.
     pub l1_size: u32,
+    /// File offset of the L1 table.
     pub l1_offset: u64,
+    /// How compressed clusters are compressed.
     pub compression: Compression,
+    /// Extended L2 entries (subclusters).
     pub extended_l2: bool,
+    /// Guest data lives in an external data file.
     pub external_data: bool,
+    /// The external data file is a raw image of the guest (data_file_raw).
     pub data_file_raw: bool,
+    /// The image was not closed cleanly (its refcounts may be stale).
     pub dirty: bool,
+    /// Internal snapshots recorded.
     pub nb_snapshots: u32,
     /// The backing file name, as stored (not resolved); `None` without one.
     pub backing_file: Option<Vec<u8>>,
@@ -98,6 +109,7 @@ fn be64(b: &[u8], at: usize) -> u64 {
 }
 
 impl Header {
+    /// Bytes per cluster.
     pub fn cluster_size(&self) -> u64 {
         1 << self.cluster_bits
     }
