@@ -57,35 +57,7 @@ impl Hasher {
         Engine::new(opts).map(Hasher)
     }
 
-    /// The digest.
-    pub fn algorithm(&self) -> Algorithm {
-        self.0.algorithm()
-    }
-
-    /// Bytes per block.
-    pub fn block_size(&self) -> usize {
-        self.0.block_size()
-    }
-
-    /// Digest workers.
-    pub fn threads(&self) -> usize {
-        self.0.threads()
-    }
-
-    /// The digest of a full block of zeros.
-    pub fn zero_digest(&self) -> &[u8] {
-        self.0.zero_digest()
-    }
-
-    /// Bytes given so far.
-    pub fn len(&self) -> u64 {
-        self.0.len()
-    }
-
-    /// True if nothing was given yet.
-    pub fn is_empty(&self) -> bool {
-        self.0.len() == 0
-    }
+    engine_getters!();
 
     /// Call `f` for every block, in block order, as its digest joins the
     /// checksum: the block digests stay reachable (block maps, diffs).

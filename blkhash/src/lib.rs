@@ -38,6 +38,42 @@
 // Every public item says what it is (cargo doc is part of the API).
 #![warn(missing_docs)]
 
+/// The getters `Hasher` and `Pipeline` share: both wrap one engine and say
+/// the same of it, so the text and the code are written once.
+macro_rules! engine_getters {
+    () => {
+        /// The digest.
+        pub fn algorithm(&self) -> Algorithm {
+            self.0.algorithm()
+        }
+
+        /// Bytes per block.
+        pub fn block_size(&self) -> usize {
+            self.0.block_size()
+        }
+
+        /// Digest workers.
+        pub fn threads(&self) -> usize {
+            self.0.threads()
+        }
+
+        /// The digest of a full block of zeros.
+        pub fn zero_digest(&self) -> &[u8] {
+            self.0.zero_digest()
+        }
+
+        /// Bytes given so far.
+        pub fn len(&self) -> u64 {
+            self.0.len()
+        }
+
+        /// True if nothing was given yet.
+        pub fn is_empty(&self) -> bool {
+            self.0.len() == 0
+        }
+    };
+}
+
 mod algorithm;
 mod checksum;
 mod hasher;

@@ -39,35 +39,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Pipeline<B> {
         Engine::new(opts).map(Pipeline)
     }
 
-    /// The digest.
-    pub fn algorithm(&self) -> Algorithm {
-        self.0.algorithm()
-    }
-
-    /// Bytes per block.
-    pub fn block_size(&self) -> usize {
-        self.0.block_size()
-    }
-
-    /// Digest workers.
-    pub fn threads(&self) -> usize {
-        self.0.threads()
-    }
-
-    /// The digest of a full block of zeros.
-    pub fn zero_digest(&self) -> &[u8] {
-        self.0.zero_digest()
-    }
-
-    /// Bytes given so far.
-    pub fn len(&self) -> u64 {
-        self.0.len()
-    }
-
-    /// True if nothing was given yet.
-    pub fn is_empty(&self) -> bool {
-        self.0.len() == 0
-    }
+    engine_getters!();
 
     /// As [`Hasher::set_observer`](crate::Hasher::set_observer).
     pub fn set_observer(&mut self, f: impl FnMut(BlockEvent<'_>) + Send + 'static) {
