@@ -3,8 +3,8 @@
 #   scripts/install.sh [PREFIX]      (default /usr/local)
 #
 # PREFIX/bin: blksum, blkmap, blkdiff, blksync (stripped);
-# PREFIX/share/man/man1 and the shell completion directories: blksum's
-# manual page and completions;
+# PREFIX/share/man/man1 and the shell completion directories: the
+# commands' manual pages and bash, zsh and fish completions;
 # LIBDIR (default PREFIX/lib): libblkhash.so.0 (its SONAME, as libblkhash
 # 0.11's) with the libblkhash.so link, libblkhash.a, pkgconfig/blkhash.pc;
 # PREFIX/include/blkhash.h; PREFIX/share/man/man3: blkhash(3),
@@ -28,11 +28,12 @@ mkdir -p "$mandir/man1" "$mandir/man3" \
     "$prefix/share/bash-completion/completions" \
     "$prefix/share/zsh/site-functions" \
     "$prefix/share/fish/vendor_completions.d"
-bin=$release/blksum
-"$bin" --man > "$mandir/man1/blksum.1"
-"$bin" --completions bash > "$prefix/share/bash-completion/completions/blksum"
-"$bin" --completions zsh > "$prefix/share/zsh/site-functions/_blksum"
-"$bin" --completions fish > "$prefix/share/fish/vendor_completions.d/blksum.fish"
+for b in blksum blkmap blkdiff; do
+    "$release/$b" --man > "$mandir/man1/$b.1"
+    "$release/$b" --completions bash > "$prefix/share/bash-completion/completions/$b"
+    "$release/$b" --completions zsh > "$prefix/share/zsh/site-functions/_$b"
+    "$release/$b" --completions fish > "$prefix/share/fish/vendor_completions.d/$b.fish"
+done
 
 # The library: the file under its SONAME, the link the linker looks for.
 install -D -s -m 755 "$release/libblkhash.so" "$libdir/libblkhash.so.0"
@@ -59,7 +60,7 @@ if [ "$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then
     ldconfig
 fi
 
-echo "installed in $prefix: blksum (with its manual page and completions), blkmap, blkdiff, blksync;"
+echo "installed in $prefix: blksum, blkmap, blkdiff, blksync (manual pages and completions);"
 echo "libblkhash.so.0, libblkhash.a and blkhash.pc in $libdir, blkhash.h in $includedir,"
 echo "manual pages blkhash(3), blkhash-opts(3), blkhash-aio(3)"
 case ":$(ldconfig -p 2>/dev/null | grep -o "=> $libdir/" | head -1):" in

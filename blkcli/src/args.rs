@@ -20,7 +20,7 @@ pub const DEFAULT_QUEUE_DEPTH: u16 = 16;
 pub struct InputArgs {
     /// Digest, by its OpenSSL name (see blksum --list-digests); blkdiff and
     /// blksync take a saved map's [default: sha256].
-    #[arg(short, long, value_name = "NAME", value_parser = parse_digest)]
+    #[arg(short, long, value_name = "NAME", value_parser = digest_parser(), hide_possible_values = true)]
     pub digest: Option<Algorithm>,
 
     /// Block size: a multiple of 512 from 512 to 64m (suffixes k, m); blkdiff
@@ -39,7 +39,7 @@ pub struct InputArgs {
     /// the magic bytes: qcow2 if the file starts with the qcow2 magic and
     /// version 2 or later, one of the others by its signature, else raw].
     /// Standard input, pipes and NBD URLs are always raw.
-    #[arg(short, long, value_name = "FORMAT", value_parser = parse_format)]
+    #[arg(short, long, value_name = "FORMAT", value_parser = format_parser(), hide_possible_values = true)]
     pub format: Option<Format>,
 
     /// Refuse images that refer to other files: qcow2 backing files and
@@ -147,6 +147,58 @@ impl InputArgs {
 /// An image format by name (raw, qcow2, or one QEMU reads).
 pub fn parse_format(s: &str) -> Result<Format, String> {
     s.parse()
+}
+
+/// A parser that also names the values it takes, so that shell completion
+/// offers them (clap learns them from `possible_values`); parsing and its
+/// error messages stay `parse`'s.
+#[derive(Clone)]
+pub struct Named<T> {
+    parse: fn(&str) -> Result<T, String>,
+    names: fn() -> Vec<&'static str>,
+}
+
+impl<T: Clone + Send + Sync + 'static> clap::builder::TypedValueParser for Named<T> {
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<T, clap::Error> {
+        self.parse.parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(
+            (self.names)()
+                .into_iter()
+                .map(clap::builder::PossibleValue::new),
+        ))
+    }
+}
+
+/// `--format`'s parser: [`parse_format`], completing the format names.
+pub fn format_parser() -> Named<Format> {
+    Named {
+        parse: parse_format,
+        names: || {
+            let mut names = vec!["raw", "qcow2"];
+            names.extend_from_slice(blkimage::QEMU_FORMATS);
+            names
+        },
+    }
+}
+
+/// `--digest`'s parser: [`parse_digest`], completing the digest names.
+pub fn digest_parser() -> Named<Algorithm> {
+    Named {
+        parse: parse_digest,
+        names: || blkhash::ALGORITHMS.iter().map(|a| a.name()).collect(),
+    }
 }
 
 /// A digest by its OpenSSL name; `null` (no digest, for measuring reads) too.

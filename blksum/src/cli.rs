@@ -1,6 +1,7 @@
 //! Command-line arguments.
 
 use blkcli::args::InputArgs;
+use blkcli::manual::{ManualArgs, Page};
 use clap::Parser;
 
 /// Compute blkhash checksums of disk images: raw and qcow2 files, block
@@ -71,11 +72,51 @@ pub struct Args {
     #[arg(long, requires = "check")]
     pub ignore_missing: bool,
 
-    /// Print a shell completion script and exit.
-    #[arg(long, value_name = "SHELL", exclusive = true)]
-    pub completions: Option<clap_complete::Shell>,
-
-    /// Print the manual page (roff) and exit.
-    #[arg(long, exclusive = true)]
-    pub man: bool,
+    #[command(flatten)]
+    pub manual: ManualArgs,
 }
+
+/// What the manual page says beyond the options.
+pub const PAGE: Page = Page {
+    exit_status: &[
+        (
+            "0",
+            "Every input was hashed (with --check: every listed image matched).",
+        ),
+        (
+            "1",
+            "An input could not be read or hashed, or with --check an image did not match, \
+             was missing or a line was malformed (with --strict); the other inputs are still done.",
+        ),
+        (
+            "2",
+            "Usage error: an unknown option, digest or format, a bad block size.",
+        ),
+        (
+            "130, 143",
+            "Stopped by SIGINT (Ctrl-C) or SIGTERM; no checksum is printed for the input being read.",
+        ),
+    ],
+    examples: &[
+        (
+            "Hash a qcow2 image (only its allocated data is read):",
+            "blksum disk.qcow2",
+        ),
+        (
+            "Save checksums and verify them later, as with sha256sum:",
+            "blksum *.img > SUMS && blksum -c SUMS",
+        ),
+        (
+            "A tagged line carries the digest and block size for --check:",
+            "blksum --tag -d blake3 --block-size 1m disk.raw",
+        ),
+        (
+            "Hash an export of an NBD server:",
+            "blksum nbd+unix:///?socket=/tmp/nbd.sock",
+        ),
+        (
+            "Hash a stream (holes cannot be skipped in a pipe):",
+            "xz -dc disk.raw.xz | blksum",
+        ),
+    ],
+};

@@ -8,7 +8,7 @@ mod report;
 
 use blkcli::lines;
 use blksum::check;
-use clap::{CommandFactory, Parser};
+use clap::Parser;
 use hashing::{Hashing, Progress, Report};
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
@@ -33,21 +33,8 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    if let Some(shell) = args.completions {
-        clap_complete::generate(
-            shell,
-            &mut cli::Args::command(),
-            "blksum",
-            &mut io::stdout(),
-        );
-        return ExitCode::SUCCESS;
-    }
-    if args.man {
-        let man = clap_mangen::Man::new(cli::Args::command());
-        return match man.render(&mut io::stdout()) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(_) => ExitCode::FAILURE,
-        };
+    if let Some(code) = args.manual.print::<cli::Args>(&cli::PAGE) {
+        return code;
     }
 
     // Ctrl-C and SIGTERM stop the run between reads; a run that does not

@@ -282,10 +282,16 @@ fn man_page_and_completions() {
         "{}",
         &stdout(&out)[..200]
     );
+    for section in [".SH \"EXIT STATUS\"", ".SH EXAMPLES"] {
+        assert!(stdout(&out).contains(section), "no {section}");
+    }
     for shell in ["bash", "zsh", "fish"] {
         let out = run(&["--completions", shell], None);
         assert!(out.status.success(), "{shell}");
         assert!(stdout(&out).contains("--block-size"), "{shell}");
+        // --digest and --format complete their names.
+        assert!(stdout(&out).contains("sha3-256"), "{shell}");
+        assert!(stdout(&out).contains("vhdx"), "{shell}");
     }
     let out = run(&["--completions", "bash", "x.img"], None);
     assert_eq!(out.status.code(), Some(2));

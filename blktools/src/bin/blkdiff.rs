@@ -1,5 +1,6 @@
 //! blkdiff: where two images (or saved block maps) differ.
 
+use blkcli::manual::{ManualArgs, Page};
 use blkhash::Algorithm;
 use blkmap::{Diff, Map};
 use blktools::{InputArgs, Mapped, reason};
@@ -9,7 +10,9 @@ use std::ffi::OsString;
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-/// Print the guest ranges where A and B differ, as OFFSET+LENGTH lines in
+/// Print where two images, or saved block maps, differ.
+///
+/// The guest ranges where A and B differ are printed as OFFSET+LENGTH lines in
 /// bytes, adjacent differing blocks merged. Exit status as cmp: 0 same, 1
 /// different, 2 trouble.
 ///
@@ -24,7 +27,7 @@ use std::process::ExitCode;
 /// --digest and --block-size (sha256 and 64k by default); a map of another
 /// digest or block size than asked for is an error.
 #[derive(Parser, Debug)]
-#[command(name = "blkdiff", version, about, max_term_width = 100)]
+#[command(name = "blkdiff", version, max_term_width = 100)]
 struct Args {
     /// First image or map ('-' for standard input).
     #[arg(value_name = "A")]
@@ -52,7 +55,37 @@ struct Args {
     /// file starting with the map magic is an image too).
     #[command(flatten)]
     input: InputArgs,
+
+    /// Handled before the rest is parsed (blkcli::manual::early).
+    #[command(flatten)]
+    _manual: ManualArgs,
 }
+
+const PAGE: Page = Page {
+    exit_status: &[
+        (
+            "0",
+            "A and B hold the same content (a hole and written zeros are the same).",
+        ),
+        ("1", "They differ."),
+        (
+            "2",
+            "Trouble: an input could not be read, maps that cannot be compared, a usage error.",
+        ),
+        ("130, 143", "Stopped by SIGINT (Ctrl-C) or SIGTERM."),
+    ],
+    examples: &[
+        (
+            "Did a conversion keep the content?",
+            "blkdiff disk.raw disk.qcow2",
+        ),
+        (
+            "What changed since a saved map, as JSON:",
+            "blkdiff --json yesterday.map disk.qcow2",
+        ),
+        ("In a script:", "blkdiff -q a.img b.img || echo differ"),
+    ],
+};
 
 /// Trouble: exit status 2.
 fn trouble(msg: impl std::fmt::Display) -> ExitCode {
@@ -61,6 +94,9 @@ fn trouble(msg: impl std::fmt::Display) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    if let Some(code) = blkcli::manual::early::<Args>(&PAGE) {
+        return code;
+    }
     let mut args: Args = blktools::parse_args(|a: &Args| &a.input);
     args.a = args.a_path.to_string_lossy().into_owned();
     args.b = args.b_path.to_string_lossy().into_owned();

@@ -1,6 +1,7 @@
 //! blkmap: write the block map of an image, and print its checksum.
 
 use blkcli::lines::format_line_os;
+use blkcli::manual::{ManualArgs, Page};
 use blkcli::signals::Signals;
 use blktools::{InputArgs, reason};
 use clap::Parser;
@@ -18,7 +19,7 @@ use std::process::ExitCode;
 /// nothing for sparse ranges. `blkdiff` compares maps and images. OUT is
 /// written atomically: a temporary file in its directory, flushed, renamed.
 #[derive(Parser, Debug)]
-#[command(name = "blkmap", version, about, max_term_width = 100)]
+#[command(name = "blkmap", version, max_term_width = 100)]
 struct Args {
     /// The image: any input blksum reads ('-' for standard input).
     #[arg(value_name = "IMAGE")]
@@ -30,9 +31,41 @@ struct Args {
 
     #[command(flatten)]
     input: InputArgs,
+
+    /// Handled before the rest is parsed (blkcli::manual::early).
+    #[command(flatten)]
+    _manual: ManualArgs,
 }
 
+const PAGE: Page = Page {
+    exit_status: &[
+        ("0", "The map was written and the checksum printed."),
+        (
+            "1",
+            "The image could not be read, or OUT could not be written (or would replace an input or a file that is not a map); OUT is left as it was.",
+        ),
+        ("2", "Usage error."),
+        (
+            "130, 143",
+            "Stopped by SIGINT (Ctrl-C) or SIGTERM; OUT is left as it was.",
+        ),
+    ],
+    examples: &[
+        (
+            "Map an image, then find what changed since:",
+            "blkmap disk.qcow2 disk.map && blkdiff disk.map disk.qcow2",
+        ),
+        (
+            "A finer map (smaller ranges in blkdiff), with blake3:",
+            "blkmap --block-size 4k -d blake3 disk.raw disk.map",
+        ),
+    ],
+};
+
 fn main() -> ExitCode {
+    if let Some(code) = blkcli::manual::early::<Args>(&PAGE) {
+        return code;
+    }
     let args: Args = blktools::parse_args(|a: &Args| &a.input);
     let (image, out_name) = (args.image.to_string_lossy(), args.out.display());
     // Before anything is read: OUT must not replace what it would destroy.

@@ -1,0 +1,62 @@
+//! Every command's manual page and completion scripts: the sections users
+//! look for, and the digest and format names offered where options take them.
+
+use std::process::{Command, Output};
+
+fn run(exe: &str, args: &[&str]) -> Output {
+    Command::new(exe).args(args).output().expect(exe)
+}
+
+const COMMANDS: [(&str, &str); 2] = [
+    ("blkmap", env!("CARGO_BIN_EXE_blkmap")),
+    ("blkdiff", env!("CARGO_BIN_EXE_blkdiff")),
+];
+
+#[test]
+fn man_pages_have_exit_status_and_examples() {
+    for (name, exe) in COMMANDS {
+        let out = run(exe, &["--man"]);
+        assert!(out.status.success(), "{name}");
+        let page = String::from_utf8(out.stdout).unwrap();
+        assert!(page.contains(&format!(".TH {name} 1")), "{name}: {page}");
+        for section in [
+            ".SH NAME",
+            ".SH SYNOPSIS",
+            ".SH OPTIONS",
+            ".SH \"EXIT STATUS\"",
+            ".SH EXAMPLES",
+        ] {
+            assert!(page.contains(section), "{name}: no {section}");
+        }
+        // The one-line summary is the command's own, not the package's.
+        assert!(!page.contains("blkmap, blkdiff and blksync"), "{name}");
+    }
+}
+
+#[test]
+fn completions_offer_digest_and_format_names() {
+    for (name, exe) in COMMANDS {
+        for shell in ["bash", "zsh", "fish"] {
+            let out = run(exe, &["--completions", shell]);
+            assert!(out.status.success(), "{name} {shell}");
+            let script = String::from_utf8(out.stdout).unwrap();
+            assert!(script.contains("block-size"), "{name} {shell}");
+            assert!(
+                script.contains("sha512-256") && script.contains("blake3"),
+                "{name} {shell}: digests"
+            );
+            assert!(
+                script.contains("qcow2") && script.contains("vmdk"),
+                "{name} {shell}: formats"
+            );
+        }
+        // Alone, as blksum's: with anything else it is a usage error.
+        assert_eq!(
+            run(exe, &["--completions", "bash", "x"]).status.code(),
+            Some(2),
+            "{name}"
+        );
+        // Without them the command's arguments are still required.
+        assert_eq!(run(exe, &[]).status.code(), Some(2), "{name}");
+    }
+}
