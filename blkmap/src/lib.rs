@@ -160,32 +160,27 @@ struct Body {
 
 impl Body {
     fn push_zeros(&mut self, count: u64) {
-        if count == 0 {
-            return;
-        }
-        match self.runs.last_mut() {
-            Some(r) if r.data.is_none() => r.count += count,
-            _ => self.runs.push(RunEntry {
-                first: self.blocks,
-                count,
-                data: None,
-            }),
-        }
-        self.blocks += count;
+        self.extend(count, None);
     }
 
     /// Start (or extend) a data run of `count` blocks whose digests the
     /// caller has appended to, or will append to, `digests`.
     fn open_data(&mut self, count: u64, at: usize) {
+        self.extend(count, Some(at));
+    }
+
+    /// Add `count` blocks of a kind (`data`: where their digests start),
+    /// merged into the last run when it is of the same kind.
+    fn extend(&mut self, count: u64, data: Option<usize>) {
         if count == 0 {
             return;
         }
         match self.runs.last_mut() {
-            Some(r) if r.data.is_some() => r.count += count,
+            Some(r) if r.data.is_some() == data.is_some() => r.count += count,
             _ => self.runs.push(RunEntry {
                 first: self.blocks,
                 count,
-                data: Some(at),
+                data,
             }),
         }
         self.blocks += count;

@@ -100,6 +100,14 @@ pub fn check_file(
     let mut any_line = false;
     while next_line(list, &mut buf)?.is_some() {
         lineno += 1;
+        // A line that is not a checksum line: counted, and named with --warn.
+        let mut malformed = |tally: &mut Tally, why: &str| -> io::Result<()> {
+            tally.malformed += 1;
+            if opts.warn && !opts.status {
+                writeln!(err, "blksum: {list_name}: {lineno}: {why}")?;
+            }
+            Ok(())
+        };
         let entry = lines::parse_line_bytes(&buf);
         let Some(Entry {
             name,
@@ -108,24 +116,12 @@ pub fn check_file(
             block_size,
         }) = entry
         else {
-            tally.malformed += 1;
-            if opts.warn && !opts.status {
-                writeln!(
-                    err,
-                    "blksum: {list_name}: {lineno}: improperly formatted blkhash checksum line"
-                )?;
-            }
+            malformed(&mut tally, "improperly formatted blkhash checksum line")?;
             continue;
         };
         let alg = algorithm.unwrap_or(opts.algorithm);
         if hex.len() != 2 * alg.output_len() {
-            tally.malformed += 1;
-            if opts.warn && !opts.status {
-                writeln!(
-                    err,
-                    "blksum: {list_name}: {lineno}: checksum length does not fit {alg}"
-                )?;
-            }
+            malformed(&mut tally, &format!("checksum length does not fit {alg}"))?;
             continue;
         }
         any_line = true;

@@ -182,6 +182,21 @@ impl Nbd {
         self.export.flags & FLAG_READ_ONLY == 0
     }
 
+    /// The end of a `what` ("read", "write") of `len` bytes at `offset`, if
+    /// it is inside the export, and the server's minimum block size.
+    fn request_end(&self, offset: u64, len: u64, what: &str) -> io::Result<(u64, u64)> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= self.export.size)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{what} past the end of the export"),
+                )
+            })?;
+        Ok((end, self.export.min_block.max(1) as u64))
+    }
+
     /// Check that `[offset, offset + len)` can be written: a writable
     /// export, inside it, aligned to the server's minimum block size.
     fn writable_range(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -191,16 +206,7 @@ impl Nbd {
                 "the export is read-only",
             ));
         }
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= self.export.size)
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "write past the end of the export",
-                )
-            })?;
-        let min = self.export.min_block.max(1) as u64;
+        let (end, min) = self.request_end(offset, len, "write")?;
         if !offset.is_multiple_of(min) || !(end.is_multiple_of(min) || end == self.export.size) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -372,16 +378,7 @@ impl Source for Nbd {
         if buf.is_empty() {
             return Ok(());
         }
-        let end = offset
-            .checked_add(buf.len() as u64)
-            .filter(|&e| e <= self.export.size)
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "read past the end of the export",
-                )
-            })?;
-        let min = self.export.min_block.max(1) as u64;
+        let (end, min) = self.request_end(offset, buf.len() as u64, "read")?;
         if offset.is_multiple_of(min) && (end.is_multiple_of(min) || end == self.export.size) {
             return self.read_aligned(buf, offset);
         }

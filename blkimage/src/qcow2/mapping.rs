@@ -181,30 +181,24 @@ impl Mapper {
                 "data cluster offset {host:#x} is not aligned to the cluster size (guest offset {g:#x})"
             )));
         }
-        if !self.extended {
-            return Ok(if entry & ZERO != 0 {
-                Map::Zero
-            } else if allocated {
-                Map::Data {
-                    host: host + in_cluster,
-                }
-            } else {
-                Map::Unallocated
-            });
-        }
-        let sub = in_cluster >> (self.cluster_bits - 5);
-        let alloc = bitmap & (1 << sub) != 0;
-        let zero = bitmap & (1 << (32 + sub)) != 0;
-        if alloc && zero {
-            return Err(invalid(format!(
-                "subcluster {sub} at guest offset {g:#x} is both allocated and zero"
-            )));
-        }
-        if alloc && !allocated {
-            return Err(invalid(format!(
-                "subcluster {sub} at guest offset {g:#x} is allocated in a cluster without a host offset"
-            )));
-        }
+        let (zero, alloc) = if self.extended {
+            let sub = in_cluster >> (self.cluster_bits - 5);
+            let alloc = bitmap & (1 << sub) != 0;
+            let zero = bitmap & (1 << (32 + sub)) != 0;
+            if alloc && zero {
+                return Err(invalid(format!(
+                    "subcluster {sub} at guest offset {g:#x} is both allocated and zero"
+                )));
+            }
+            if alloc && !allocated {
+                return Err(invalid(format!(
+                    "subcluster {sub} at guest offset {g:#x} is allocated in a cluster without a host offset"
+                )));
+            }
+            (zero, alloc)
+        } else {
+            (entry & ZERO != 0, allocated)
+        };
         Ok(if zero {
             Map::Zero
         } else if alloc {
