@@ -57,42 +57,7 @@ impl Hasher {
         Engine::new(opts).map(Hasher)
     }
 
-    engine_getters!();
-
-    /// Call `f` for every block, in block order, as its digest joins the
-    /// checksum: the block digests stay reachable (block maps, diffs).
-    ///
-    /// ```
-    /// use blkhash::{BlockEvent, Hasher, Options};
-    /// use std::sync::{Arc, Mutex};
-    /// let seen = Arc::new(Mutex::new(Vec::new()));
-    /// let log = seen.clone();
-    /// let mut h = Hasher::with_options(Options::new().block_size(512)).unwrap();
-    /// h.set_observer(move |e| log.lock().unwrap().push(match e {
-    ///     BlockEvent::Data { index, .. } => format!("data {index}"),
-    ///     BlockEvent::Zeros { index, count } => format!("zeros {index}+{count}"),
-    /// }));
-    /// h.update([1u8; 512]);
-    /// h.update_zeros(1024);
-    /// h.update([2u8; 100]);
-    /// h.finalize();
-    /// assert_eq!(*seen.lock().unwrap(), ["data 0", "zeros 1+2", "data 3"]);
-    /// ```
-    pub fn set_observer(&mut self, f: impl FnMut(BlockEvent<'_>) + Send + 'static) {
-        self.0.set_observer(f);
-    }
-
-    /// Add bytes, copied into internal buffers. Whole blocks of zeros are
-    /// found here and not copied: they cost a scan, not a digest.
-    pub fn update(&mut self, data: impl AsRef<[u8]>) {
-        self.0.update(data.as_ref());
-    }
-
-    /// Add `len` bytes that read as zeros. Full zero blocks are neither
-    /// allocated nor digested: their digest is a constant.
-    pub fn update_zeros(&mut self, len: u64) {
-        self.0.update_zeros(len);
-    }
+    engine_methods!();
 
     /// Finish: the checksum of everything given.
     pub fn finalize(mut self) -> Checksum {

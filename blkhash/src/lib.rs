@@ -38,9 +38,9 @@
 // Every public item says what it is (cargo doc is part of the API).
 #![warn(missing_docs)]
 
-/// The getters `Hasher` and `Pipeline` share: both wrap one engine and say
+/// The methods `Hasher` and `Pipeline` share: both wrap one engine and say
 /// the same of it, so the text and the code are written once.
-macro_rules! engine_getters {
+macro_rules! engine_methods {
     () => {
         /// The digest.
         pub fn algorithm(&self) -> Algorithm {
@@ -70,6 +70,41 @@ macro_rules! engine_getters {
         /// True if nothing was given yet.
         pub fn is_empty(&self) -> bool {
             self.0.len() == 0
+        }
+
+        /// Call `f` for every block, in block order, as its digest joins the
+        /// checksum: the block digests stay reachable (block maps, diffs).
+        ///
+        /// ```
+        /// use blkhash::{BlockEvent, Hasher, Options};
+        /// use std::sync::{Arc, Mutex};
+        /// let seen = Arc::new(Mutex::new(Vec::new()));
+        /// let log = seen.clone();
+        /// let mut h = Hasher::with_options(Options::new().block_size(512)).unwrap();
+        /// h.set_observer(move |e| log.lock().unwrap().push(match e {
+        ///     BlockEvent::Data { index, .. } => format!("data {index}"),
+        ///     BlockEvent::Zeros { index, count } => format!("zeros {index}+{count}"),
+        /// }));
+        /// h.update([1u8; 512]);
+        /// h.update_zeros(1024);
+        /// h.update([2u8; 100]);
+        /// h.finalize();
+        /// assert_eq!(*seen.lock().unwrap(), ["data 0", "zeros 1+2", "data 3"]);
+        /// ```
+        pub fn set_observer(&mut self, f: impl FnMut(BlockEvent<'_>) + Send + 'static) {
+            self.0.set_observer(f);
+        }
+
+        /// Add bytes, copied into internal buffers. Whole blocks of zeros are
+        /// found here and not copied: they cost a scan, not a digest.
+        pub fn update(&mut self, data: impl AsRef<[u8]>) {
+            self.0.update(data.as_ref());
+        }
+
+        /// Add `len` bytes that read as zeros. Full zero blocks are neither
+        /// allocated nor digested: their digest is a constant.
+        pub fn update_zeros(&mut self, len: u64) {
+            self.0.update_zeros(len);
         }
     };
 }

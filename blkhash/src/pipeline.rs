@@ -39,23 +39,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Pipeline<B> {
         Engine::new(opts).map(Pipeline)
     }
 
-    engine_getters!();
-
-    /// As [`Hasher::set_observer`](crate::Hasher::set_observer).
-    pub fn set_observer(&mut self, f: impl FnMut(BlockEvent<'_>) + Send + 'static) {
-        self.0.set_observer(f);
-    }
-
-    /// Add bytes by copy, as [`Hasher::update`](crate::Hasher::update).
-    pub fn update(&mut self, data: impl AsRef<[u8]>) {
-        self.0.update(data.as_ref());
-    }
-
-    /// Add `len` bytes that read as zeros, as
-    /// [`Hasher::update_zeros`](crate::Hasher::update_zeros).
-    pub fn update_zeros(&mut self, len: u64) {
-        self.0.update_zeros(len);
-    }
+    engine_methods!();
 
     /// Hand over a buffer to digest without copying it (but for a part that
     /// straddles a block boundary left by an earlier call). It comes back from
