@@ -36,6 +36,8 @@ struct Tally {
     malformed: usize,
     unreadable: usize,
     mismatched: usize,
+    /// Mismatches on plain `HEX  NAME` lines, which do not say how they were made.
+    untagged_mismatched: usize,
     verified: usize,
 }
 
@@ -136,6 +138,7 @@ pub fn check_file(
             Ok(_) => {
                 tally.verified += 1;
                 tally.mismatched += 1;
+                tally.untagged_mismatched += usize::from(algorithm.is_none());
                 if !opts.status {
                     say(out, &name, "FAILED")?;
                 }
@@ -177,6 +180,19 @@ pub fn check_file(
                 "computed checksums",
             );
             writeln!(err, "blksum: WARNING: {what} did NOT match")?;
+        }
+        // Every image read and none matched, on lines that do not say how
+        // they were made: most likely a list from sha256sum or another tool.
+        if tally.mismatched == tally.verified
+            && tally.untagged_mismatched == tally.mismatched
+            && tally.mismatched > 0
+        {
+            writeln!(
+                err,
+                "blksum: {list_name}: no listed image matched: these may be checksums of another \
+                 construction (a list made by sha256sum, b3sum or another tool); blksum checks \
+                 blkhash checksums, as blksum writes them"
+            )?;
         }
     }
     if opts.ignore_missing && tally.verified == 0 && tally.unreadable == 0 {
@@ -276,6 +292,36 @@ mod tests {
         let (ok, _, err) = run(&format!("{good}  missing.img\n"), &ignore);
         assert!(!ok);
         assert!(err.contains("no file was verified"));
+    }
+
+    #[test]
+    fn a_list_where_nothing_matches_is_named_as_another_construction() {
+        // What sha256sum writes for these "images" (their content is their name).
+        let plain = |n: &str| {
+            let mut d = [0u8; 32];
+            Algorithm::Sha256.digest_into(n.as_bytes(), &mut d);
+            blkhash::to_hex(&d)
+        };
+        let list: String = ["a.img", "b.img"]
+            .iter()
+            .map(|n| format!("{}  {n}\n", plain(n)))
+            .collect();
+        let (ok, out, err) = run(&list, &opts());
+        assert!(!ok);
+        assert_eq!(out, "a.img: FAILED\nb.img: FAILED\n");
+        assert!(
+            err.contains(
+                "sums: no listed image matched: these may be checksums of another construction"
+            ),
+            "{err}"
+        );
+        // One match, or a tagged line (it says how it was made): no such hint.
+        let good = sum("a.img", Algorithm::Sha256, 65536);
+        let (_, _, err) = run(&format!("{good}  a.img\n{list}"), &opts());
+        assert!(!err.contains("another construction"), "{err}");
+        let tagged = lines::format_line(&"0".repeat(64), "a.img", Some((Algorithm::Sha256, 65536)));
+        let (_, _, err) = run(&format!("{tagged}\n"), &opts());
+        assert!(!err.contains("another construction"), "{err}");
     }
 
     #[test]
