@@ -47,6 +47,11 @@ pub struct Args {
     #[arg(long, conflicts_with = "check")]
     pub json: bool,
 
+    /// The output format, as qemu-img's --output: human (checksum lines,
+    /// the default) or json (as --json).
+    #[arg(long, value_name = "FORMAT", value_parser = ["human", "json"], conflicts_with_all = ["check", "tag", "json"])]
+    pub output: Option<String>,
+
     /// Read checksum lines from the FILEs (or standard input) and check the
     /// images they name. Untagged lines use --digest and --block-size.
     #[arg(short, long)]

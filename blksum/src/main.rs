@@ -26,7 +26,8 @@ enum Stop {
 }
 
 fn main() -> ExitCode {
-    let args = cli::Args::parse();
+    let mut args = cli::Args::parse();
+    args.json |= args.output.as_deref() == Some("json");
     if args.list_digests {
         for a in blkhash::ALGORITHMS {
             println!("{a}");

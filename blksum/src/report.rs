@@ -1,23 +1,30 @@
-//! `--json`: one document for the whole run.
+//! `--json` (or `--output json`): one document for the whole run.
 //!
 //! ```json
 //! {
+//!   "schema": 1,
 //!   "version": "0.1.0",
 //!   "inputs": [
-//!     {"name": "disk.qcow2", "format": "qcow2", "virtual_size": 1073741824,
-//!      "digest": "sha256", "block_size": 65536, "checksum": "9f2c…",
-//!      "data_bytes": 1048576, "zero_bytes": 0, "unallocated_bytes": 1072693248},
+//!     {"name": "disk.qcow2", "format": "qcow2", "virtual-size": 1073741824,
+//!      "digest": "sha256", "block-size": 65536, "checksum": "9f2c…",
+//!      "data-bytes": 1048576, "zero-bytes": 0, "unallocated-bytes": 1072693248},
 //!     {"name": "missing.img", "error": "No such file or directory"}
 //!   ]
 //! }
 //! ```
 //!
-//! `format` is `raw`, `qcow2`, or `stream` (a pipe or standard input, whose
-//! bytes are all data). Inputs are in argument order.
+//! Keys are spelled as `qemu-img --output json` spells its own
+//! (`virtual-size`). `schema` changes only when a key changes meaning or
+//! goes away (new keys may appear); `version` is blksum's. `format` is
+//! `raw`, `qcow2`, another QEMU format name, or `stream` (a pipe or standard
+//! input, whose bytes are all data). Inputs are in argument order.
 
 use crate::hashing::Report;
 use serde_json::{Value, json};
 use std::io;
+
+/// The document's schema version (see the module doc).
+pub const SCHEMA: u32 = 1;
 
 /// One input's object.
 pub fn input(name: &str, result: &io::Result<Report>) -> Value {
@@ -25,13 +32,13 @@ pub fn input(name: &str, result: &io::Result<Report>) -> Value {
         Ok(r) => json!({
             "name": name,
             "format": r.format,
-            "virtual_size": r.size,
+            "virtual-size": r.size,
             "digest": r.checksum.algorithm().name(),
-            "block_size": r.block_size,
+            "block-size": r.block_size,
             "checksum": r.checksum.to_hex(),
-            "data_bytes": r.stats.data,
-            "zero_bytes": r.stats.zero,
-            "unallocated_bytes": r.stats.hole,
+            "data-bytes": r.stats.data,
+            "zero-bytes": r.stats.zero,
+            "unallocated-bytes": r.stats.hole,
         }),
         Err(e) => json!({
             "name": name,
@@ -43,6 +50,7 @@ pub fn input(name: &str, result: &io::Result<Report>) -> Value {
 /// The whole document.
 pub fn document(inputs: Vec<Value>) -> Value {
     json!({
+        "schema": SCHEMA,
         "version": env!("CARGO_PKG_VERSION"),
         "inputs": inputs,
     })

@@ -222,27 +222,31 @@ fn json_document() {
     let out = run(&["--json", "-d", "blake3", pa, pm, "-"], Some(&a));
     assert_eq!(out.status.code(), Some(1));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["schema"], 1);
     let inputs = doc["inputs"].as_array().unwrap();
     assert_eq!(inputs.len(), 3);
+    // qemu-img's spelling of the option gives the same document.
+    let same = run(&["--output", "json", "-d", "blake3", pa, pm, "-"], Some(&a));
+    assert_eq!(same.stdout, out.stdout);
     let file = &inputs[0];
     assert_eq!(file["name"], pa);
     assert_eq!(file["format"], "raw");
-    assert_eq!(file["virtual_size"], 4 << 20);
+    assert_eq!(file["virtual-size"], 4 << 20);
     assert_eq!(file["digest"], "blake3");
-    assert_eq!(file["block_size"], 65536);
+    assert_eq!(file["block-size"], 65536);
     assert_eq!(
-        file["data_bytes"],
+        file["data-bytes"],
         2 << 20,
         "the written zeros are data in a raw file"
     );
-    assert_eq!(file["unallocated_bytes"], 2 << 20);
-    assert_eq!(file["zero_bytes"], 0);
+    assert_eq!(file["unallocated-bytes"], 2 << 20);
+    assert_eq!(file["zero-bytes"], 0);
     let want = stdout(&run(&["-d", "blake3", pa], None));
     assert_eq!(file["checksum"], want.split_whitespace().next().unwrap());
     assert_eq!(inputs[1]["name"], pm);
     assert_eq!(inputs[1]["error"], "No such file or directory");
     assert_eq!(inputs[2]["format"], "stream");
-    assert_eq!(inputs[2]["data_bytes"], 4 << 20);
+    assert_eq!(inputs[2]["data-bytes"], 4 << 20);
 }
 
 #[test]

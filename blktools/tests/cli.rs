@@ -282,8 +282,11 @@ fn different_sizes_differ_in_the_tail() {
     assert_eq!(doc["ranges"].as_array().unwrap().len(), 0);
     assert_eq!(doc["tail"]["offset"], 4194304);
     assert_eq!(doc["tail"]["length"], 2097152);
-    assert_eq!(doc["tail"]["only_in"], "a");
-    assert_eq!(doc["differing_bytes"], 2097152);
+    assert_eq!(doc["tail"]["only-in"], "a");
+    assert_eq!(doc["differing-bytes"], 2097152);
+    assert_eq!(doc["schema"], 1);
+    let same = run(BLKDIFF, &[s(&b), s(&a), "--output", "json"]);
+    assert_eq!(same.stdout, r.stdout, "--output json is --json");
 
     // A smaller size inside a block: the short last block cannot be
     // compared by digest and is reported, clipped to the smaller size.
@@ -326,7 +329,7 @@ fn maps_and_images_mix() {
     assert_eq!(doc["a"]["format"], "map");
     assert_eq!(doc["b"]["format"], "qcow2");
     assert_eq!(doc["digest"], "sha256");
-    assert_eq!(doc["block_size"], 65536);
+    assert_eq!(doc["block-size"], 65536);
     assert_eq!(doc["ranges"][1]["offset"], 9 * MIB);
     assert_eq!(doc["tail"], serde_json::Value::Null);
     assert_eq!(

@@ -47,6 +47,11 @@ struct Args {
     #[arg(long)]
     json: bool,
 
+    /// The output format, as qemu-img's --output: human (OFFSET+LENGTH
+    /// lines, the default) or json (as --json).
+    #[arg(long, value_name = "FORMAT", value_parser = ["human", "json"], conflicts_with_all = ["json", "quiet"])]
+    output: Option<String>,
+
     /// Print nothing; the exit status tells.
     #[arg(short, long, conflicts_with = "json")]
     quiet: bool,
@@ -98,6 +103,7 @@ fn main() -> ExitCode {
         return code;
     }
     let mut args: Args = blktools::parse_args(|a: &Args| &a.input);
+    args.json |= args.output.as_deref() == Some("json");
     args.a = args.a_path.to_string_lossy().into_owned();
     args.b = args.b_path.to_string_lossy().into_owned();
     if args.a == "-" && args.b == "-" {
@@ -235,19 +241,21 @@ fn print_json(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> io::Result<()> {
             "checksum": m.map.checksum_hex(),
         })
     };
+    // Keys as blksum's --json spells them (qemu-img's style); schema as its.
     let doc = json!({
+        "schema": 1,
         "a": input(&args.a, a),
         "b": input(&args.b, b),
         "digest": a.map.algorithm().name(),
-        "block_size": a.map.block_size(),
+        "block-size": a.map.block_size(),
         "same": d.is_same(),
         "ranges": d.ranges.iter().map(|r| json!({"offset": r.offset, "length": r.len})).collect::<Vec<_>>(),
         "tail": d.tail().map(|t| json!({
             "offset": t.offset,
             "length": t.len,
-            "only_in": only_in(d).to_ascii_lowercase(),
+            "only-in": only_in(d).to_ascii_lowercase(),
         })),
-        "differing_bytes": d.differing_bytes(),
+        "differing-bytes": d.differing_bytes(),
     });
     let mut out = io::stdout().lock();
     writeln!(out, "{doc:#}")?;
