@@ -4,8 +4,9 @@ use blkcli::args::InputArgs;
 use blkcli::manual::{ManualArgs, Page};
 use clap::Parser;
 
-/// Compute blkhash checksums of disk images: raw and qcow2 files, block
-/// devices and standard input.
+/// Compute blkhash checksums of disk images: raw and qcow2 files, the other
+/// formats QEMU reads (vmdk, vdi, vhdx, ...), block devices, NBD URLs and
+/// standard input.
 ///
 /// The checksum is H(H(block 0) || ... || H(block n-1) || le64(size)), equal
 /// to blkhash 0.11's. Unallocated ranges are never read and all-zero blocks

@@ -388,3 +388,22 @@ fn mismatched_maps_refused() {
     assert!(r.stderr.contains("missing"));
     assert_eq!(run(BLKDIFF, &[s(&a)]).code, 2);
 }
+
+#[test]
+fn blkdiff_takes_a_format_for_each_side_as_qemu_img_compare() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let a = image(d, "a.raw", "raw", 4 * MIB, &["write -P 0x11 0 1M"]);
+    let b = image(d, "b.qcow2", "qcow2", 4 * MIB, &["write -P 0x11 0 1M"]);
+    assert_eq!(run(BLKDIFF, &[s(&a), s(&b)]).code, 0, "probed");
+    assert_eq!(
+        run(BLKDIFF, &["-f", "raw", "-F", "qcow2", s(&a), s(&b)]).code,
+        0
+    );
+    // -f alone is both sides' format: B read as raw bytes differs.
+    assert_eq!(run(BLKDIFF, &["-f", "raw", s(&a), s(&b)]).code, 1);
+    // -F alone: A is probed.
+    assert_eq!(run(BLKDIFF, &["-F", "qcow2", s(&a), s(&b)]).code, 0);
+    let r = run(BLKDIFF, &["-F", "qcow2", s(&b), s(&a)]);
+    assert_eq!(r.code, 2, "a raw file is not qcow2: {}", r.stderr);
+}

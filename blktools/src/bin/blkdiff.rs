@@ -61,6 +61,11 @@ struct Args {
     #[command(flatten)]
     input: InputArgs,
 
+    /// B's format, when it is not -f's (as qemu-img compare's -F; with -F
+    /// alone, A is probed and B is not a map).
+    #[arg(short = 'F', long, value_name = "FORMAT", value_parser = blkcli::args::format_parser(), hide_possible_values = true)]
+    b_format: Option<blkimage::Format>,
+
     /// Handled before the rest is parsed (blkcli::manual::early).
     #[command(flatten)]
     _manual: ManualArgs,
@@ -109,13 +114,15 @@ fn main() -> ExitCode {
     if args.a == "-" && args.b == "-" {
         return trouble("standard input can be only one of A and B");
     }
-    let detect = args.input.format.is_none();
+    let b_format = args.b_format.or(args.input.format);
+    let detect = [args.input.format.is_none(), b_format.is_none()];
 
     // Saved maps first: they say how to hash the images.
     let mut maps: [Option<Mapped>; 2] = [None, None];
-    for (slot, (path, name)) in maps
+    for ((slot, (path, name)), detect) in maps
         .iter_mut()
         .zip([(&args.a_path, &args.a), (&args.b_path, &args.b)])
+        .zip(detect)
     {
         if !detect || path == "-" {
             continue;
@@ -141,16 +148,18 @@ fn main() -> ExitCode {
     let [ma, mb] = maps;
     // The images, both at once (each uses every core for digests, but
     // reading one need not wait for the other).
-    let side = |m: Option<Mapped>, name: &OsString| -> io::Result<Mapped> {
+    let mut opts_b = opts.clone();
+    opts_b.open.format = b_format;
+    let side = |m: Option<Mapped>, name: &OsString, opts, detect| -> io::Result<Mapped> {
         match m {
             Some(m) => Ok(m),
-            None if name == "-" => blktools::map_stdin(&opts, detect),
-            None => blktools::map_image(name, &opts),
+            None if name == "-" => blktools::map_stdin(opts, detect),
+            None => blktools::map_image(name, opts),
         }
     };
     let (ra, rb) = std::thread::scope(|s| {
-        let ha = s.spawn(|| side(ma, &args.a_path));
-        let rb = side(mb, &args.b_path);
+        let ha = s.spawn(|| side(ma, &args.a_path, &opts, detect[0]));
+        let rb = side(mb, &args.b_path, &opts_b, detect[1]);
         (ha.join().expect("hashing thread"), rb)
     });
     let (a, b) = match (ra, rb) {
