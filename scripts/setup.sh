@@ -11,9 +11,9 @@ set -euo pipefail
 # library's tests; objdump, file and man for the install test; Python with
 # venv for the Python package.
 apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc pkg-config
-    valgrind binutils file man-db)
+    valgrind binutils file man-db tmux)
 dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc pkgconf-pkg-config
-    valgrind binutils file man-db)
+    valgrind binutils file man-db tmux)
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then

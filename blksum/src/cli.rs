@@ -26,9 +26,12 @@ pub struct Args {
     #[command(flatten)]
     pub input: InputArgs,
 
-    /// Show progress on standard error (bytes, rate, time left).
-    #[arg(short, long)]
-    pub progress: bool,
+    /// Show progress: on a terminal, a bar per input on standard error
+    /// (bytes, rate, time left); otherwise a line at each tenth. With =FD,
+    /// lines "N/100" on file descriptor FD instead, as nbdcopy writes them,
+    /// for programs (the whole run's percentage; with --check, each image's).
+    #[arg(short, long, value_name = "FD", num_args = 0..=1, require_equals = true)]
+    pub progress: Option<Option<i32>>,
 
     /// Hash up to N inputs at once; output stays in argument order. Each
     /// input already uses every core: more jobs only help inputs that wait

@@ -1,8 +1,8 @@
 //! Hashing one input: open it, wire its source to a hasher, report.
 
+use crate::progress::Progress;
 use blkhash::{Algorithm, Checksum, Options, Pipeline};
 use blkimage::{AlignedBuf, Input, OpenOptions, Source, Stats};
-use indicatif::{ProgressBar, ProgressStyle};
 use std::ffi::OsStr;
 use std::io;
 use std::sync::Arc;
@@ -55,13 +55,13 @@ impl Hashing {
         match input {
             Input::Image(src) => {
                 let src: Arc<dyn Source> = Arc::from(src);
-                progress.start(&shown, Some(src.size()));
+                let mut shown_progress = progress.start(&shown, Some(src.size()));
                 let stats = blkimage::read_image(
                     src.clone(),
                     &mut sink,
                     read_size,
                     &self.cancel,
-                    &mut |n| progress.inc(n),
+                    &mut |n| shown_progress.inc(n),
                 )?;
                 let checksum = sink.finalize()?;
                 // Only now are all reads done: is the image still what we read?
@@ -69,61 +69,14 @@ impl Hashing {
                 Ok(report(src.format().to_string(), stats, checksum))
             }
             Input::Stream(mut r) => {
-                progress.start(&shown, None);
+                let mut shown_progress = progress.start(&shown, None);
                 let stats =
                     blkimage::read_stream(&mut r, &mut sink, read_size, &self.cancel, &mut |n| {
-                        progress.grow(n)
+                        shown_progress.inc(n)
                     })?;
                 let checksum = sink.finalize()?;
                 Ok(report("stream".to_string(), stats, checksum))
             }
-        }
-    }
-}
-
-/// One progress display for the whole run, on standard error: bytes, rate
-/// and time left. Its total grows as inputs are opened.
-pub struct Progress(Option<ProgressBar>);
-
-impl Progress {
-    pub fn new(enabled: bool) -> Progress {
-        if !enabled {
-            return Progress(None);
-        }
-        let bar = ProgressBar::new(0).with_style(
-            ProgressStyle::with_template(
-                "{msg:20!} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
-        );
-        Progress(Some(bar))
-    }
-
-    fn start(&self, name: &str, size: Option<u64>) {
-        if let Some(bar) = &self.0 {
-            bar.set_message(name.to_string());
-            bar.inc_length(size.unwrap_or(0));
-        }
-    }
-
-    fn inc(&self, n: u64) {
-        if let Some(bar) = &self.0 {
-            bar.inc(n);
-        }
-    }
-
-    /// Bytes of a stream, whose size was not known ahead.
-    fn grow(&self, n: u64) {
-        if let Some(bar) = &self.0 {
-            bar.inc_length(n);
-            bar.inc(n);
-        }
-    }
-
-    pub fn finish(&self) {
-        if let Some(bar) = &self.0 {
-            bar.finish_and_clear();
         }
     }
 }

@@ -4,12 +4,14 @@
 mod cli;
 mod hashing;
 mod output;
+mod progress;
 mod report;
 
 use blkcli::lines;
 use blksum::check;
 use clap::Parser;
-use hashing::{Hashing, Progress, Report};
+use hashing::{Hashing, Report};
+use progress::Progress;
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::io::{self, BufReader, Write};
@@ -42,25 +44,33 @@ fn main() -> ExitCode {
     // stop within the grace period, or a second signal, exits at once.
     let signals = blkcli::signals::Signals::install("blksum: interrupted");
 
+    let files = if args.files.is_empty() {
+        vec![OsString::from("-")]
+    } else {
+        args.files.clone()
+    };
+    // With --check the FILEs are lists: the images are not known ahead.
+    let inputs = (!args.check).then_some(files.len());
+    let progress = match Progress::new(args.progress, inputs) {
+        Ok(p) => p,
+        Err(msg) => {
+            eprintln!("blksum: {msg}");
+            return ExitCode::from(2);
+        }
+    };
     let hashing = Hashing {
         open: args.input.open_options(),
         threads: args.input.threads(),
         queue_depth: args.input.queue_depth(),
         read_size: args.input.read_size(),
         cancel: signals.cancel.clone(),
-        progress: Progress::new(args.progress),
-    };
-    let files = if args.files.is_empty() {
-        vec![OsString::from("-")]
-    } else {
-        args.files.clone()
+        progress,
     };
     let result = if args.check {
         check_lists(&args, &hashing, &files)
     } else {
         hash_inputs(&args, &hashing, &files)
     };
-    hashing.progress.finish();
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -89,18 +99,23 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
                 let mut line = lines::format_line_os(&r.checksum.to_hex(), name, tag);
                 line.push(b'\n');
                 let mut out = io::stdout().lock();
-                out.write_all(&line)
-                    .and_then(|_| out.flush())
+                hashing
+                    .progress
+                    .suspend(|| out.write_all(&line).and_then(|_| out.flush()))
                     .map_err(|_| Stop::Output)?;
             }
             Ok(_) => {}
             Err(_) if hashing.cancel.load(Ordering::Relaxed) => {
-                eprintln!("blksum: {lossy}: interrupted");
+                hashing
+                    .progress
+                    .suspend(|| eprintln!("blksum: {lossy}: interrupted"));
                 return Err(Stop::Signal);
             }
             Err(e) => {
                 all_ok = false;
-                eprintln!("blksum: {lossy}: {}", output::reason(&e));
+                hashing
+                    .progress
+                    .suspend(|| eprintln!("blksum: {lossy}: {}", output::reason(&e)));
             }
         }
         Ok(())
@@ -205,8 +220,8 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
             &mut BufReader::new(input),
             &opts,
             &mut compute,
-            &mut io::stdout().lock(),
-            &mut io::stderr().lock(),
+            &mut Suspended(&hashing.progress, io::stdout()),
+            &mut Suspended(&hashing.progress, io::stderr()),
         );
         match result {
             Ok(ok) => all_ok &= ok,
@@ -222,4 +237,18 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
         }
     }
     Ok(all_ok)
+}
+
+/// A writer that clears the progress bars while it writes.
+struct Suspended<'a, W>(&'a Progress, W);
+
+impl<W: Write> Write for Suspended<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let (progress, w) = (self.0, &mut self.1);
+        progress.suspend(|| w.write(buf))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.1.flush()
+    }
 }

@@ -1,0 +1,193 @@
+//! `-p`/`--progress[=FD]`: how far the run is.
+//!
+//! - On a terminal: one bar per input being hashed (several with `--jobs`),
+//!   each with its own size, rate and time left, so the time left is right
+//!   from the start; bars are cleared before any line is printed, and when
+//!   their input ends.
+//! - With standard error not a terminal: a line `blksum: NAME: N%` at each
+//!   tenth, so a log shows the run moving.
+//! - `--progress=FD`: lines `N/100` on that descriptor as the whole run's
+//!   percentage grows, as nbdcopy's `--progress=FD` writes them, for
+//!   programs that drive blksum. Inputs weigh the same; with `--check`
+//!   (images unknown ahead) each image counts from 0 to 100 on its own.
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::fs::File;
+use std::io::{IsTerminal, Write};
+use std::os::fd::{FromRawFd, RawFd};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The run's progress displays (none without `-p`).
+pub struct Progress {
+    bars: Option<MultiProgress>,
+    /// `-p` with standard error not a terminal: log lines.
+    lines: bool,
+    fd: Option<Mutex<FdState>>,
+    next_slot: AtomicUsize,
+}
+
+struct FdState {
+    out: File,
+    /// Each started input's fraction done, by slot.
+    fractions: Vec<f64>,
+    /// Inputs in the run, when known.
+    inputs: Option<usize>,
+    /// The last percentage written.
+    last: Option<u32>,
+}
+
+impl FdState {
+    fn report(&mut self, slot: usize, fraction: f64) {
+        if self.fractions.len() <= slot {
+            self.fractions.resize(slot + 1, 0.0);
+        }
+        self.fractions[slot] = fraction.clamp(0.0, 1.0);
+        let percent = match self.inputs {
+            Some(n) if n > 0 => self.fractions.iter().sum::<f64>() / n as f64,
+            _ => self.fractions[slot],
+        };
+        let percent = (percent * 100.0).floor() as u32;
+        // Per input without a known count: each counts up from 0 again.
+        let restart = self.inputs.is_none() && fraction == 0.0;
+        if self.last.is_none_or(|last| percent > last) || restart {
+            self.last = Some(percent);
+            // A reader that went away must not stop the hashing.
+            let _ = writeln!(self.out, "{percent}/100").and_then(|_| self.out.flush());
+        }
+    }
+}
+
+/// How `-p` was given: not at all, bare, or with a descriptor.
+pub type ProgressArg = Option<Option<RawFd>>;
+
+impl Progress {
+    /// Displays for `arg`; `inputs`: the number of inputs, when known.
+    /// A descriptor that is not open is an error.
+    pub fn new(arg: ProgressArg, inputs: Option<usize>) -> Result<Progress, String> {
+        let mut p = Progress {
+            bars: None,
+            lines: false,
+            fd: None,
+            next_slot: AtomicUsize::new(0),
+        };
+        match arg {
+            None => {}
+            Some(None) if std::io::stderr().is_terminal() => {
+                p.bars = Some(MultiProgress::with_draw_target(ProgressDrawTarget::stderr()))
+            }
+            Some(None) => p.lines = true,
+            Some(Some(fd)) => {
+                // SAFETY: fcntl only asks whether fd is open.
+                if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+                    return Err(format!("--progress={fd}: not an open file descriptor"));
+                }
+                // SAFETY: fd is open and, given to us for this, ours to write and close.
+                let out = unsafe { File::from_raw_fd(fd) };
+                p.fd = Some(Mutex::new(FdState {
+                    out,
+                    fractions: Vec::new(),
+                    inputs,
+                    last: None,
+                }));
+            }
+        }
+        Ok(p)
+    }
+
+    /// Run `f` (which prints) with the bars out of the way.
+    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.bars {
+            Some(m) => m.suspend(f),
+            None => f(),
+        }
+    }
+
+    /// An input starts: `size` when known (not for a stream).
+    pub fn start(&self, name: &str, size: Option<u64>) -> InputProgress<'_> {
+        let bar = self.bars.as_ref().map(|m| {
+            let style = match size {
+                Some(_) => {
+                    "{msg:20!} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}"
+                }
+                None => "{msg:20!} {spinner} {bytes} {binary_bytes_per_sec}",
+            };
+            // Added first: a bar drawn before it joins the others would
+            // draw on its own and be left on the screen.
+            let bar = m.add(ProgressBar::new(size.unwrap_or(0)));
+            bar.set_style(
+                ProgressStyle::with_template(style)
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            bar.set_message(name.to_string());
+            bar
+        });
+        let slot = self.next_slot.fetch_add(1, Ordering::Relaxed);
+        let input = InputProgress {
+            run: self,
+            bar,
+            name: name.to_string(),
+            size,
+            done: 0,
+            slot,
+            tenth: 0,
+        };
+        input.report_fd(0.0);
+        input
+    }
+}
+
+/// One input's progress; clears its bar when dropped.
+pub struct InputProgress<'a> {
+    run: &'a Progress,
+    bar: Option<ProgressBar>,
+    name: String,
+    size: Option<u64>,
+    done: u64,
+    slot: usize,
+    /// Tenths logged so far (`-p` without a terminal).
+    tenth: u64,
+}
+
+impl InputProgress<'_> {
+    /// `n` more guest bytes are done (read, or known zeros or holes).
+    pub fn inc(&mut self, n: u64) {
+        self.done += n;
+        if let Some(bar) = &self.bar {
+            if self.size.is_none() {
+                bar.inc_length(n);
+            }
+            bar.inc(n);
+        }
+        if let Some(size) = self.size.filter(|&s| s > 0) {
+            self.report_fd(self.done as f64 / size as f64);
+            let tenth = self.done.saturating_mul(10) / size;
+            if self.run.lines && tenth > self.tenth && tenth < 10 {
+                self.tenth = tenth;
+                eprintln!("blksum: {}: {}%", self.name, tenth * 10);
+            }
+        }
+    }
+
+    fn report_fd(&self, fraction: f64) {
+        if let Some(fd) = &self.run.fd {
+            fd.lock()
+                .expect("progress lock")
+                .report(self.slot, fraction);
+        }
+    }
+}
+
+impl Drop for InputProgress<'_> {
+    fn drop(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+            if let Some(m) = &self.run.bars {
+                m.remove(&bar);
+            }
+        }
+        // Done, whether hashed or failed: the run moves on.
+        self.report_fd(1.0);
+    }
+}
