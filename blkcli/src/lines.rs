@@ -106,11 +106,25 @@ pub fn format_line_os(hex: &str, name: &OsStr, tag: Option<(Algorithm, usize)>) 
     if escaped {
         line.push(b'\\');
     }
+    push_line(&mut line, hex, &name, tag);
+    line
+}
+
+/// A line for `--zero` output, as `sha256sum --zero` writes it: the name as
+/// it is, never escaped (the caller ends the line with a NUL, which no file
+/// name holds).
+pub fn format_line_zero(hex: &str, name: &OsStr, tag: Option<(Algorithm, usize)>) -> Vec<u8> {
+    let mut line = Vec::with_capacity(name.len() + hex.len() + 32);
+    push_line(&mut line, hex, name.as_bytes(), tag);
+    line
+}
+
+fn push_line(line: &mut Vec<u8>, hex: &str, name: &[u8], tag: Option<(Algorithm, usize)>) {
     match tag {
         None => {
             line.extend_from_slice(hex.as_bytes());
             line.extend_from_slice(b"  ");
-            line.extend_from_slice(&name);
+            line.extend_from_slice(name);
         }
         Some((alg, bs)) => {
             let tag = match bs == DEFAULT_BLOCK_SIZE {
@@ -118,12 +132,11 @@ pub fn format_line_os(hex: &str, name: &OsStr, tag: Option<(Algorithm, usize)>) 
                 false => format!("{TAG}{alg}/{} (", size_word(bs)),
             };
             line.extend_from_slice(tag.as_bytes());
-            line.extend_from_slice(&name);
+            line.extend_from_slice(name);
             line.extend_from_slice(b") = ");
             line.extend_from_slice(hex.as_bytes());
         }
     }
-    line
 }
 
 fn is_hex(s: &[u8]) -> bool {

@@ -45,6 +45,12 @@ pub struct Args {
     #[arg(long, conflicts_with_all = ["check", "json"])]
     pub tag: bool,
 
+    /// End each output line with NUL, not newline, and write names as they
+    /// are (no escaping), as sha256sum --zero: for names with newlines, read
+    /// with xargs -0 or read -d ''. Not with --check, as sha256sum.
+    #[arg(short, long, conflicts_with_all = ["check", "json", "output"])]
+    pub zero: bool,
+
     /// Write one JSON document for the run: per input its name, format,
     /// virtual size, digest, block size, checksum, and data, zero and
     /// unallocated bytes (or its error).

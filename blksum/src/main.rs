@@ -96,8 +96,16 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
         match result {
             Ok(r) if !args.json => {
                 let tag = args.tag.then_some((alg, bs));
-                let mut line = lines::format_line_os(&r.checksum.to_hex(), name, tag);
-                line.push(b'\n');
+                let hex = r.checksum.to_hex();
+                let line = if args.zero {
+                    let mut line = lines::format_line_zero(&hex, name, tag);
+                    line.push(0);
+                    line
+                } else {
+                    let mut line = lines::format_line_os(&hex, name, tag);
+                    line.push(b'\n');
+                    line
+                };
                 let mut out = io::stdout().lock();
                 hashing
                     .progress

@@ -341,3 +341,26 @@ fn names_that_are_not_utf8_as_sha256sum_takes_them() {
     let out = blksum().arg(&missing).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
+
+#[test]
+fn zero_ends_lines_with_nul_and_does_not_escape_as_sha256sum() {
+    let dir = tempfile::tempdir().unwrap();
+    let odd = dir.path().join("a\nb\\c");
+    std::fs::write(&odd, b"x").unwrap();
+    let plain = dir.path().join("plain");
+    std::fs::write(&plain, b"y").unwrap();
+    let (po, pp) = (odd.to_str().unwrap(), plain.to_str().unwrap());
+    let sum = |p: &str| stdout(&run(&[p], None)).trim_start_matches('\\')[..64].to_string();
+    let out = run(&["-z", po, pp], None);
+    assert!(out.status.success());
+    let want = format!("{}  {po}\0{}  {pp}\0", sum(po), sum(pp));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), want);
+    // Tagged lines too; and the records split as xargs -0 would.
+    let out = run(&["-z", "--tag", po], None);
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!("blkhash/sha256 ({po}) = {}\0", sum(po))
+    );
+    // As sha256sum: not when verifying.
+    assert_eq!(run(&["-z", "-c", pp], None).status.code(), Some(2));
+}
