@@ -2,7 +2,7 @@
 //! share, written once: the input options ([`args`]), checksum lines as `sha256sum` writes and reads them
 //! ([`lines`]), stopping on Ctrl-C and SIGTERM ([`signals`]), and the guards
 //! that keep an output from destroying data and two runs from writing one
-//! destination ([`guard`]), and the manual pages and completions ([`manual`]). The commands only parse, wire and print.
+//! destination ([`guard`]), the manual pages and completions ([`manual`]), and progress ([`progress`]). The commands only parse, wire and print.
 
 // Every public item says what it is (cargo doc is part of the API).
 #![warn(missing_docs)]
@@ -11,6 +11,7 @@ pub mod args;
 pub mod guard;
 pub mod lines;
 pub mod manual;
+pub mod progress;
 pub mod signals;
 pub mod units;
 

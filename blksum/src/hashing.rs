@@ -1,6 +1,6 @@
 //! Hashing one input: open it, wire its source to a hasher, report.
 
-use crate::progress::Progress;
+use blkcli::progress::Progress;
 use blkhash::{Algorithm, Checksum, Options, Pipeline};
 use blkimage::{AlignedBuf, Input, OpenOptions, Source, Stats};
 use std::ffi::OsStr;

@@ -1,11 +1,12 @@
-//! `-p`/`--progress[=FD]`: how far the run is.
+//! `-p`/`--progress[=FD]`: how far the run is, as every command shows it.
 //!
 //! - On a terminal: one bar per input being hashed (several with `--jobs`),
 //!   each with its own size, rate and time left, so the time left is right
 //!   from the start; bars are cleared before any line is printed, and when
 //!   their input ends.
 //! - With standard error not a terminal: a line `blksum: NAME: N%` at each
-//!   tenth, so a log shows the run moving.
+//!   tenth (`blksum: NAME: 30%`, with the command's name), so a log shows
+//!   the run moving.
 //! - `--progress=FD`: lines `N/100` on that descriptor as the whole run's
 //!   percentage grows, as nbdcopy's `--progress=FD` writes them, for
 //!   programs that drive blksum. Inputs weigh the same; with `--check`
@@ -20,6 +21,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The run's progress displays (none without `-p`).
 pub struct Progress {
+    /// The command, for the log lines.
+    command: &'static str,
     bars: Option<MultiProgress>,
     /// `-p` with standard error not a terminal: log lines.
     lines: bool,
@@ -62,10 +65,15 @@ impl FdState {
 pub type ProgressArg = Option<Option<RawFd>>;
 
 impl Progress {
-    /// Displays for `arg`; `inputs`: the number of inputs, when known.
-    /// A descriptor that is not open is an error.
-    pub fn new(arg: ProgressArg, inputs: Option<usize>) -> Result<Progress, String> {
+    /// Displays for `arg` of `command`; `inputs`: the number of inputs,
+    /// when known. A descriptor that is not open is an error.
+    pub fn new(
+        command: &'static str,
+        arg: ProgressArg,
+        inputs: Option<usize>,
+    ) -> Result<Progress, String> {
         let mut p = Progress {
+            command,
             bars: None,
             lines: false,
             fd: None,
@@ -165,7 +173,7 @@ impl InputProgress<'_> {
             let tenth = self.done.saturating_mul(10) / size;
             if self.run.lines && tenth > self.tenth && tenth < 10 {
                 self.tenth = tenth;
-                eprintln!("blksum: {}: {}%", self.name, tenth * 10);
+                eprintln!("{}: {}: {}%", self.run.command, self.name, tenth * 10);
             }
         }
     }
