@@ -64,6 +64,29 @@ impl FdState {
 /// How `-p` was given: not at all, bare, or with a descriptor.
 pub type ProgressArg = Option<Option<RawFd>>;
 
+/// `-p`/`--progress[=FD]`, flattened into each command's arguments.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ProgressArgs {
+    /// Show progress: on a terminal, a bar per input on standard error
+    /// (bytes, rate, time left); otherwise a line at each tenth. With =FD,
+    /// lines "N/100" on file descriptor FD instead, as nbdcopy writes them,
+    /// for programs (the whole run's percentage; with blksum --check, each
+    /// image's).
+    #[arg(short, long, value_name = "FD", num_args = 0..=1, require_equals = true)]
+    pub progress: Option<Option<i32>>,
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress")
+            .field("command", &self.command)
+            .field("bars", &self.bars.is_some())
+            .field("lines", &self.lines)
+            .field("fd", &self.fd.is_some())
+            .finish()
+    }
+}
+
 impl Progress {
     /// Displays for `arg` of `command`; `inputs`: the number of inputs,
     /// when known. A descriptor that is not open is an error.

@@ -2,6 +2,7 @@
 
 use blkcli::args::InputArgs;
 use blkcli::manual::{ManualArgs, Page};
+use blkcli::progress::ProgressArgs;
 use clap::Parser;
 
 /// Compute blkhash checksums of disk images: raw and qcow2 files, the other
@@ -26,12 +27,8 @@ pub struct Args {
     #[command(flatten)]
     pub input: InputArgs,
 
-    /// Show progress: on a terminal, a bar per input on standard error
-    /// (bytes, rate, time left); otherwise a line at each tenth. With =FD,
-    /// lines "N/100" on file descriptor FD instead, as nbdcopy writes them,
-    /// for programs (the whole run's percentage; with --check, each image's).
-    #[arg(short, long, value_name = "FD", num_args = 0..=1, require_equals = true)]
-    pub progress: Option<Option<i32>>,
+    #[command(flatten)]
+    pub progress: ProgressArgs,
 
     /// Hash up to N inputs at once; output stays in argument order. Each
     /// input already uses every core: more jobs only help inputs that wait

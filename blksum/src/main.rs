@@ -7,10 +7,10 @@ mod output;
 mod report;
 
 use blkcli::lines;
+use blkcli::progress::Progress;
 use blksum::check;
 use clap::Parser;
 use hashing::{Hashing, Report};
-use blkcli::progress::Progress;
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::io::{self, BufReader, Write};
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
     };
     // With --check the FILEs are lists: the images are not known ahead.
     let inputs = (!args.check).then_some(files.len());
-    let progress = match Progress::new("blksum", args.progress, inputs) {
+    let progress = match Progress::new("blksum", args.progress.progress, inputs) {
         Ok(p) => p,
         Err(msg) => {
             eprintln!("blksum: {msg}");

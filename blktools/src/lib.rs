@@ -74,6 +74,8 @@ pub struct MapOptions {
     pub open: OpenOptions,
     /// Set by Ctrl-C or SIGTERM: hashing stops with an "interrupted" error.
     pub cancel: Arc<AtomicBool>,
+    /// Where `map_image` and `map_stdin` show their progress (`-p`).
+    pub progress: Option<Arc<blkcli::progress::Progress>>,
 }
 
 impl Default for MapOptions {
@@ -86,6 +88,7 @@ impl Default for MapOptions {
             queue_depth: blkcli::args::DEFAULT_QUEUE_DEPTH.into(),
             open: OpenOptions::default(),
             cancel: Arc::default(),
+            progress: None,
         }
     }
 }
@@ -105,8 +108,9 @@ impl Mapped {
 
 /// Hash the input `name` (any input blksum reads) into a map.
 pub fn map_image(name: impl AsRef<std::ffi::OsStr>, opts: &MapOptions) -> io::Result<Mapped> {
+    let name = name.as_ref();
     let input = blkimage::open(name, &opts.open)?;
-    map_input(input, opts)
+    map_shown(input, opts, &opts.cancel, &name.to_string_lossy())
 }
 
 /// A hasher for `opts` with a map builder observing it.
@@ -142,12 +146,36 @@ pub fn map_input(input: Input, opts: &MapOptions) -> io::Result<Mapped> {
 
 /// Hash an opened input into a map; stop with an error once `cancel` is set.
 pub fn map_input_until(input: Input, opts: &MapOptions, cancel: &AtomicBool) -> io::Result<Mapped> {
+    map_shown(input, opts, cancel, "")
+}
+
+/// [`map_input_until`], showing progress under `name` when `opts` asks.
+fn map_shown(
+    input: Input,
+    opts: &MapOptions,
+    cancel: &AtomicBool,
+    name: &str,
+) -> io::Result<Mapped> {
     let (mut sink, builder) = hasher(opts)?;
     let read_size = opts.read_size.next_multiple_of(opts.block_size);
+    let size = match &input {
+        Input::Image(src) => Some(src.size()),
+        Input::Stream(_) => None,
+    };
+    let mut shown = opts
+        .progress
+        .as_ref()
+        .filter(|_| !name.is_empty())
+        .map(|p| p.start(name, size));
+    let mut progress = |n| {
+        if let Some(s) = &mut shown {
+            s.inc(n)
+        }
+    };
     match input {
         Input::Image(src) => {
             let src: Arc<dyn Source> = Arc::from(src);
-            blkimage::read_image(src.clone(), &mut sink, read_size, cancel, &mut |_| {})?;
+            blkimage::read_image(src.clone(), &mut sink, read_size, cancel, &mut progress)?;
             let map = builder.finalize(sink)?;
             // Only now are all reads done: is the image still what we read?
             src.finish()?;
@@ -157,7 +185,7 @@ pub fn map_input_until(input: Input, opts: &MapOptions, cancel: &AtomicBool) -> 
             })
         }
         Input::Stream(mut r) => {
-            blkimage::read_stream(&mut r, &mut sink, read_size, cancel, &mut |_| {})?;
+            blkimage::read_stream(&mut r, &mut sink, read_size, cancel, &mut progress)?;
             Ok(Mapped {
                 map: builder.finalize(sink)?,
                 format: "stream".to_string(),
@@ -197,5 +225,5 @@ pub fn map_stdin(opts: &MapOptions, detect_map: bool) -> io::Result<Mapped> {
             format: "map".to_string(),
         });
     }
-    map_input(Input::Stream(Box::new(rest)), opts)
+    map_shown(Input::Stream(Box::new(rest)), opts, &opts.cancel, "-")
 }

@@ -407,3 +407,41 @@ fn blkdiff_takes_a_format_for_each_side_as_qemu_img_compare() {
     let r = run(BLKDIFF, &["-F", "qcow2", s(&b), s(&a)]);
     assert_eq!(r.code, 2, "a raw file is not qcow2: {}", r.stderr);
 }
+
+#[test]
+fn blkmap_and_blkdiff_show_progress_as_blksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let a = image(d, "a.raw", "raw", 4 * MIB, &["write -P 0x11 0 4M"]);
+    let b = image(d, "b.qcow2", "qcow2", 4 * MIB, &["write -P 0x11 0 4M"]);
+    // Without a terminal: a line at each tenth, named by the command.
+    let r = run(
+        BLKMAP,
+        &["-p", "--read-size", "256k", s(&a), s(&d.join("a.map"))],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let want: Vec<String> = (1..10)
+        .map(|t| format!("blkmap: {}: {}%", s(&a), t * 10))
+        .collect();
+    assert_eq!(r.stderr.lines().collect::<Vec<_>>(), want);
+    // --progress=FD: the run's percentage, both images weighing the same.
+    let fd_file = d.join("progress");
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{BLKDIFF} --progress=3 --read-size 256k {} {} 3>{}",
+            s(&a),
+            s(&b),
+            s(&fd_file)
+        ))
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let text = std::fs::read_to_string(&fd_file).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        (lines.first(), lines.last()),
+        (Some(&"0/100"), Some(&"100/100")),
+        "{text}"
+    );
+}

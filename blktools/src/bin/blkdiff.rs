@@ -66,6 +66,9 @@ struct Args {
     #[arg(short = 'F', long, value_name = "FORMAT", value_parser = blkcli::args::format_parser(), hide_possible_values = true)]
     b_format: Option<blkimage::Format>,
 
+    #[command(flatten)]
+    progress: blkcli::progress::ProgressArgs,
+
     /// Handled before the rest is parsed (blkcli::manual::early).
     #[command(flatten)]
     _manual: ManualArgs,
@@ -145,6 +148,12 @@ fn main() -> ExitCode {
     let mut opts = blktools::map_options(&args.input, algorithm, block_size);
     let signals = blkcli::signals::Signals::install("blkdiff: interrupted");
     opts.cancel = signals.cancel.clone();
+    // Saved maps are not hashed: only the images count.
+    let hashed = maps.iter().filter(|m| m.is_none()).count();
+    match blkcli::progress::Progress::new("blkdiff", args.progress.progress, Some(hashed)) {
+        Ok(p) => opts.progress = Some(std::sync::Arc::new(p)),
+        Err(msg) => return trouble(msg),
+    }
     let [ma, mb] = maps;
     // The images, both at once (each uses every core for digests, but
     // reading one need not wait for the other).

@@ -32,6 +32,9 @@ struct Args {
     #[command(flatten)]
     input: InputArgs,
 
+    #[command(flatten)]
+    progress: blkcli::progress::ProgressArgs,
+
     /// Handled before the rest is parsed (blkcli::manual::early).
     #[command(flatten)]
     _manual: ManualArgs,
@@ -86,6 +89,13 @@ fn main() -> ExitCode {
     let mut opts = blktools::map_options(&args.input, algorithm, block_size);
     let signals = Signals::install(&format!("blkmap: {image}: interrupted"));
     opts.cancel = signals.cancel.clone();
+    match blkcli::progress::Progress::new("blkmap", args.progress.progress, Some(1)) {
+        Ok(p) => opts.progress = Some(std::sync::Arc::new(p)),
+        Err(msg) => {
+            eprintln!("blkmap: {msg}");
+            return ExitCode::from(2);
+        }
+    }
     let mapped = if args.image == "-" {
         blktools::map_stdin(&opts, false)
     } else {
