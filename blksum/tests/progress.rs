@@ -98,6 +98,33 @@ fn the_bar_shows_while_hashing_and_leaves_nothing_behind() {
 }
 
 #[test]
+fn ctrl_c_clears_the_bar_before_the_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nbd.sock");
+    let server = nbdkit(
+        Listen::Unix(&sock),
+        &["--filter=delay", "pattern", "size=64M", "rdelay=200ms"],
+    );
+    let session = Session(format!("blksum-progress-int-{}", std::process::id()));
+    // The terminal's own echo of ^C lands past the bar, which indicatif
+    // draws to the right edge, and so one line below it, where the bar's
+    // clearing cannot reach: that echo is off here, as `stty -echoctl`.
+    let cmd = format!(
+        "stty -echoctl; {} -p -t 1 --queue-depth 1 '{}'; echo EXIT=$?; sleep 120",
+        env!("CARGO_BIN_EXE_blksum"),
+        server.url
+    );
+    tmux(&["new-session", "-d", "-s", &session.0, "-x", "160", "-y", "20", &cmd]);
+    wait_for(&session.0, |s| s.contains("ETA"));
+    tmux(&["send-keys", "-t", &session.0, "C-c"]);
+    let done = wait_for(&session.0, |s| s.contains("EXIT="));
+    let lines: Vec<&str> = done.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 2, "{done}");
+    assert!(lines[0].ends_with(": interrupted"), "{done}");
+    assert_eq!(lines[1], "EXIT=130", "{done}");
+}
+
+#[test]
 fn without_a_terminal_a_line_per_tenth() {
     let dir = tempfile::tempdir().unwrap();
     let img = image(dir.path(), "a.img", "4m:r");
