@@ -114,7 +114,17 @@ fn ctrl_c_clears_the_bar_before_the_message() {
         env!("CARGO_BIN_EXE_blksum"),
         server.url
     );
-    tmux(&["new-session", "-d", "-s", &session.0, "-x", "160", "-y", "20", &cmd]);
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session.0,
+        "-x",
+        "160",
+        "-y",
+        "20",
+        &cmd,
+    ]);
     wait_for(&session.0, |s| s.contains("ETA"));
     tmux(&["send-keys", "-t", &session.0, "C-c"]);
     let done = wait_for(&session.0, |s| s.contains("EXIT="));

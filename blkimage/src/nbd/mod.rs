@@ -12,11 +12,14 @@
 mod connection;
 mod handshake;
 // The wire format is the client's business, public only to the fuzz targets.
+// Its constants are the spec's names (doc/proto.md says what each means).
 #[cfg(feature = "fuzzing")]
+#[allow(missing_docs)]
 pub mod protocol;
 #[cfg(not(feature = "fuzzing"))]
 mod protocol;
 pub(crate) mod qemu;
+mod replies;
 mod source;
 mod tls;
 mod transport;
