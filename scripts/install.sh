@@ -28,7 +28,7 @@ mkdir -p "$mandir/man1" "$mandir/man3" \
     "$prefix/share/bash-completion/completions" \
     "$prefix/share/zsh/site-functions" \
     "$prefix/share/fish/vendor_completions.d"
-for b in blksum blkmap blkdiff; do
+for b in blksum blkmap blkdiff blksync; do
     "$release/$b" --man > "$mandir/man1/$b.1"
     "$release/$b" --completions bash > "$prefix/share/bash-completion/completions/$b"
     "$release/$b" --completions zsh > "$prefix/share/zsh/site-functions/_$b"

@@ -27,7 +27,7 @@ LD_LIBRARY_PATH=$prefix/lib "$prefix/api" | grep -q 'api: ok' || fail "the C pro
 LD_LIBRARY_PATH=$prefix/lib ldd "$prefix/api" | grep -q "$prefix/lib/libblkhash.so.0" ||
     fail "the program does not load the installed library"
 
-for page in blksum.1 blkmap.1 blkdiff.1 blkhash.3 blkhash-opts.3 blkhash-aio.3; do
+for page in blksum.1 blkmap.1 blkdiff.1 blksync.1 blkhash.3 blkhash-opts.3 blkhash-aio.3; do
     section=${page##*.}
     out=$(MANWIDTH=80 man --warnings -M "$prefix/share/man" "$section" "${page%.*}" 2>&1 >/dev/null) ||
         fail "man $section ${page%.*}: $out"

@@ -147,7 +147,7 @@ fn killed_at_random_points_then_rerun() {
     // state do; a plain copy is faster.)
     let probe = run(
         BLKSYNC,
-        &[s(&src), s(&d.join("probe.raw")), "-t", "1", "-c"],
+        &[s(&src), s(&d.join("probe.raw")), "-t", "1", "--checksum"],
     );
     assert_eq!(probe.code, 0, "{}", probe.stderr);
     let span = (t.elapsed().as_micros() as u64 * 5 / 4).max(1000);
@@ -209,7 +209,7 @@ fn killed_at_random_points_nbd_dst() {
     let t = Instant::now();
     let probe = run(
         BLKSYNC,
-        &[s(&src), s(&d.join("probe.raw")), "-t", "1", "-c"],
+        &[s(&src), s(&d.join("probe.raw")), "-t", "1", "--checksum"],
     );
     assert_eq!(probe.code, 0, "{}", probe.stderr);
     let span = (t.elapsed().as_micros() as u64 * 3 / 2).max(1000);

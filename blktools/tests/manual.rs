@@ -7,9 +7,10 @@ fn run(exe: &str, args: &[&str]) -> Output {
     Command::new(exe).args(args).output().expect(exe)
 }
 
-const COMMANDS: [(&str, &str); 2] = [
+const COMMANDS: [(&str, &str); 3] = [
     ("blkmap", env!("CARGO_BIN_EXE_blkmap")),
     ("blkdiff", env!("CARGO_BIN_EXE_blkdiff")),
+    ("blksync", env!("CARGO_BIN_EXE_blksync")),
 ];
 
 #[test]
@@ -59,4 +60,11 @@ fn completions_offer_digest_and_format_names() {
         // Without them the command's arguments are still required.
         assert_eq!(run(exe, &[]).status.code(), Some(2), "{name}");
     }
+}
+
+#[test]
+fn one_letter_one_meaning_c_is_blksums_check_only() {
+    let out = run(env!("CARGO_BIN_EXE_blksync"), &["-c", "a", "b"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unexpected argument '-c'"));
 }

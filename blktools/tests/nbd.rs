@@ -76,7 +76,10 @@ fn qcow2_through_qemu_nbd() {
     let Some(server) = qemu_nbd(d, &dst, &[]) else {
         return;
     };
-    let out = run(BLKSYNC, &[s(&src), &server.url, "--state", s(&state), "-c"]);
+    let out = run(
+        BLKSYNC,
+        &[s(&src), &server.url, "--state", s(&state), "--checksum"],
+    );
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(written(&out.stderr), 12 * MIB);
     assert!(out.stdout.starts_with(&checksum(d, &src)));
@@ -400,7 +403,10 @@ fn failing_writes_and_zeroes_are_errors() {
         let Some(server) = serve("nbdkit", &args, &sock) else {
             return;
         };
-        let out = run(BLKSYNC, &[s(&src), &server.url, "--state", s(&state), "-c"]);
+        let out = run(
+            BLKSYNC,
+            &[s(&src), &server.url, "--state", s(&state), "--checksum"],
+        );
         assert_eq!(out.code, 1, "{}", out.stderr);
         assert!(out.stderr.contains(&server.url), "{}", out.stderr);
         assert!(out.stderr.contains(why), "{}", out.stderr);
@@ -452,7 +458,7 @@ fn failing_writes_during_an_update_with_a_state() {
     };
     let out = run(
         BLKSYNC,
-        &[s(&src), &failing.url, "--state", s(&state), "-c"],
+        &[s(&src), &failing.url, "--state", s(&state), "--checksum"],
     );
     assert_eq!(out.code, 1, "{}", out.stderr);
     assert!(out.stderr.contains(&failing.url), "{}", out.stderr);

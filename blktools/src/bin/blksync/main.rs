@@ -6,6 +6,7 @@ mod target;
 mod update;
 
 use blkcli::guard;
+use blkcli::manual::{ManualArgs, Page};
 use blkhash::BlockEvent;
 use blkimage::nbd::{Nbd, QemuTarget};
 use blkimage::{Input, Source};
@@ -39,7 +40,7 @@ use target::Target;
 /// Exit status: 0 DST holds SRC's content, 1 trouble (nothing or part
 /// written; rerun), 2 usage, 130/143 stopped by SIGINT/SIGTERM.
 #[derive(Parser, Debug)]
-#[command(name = "blksync", version, about, max_term_width = 100)]
+#[command(name = "blksync", version, max_term_width = 100)]
 struct Args {
     /// The image to copy from.
     #[arg(value_name = "SRC")]
@@ -93,15 +94,55 @@ struct Args {
     verify: bool,
 
     /// Print SRC's checksum at the end, as blksum does (CHECKSUM  SRC).
-    /// SRC is hashed while it is copied.
-    #[arg(short, long)]
+    /// SRC is hashed while it is copied. (No -c: that is blksum's --check.)
+    #[arg(long)]
     checksum: bool,
 
     /// When another run holds DST or the state, wait for it to end
     /// [default: fail at once, naming it].
     #[arg(long)]
     wait: bool,
+
+    /// Handled before the rest is parsed (blkcli::manual::early).
+    #[command(flatten)]
+    _manual: ManualArgs,
 }
+
+const PAGE: Page = Page {
+    exit_status: &[
+        (
+            "0",
+            "DST holds SRC's content (and the state, if asked, describes it).",
+        ),
+        (
+            "1",
+            "Trouble: nothing or part of DST written, no state saved; run again.",
+        ),
+        ("2", "Usage error."),
+        (
+            "130, 143",
+            "Stopped by SIGINT (Ctrl-C) or SIGTERM; no state claims a block not written.",
+        ),
+    ],
+    examples: &[
+        (
+            "Keep a backup copy up to date, reading only SRC the next times:",
+            "blksync vm.qcow2 /backup/vm.raw --state /backup/vm.map",
+        ),
+        (
+            "The same into a qcow2 image, created on the first run:",
+            "blksync -O qcow2 vm.raw /backup/vm.qcow2 --state /backup/vm.map",
+        ),
+        (
+            "Into an NBD export, printing SRC's checksum:",
+            "blksync --checksum disk.raw nbd://backup-host/disk",
+        ),
+        (
+            "What would be written:",
+            "blksync -n vm.qcow2 /backup/vm.raw",
+        ),
+    ],
+};
 
 impl Args {
     /// Whether the run needs SRC's block digests, even for a first copy.
@@ -111,6 +152,9 @@ impl Args {
 }
 
 fn main() -> ExitCode {
+    if let Some(code) = blkcli::manual::early::<Args>(&PAGE) {
+        return code;
+    }
     let mut args: Args = blktools::parse_args(|a: &Args| &a.input);
     args.src = args.src_path.to_string_lossy().into_owned();
     args.dst = args.dst_path.to_string_lossy().into_owned();
