@@ -19,7 +19,9 @@ includedir=$prefix/include
 mandir=$prefix/share/man
 release=${CARGO_TARGET_DIR:-target}/release
 
-cargo build --release -p blksum -p blktools -p libblkhash
+# The whole workspace, as scripts/demo.sh builds it: after the demo nothing
+# is rebuilt (a narrower -p build unifies features differently).
+cargo build --release
 
 for b in blksum blkmap blkdiff blksync; do
     install -D -s -m 755 "$release/$b" "$prefix/bin/$b"
