@@ -3,6 +3,7 @@
 //! hashing it into a block map.
 
 pub mod state;
+pub mod sync;
 
 use blkhash::{Algorithm, BlockEvent, Options, Pipeline};
 use blkimage::{AlignedBuf, Input, OpenOptions, Source};

@@ -24,6 +24,8 @@
 //! written, so for devices only the device number and size are compared;
 //! a few sampled blocks are checked for every state.
 
+pub mod check;
+
 use blkhash::{Algorithm, to_hex};
 use blkmap::{Block, Map};
 use std::fs::{File, Metadata};

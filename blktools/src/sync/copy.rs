@@ -1,7 +1,8 @@
 //! Writing DST: differing ranges after both maps are known, or every data
 //! block on the fly while SRC is hashed (a DST known to hold only zeros).
 
-use crate::target::Target;
+use super::Error;
+use super::target::Target;
 use blkhash::Pipeline;
 use blkimage::{AlignedBuf, Fill, Sink, Source};
 use blkmap::{Block, Map, Range};
@@ -122,21 +123,16 @@ impl Op {
     }
 
     /// Do it, for `job`. `buf` holds at least `CHUNK` bytes.
-    pub fn apply(
-        &self,
-        w: &Writer<'_>,
-        buf: &mut AlignedBuf,
-        digests: &[u8],
-    ) -> Result<(), String> {
+    pub fn apply(&self, w: &Writer<'_>, buf: &mut AlignedBuf, digests: &[u8]) -> Result<(), Error> {
         if w.cancel.load(Ordering::Relaxed) {
-            return Err(blkimage::interrupted().to_string());
+            return Err(Error::Interrupted);
         }
         Counts::add(&w.counts.ranges, 1);
         if self.zero {
             let b = &mut buf.spare()[..(self.len.min(CHUNK)) as usize];
             w.dst
                 .zero_range(self.offset, self.len, b)
-                .map_err(|e| named(w.dst_name, e).to_string())?;
+                .map_err(|e| Error::io(w.dst_name, e))?;
             Counts::add(&w.counts.zeroed, self.len);
         } else {
             let mut check = w
@@ -147,16 +143,17 @@ impl Op {
                 let n = (self.len - done).min(CHUNK) as usize;
                 let b = &mut buf.spare()[..n];
                 let at = self.offset + done;
-                w.src
-                    .read_at(b, at)
-                    .map_err(|e| named(w.src_name, e).to_string())?;
+                w.src.read_at(b, at).map_err(|e| Error::io(w.src_name, e))?;
                 if let Some(c) = &mut check {
-                    c.feed(b)
-                        .map_err(|block| changed(w.src_name, block, c.bs))?;
+                    c.feed(b).map_err(|block| Error::SrcChanged {
+                        src: w.src_name.to_string(),
+                        block,
+                        offset: block * c.bs,
+                    })?;
                 }
                 w.dst
                     .write_at(b, at)
-                    .map_err(|e| named(w.dst_name, e).to_string())?;
+                    .map_err(|e| Error::io(w.dst_name, e))?;
                 Counts::add(&w.counts.written, n as u64);
                 done += n as u64;
             }
@@ -164,14 +161,6 @@ impl Op {
         w.progress.update(w.counts);
         Ok(())
     }
-}
-
-fn changed(src: &str, block: u64, bs: u64) -> String {
-    format!(
-        "{src}: SRC changed while it was copied (its block {block}, offset {}, no longer \
-         holds what was hashed): nothing claims DST holds SRC; rerun when SRC is not written",
-        block * bs
-    )
 }
 
 /// SRC's blocks digested again as the copy reads them, against the digests
@@ -271,7 +260,7 @@ pub fn op_buffer() -> AlignedBuf {
 /// Copy `ranges` of SRC (whose map is `map`) to DST: data read and written
 /// in large runs, zero blocks punched out or zeroed. Stops with an
 /// "interrupted" error once `cancel` is set.
-pub fn copy_ranges(w: &Writer<'_>, map: &Map, ranges: &[Range]) -> Result<(), String> {
+pub fn copy_ranges(w: &Writer<'_>, map: &Map, ranges: &[Range]) -> Result<(), Error> {
     let bs = map.block_size() as u64;
     let mut buf = op_buffer();
     let is_zero = |pos: u64| map.block(pos / bs) == Some(Block::Zero);
@@ -309,11 +298,6 @@ pub fn copy_ranges(w: &Writer<'_>, map: &Map, ranges: &[Range]) -> Result<(), St
     Ok(())
 }
 
-/// An error that names DST (SRC's errors are named by the caller).
-pub fn named(name: &str, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("{name}: {}", blktools::reason(&e)))
-}
-
 /// A sink for SRC when DST is known to hold only zeros (new, empty, or a
 /// file with no data allocated): each chunk is written to DST on the
 /// digest worker that read it, right after the read, its zero blocks
@@ -326,7 +310,7 @@ pub struct WriteThrough<'a> {
     pub block_size: usize,
     pub counts: Arc<Counts>,
     /// The first write that failed: it is DST's fault, not SRC's.
-    pub failed: Arc<Mutex<Option<String>>>,
+    pub failed: Arc<Mutex<Option<Error>>>,
     pub pos: u64,
     /// DST will be flushed at the end: start writing each chunk back now.
     pub flush_later: bool,
@@ -355,12 +339,14 @@ impl Sink for WriteThrough<'_> {
                         false => Ok(()),
                     })
                     .map_err(|e| {
-                        let e = named(&name, e);
+                        let kind = e.kind();
+                        let err = Error::io(&name, e);
+                        let returned = io::Error::new(kind, err.to_string());
                         failed
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .get_or_insert_with(|| e.to_string());
-                        e
+                            .get_or_insert(err);
+                        returned
                     })
             }),
         )
@@ -396,7 +382,7 @@ pub struct CopyThrough {
     jobs: Option<crossbeam_channel::Sender<CopyJob>>,
     workers: Vec<std::thread::JoinHandle<()>>,
     /// The first failure, named after the input it is about.
-    failed: Arc<Mutex<Option<String>>>,
+    failed: Arc<Mutex<Option<Error>>>,
     dst: Arc<Target>,
     block_size: usize,
     counts: Arc<Counts>,
@@ -449,22 +435,21 @@ impl CopyThrough {
                                 _ => buf.insert(AlignedBuf::new(job.len)),
                             };
                             let b = &mut b.spare()[..job.len];
-                            let result =
-                                (job.fill)(b)
-                                    .map_err(|e| named(&src_name, e))
-                                    .and_then(|()| {
-                                        write_data(&dst, b, job.offset, bs, &counts)
-                                            .and_then(|()| match early {
-                                                true => dst.start_writeback(job.offset, b.len()),
-                                                false => Ok(()),
-                                            })
-                                            .map_err(|e| named(&dst_name, e))
-                                    });
+                            let result = (job.fill)(b)
+                                .map_err(|e| Error::io(&src_name, e))
+                                .and_then(|()| {
+                                    write_data(&dst, b, job.offset, bs, &counts)
+                                        .and_then(|()| match early {
+                                            true => dst.start_writeback(job.offset, b.len()),
+                                            false => Ok(()),
+                                        })
+                                        .map_err(|e| Error::io(&dst_name, e))
+                                });
                             if let Err(e) = result {
                                 failed
                                     .lock()
                                     .unwrap_or_else(|p| p.into_inner())
-                                    .get_or_insert_with(|| e.to_string());
+                                    .get_or_insert(e);
                             }
                         }
                     })
@@ -483,17 +468,18 @@ impl CopyThrough {
         }
     }
 
-    fn failure(&self) -> Option<String> {
+    fn failed(&self) -> bool {
         self.failed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .is_some()
     }
 
     /// Wait for every queued chunk; the first failure, named.
-    pub fn finish(mut self) -> Result<(), String> {
+    pub fn finish(mut self) -> Result<(), Error> {
         self.stop();
-        self.failure().map_or(Ok(()), Err)
+        let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner()).take();
+        failed.map_or(Ok(()), Err)
     }
 
     fn stop(&mut self) {
@@ -514,8 +500,9 @@ impl Drop for CopyThrough {
 
 impl Sink for CopyThrough {
     fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
-        if let Some(why) = self.failure() {
-            return Err(io::Error::other(why));
+        if self.failed() {
+            // finish() reports the failure itself, named.
+            return Err(io::Error::other("a write to DST failed"));
         }
         let offset = self.pos;
         self.pos += len as u64;

@@ -10,13 +10,14 @@
 //! a chunk is digested, and a copy kept for the writers would cost every
 //! block a copy to save the few that changed a read.
 
-use crate::copy::{Job, Op, Writer, op_buffer};
-use crate::target::Target;
+use super::Error;
+use super::copy::{Job, Op, Writer, op_buffer};
+use super::target::Target;
 use blkhash::BlockEvent;
 use blkmap::{Block, Map};
 use crossbeam_channel::{Receiver, Sender};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 /// Turns SRC's block events into ops for the blocks where DST differs.
 /// Owned by the hasher's observer; when the hasher is done it drops this,
@@ -142,9 +143,11 @@ pub fn write_ops(
     ops: Receiver<Job>,
     w: &Writer<'_>,
     writers: usize,
-    before_first: impl Fn() -> Result<(), String> + Sync,
-) -> Result<(), String> {
+    before_first: impl Fn() -> Result<(), Error> + Sync,
+) -> Result<(), Error> {
+    // Whether `before_first` succeeded; its error, kept for the end.
     let ready = OnceLock::new();
+    let not_ready = Mutex::new(None);
     let failed = AtomicBool::new(false);
     let write = || {
         let mut buf = None;
@@ -152,24 +155,37 @@ pub fn write_ops(
             if failed.load(Ordering::Relaxed) {
                 continue; // drain: the run has failed
             }
-            let done = ready.get_or_init(&before_first).clone().and_then(|()| {
-                job.op
-                    .apply(w, buf.get_or_insert_with(op_buffer), &job.digests)
+            let ok = *ready.get_or_init(|| match before_first() {
+                Ok(()) => true,
+                Err(e) => {
+                    *not_ready.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    false
+                }
             });
-            if let Err(e) = done {
+            let done = match ok {
+                true => job
+                    .op
+                    .apply(w, buf.get_or_insert_with(op_buffer), &job.digests),
+                false => Ok(()), // reported once, below
+            };
+            if !ok || done.is_err() {
                 failed.store(true, Ordering::Relaxed);
-                return Err(e);
+                return done;
             }
         }
         Ok(())
     };
-    std::thread::scope(|s| {
+    let written = std::thread::scope(|s| {
         let threads: Vec<_> = (0..writers.max(1)).map(|_| s.spawn(write)).collect();
         threads
             .into_iter()
             .map(|t| t.join().expect("writer thread"))
             .fold(Ok(()), Result::and)
-    })
+    });
+    match not_ready.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => written,
+    }
 }
 
 #[cfg(test)]
@@ -301,12 +317,12 @@ mod tests {
 
     #[test]
     fn long_runs_split_into_ops() {
-        let blocks = 3 * crate::copy::CHUNK as usize / BS;
+        let blocks = 3 * super::super::copy::CHUNK as usize / BS;
         let dst = map(|h| h.update_zeros((blocks * BS) as u64));
         let got = ops(dst, (blocks * BS) as u64, |h| {
             h.update(vec![5u8; blocks * BS]);
         });
-        let chunk = crate::copy::CHUNK as usize;
+        let chunk = super::super::copy::CHUNK as usize;
         assert_eq!(
             got,
             [

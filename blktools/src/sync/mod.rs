@@ -1,0 +1,284 @@
+//! blksync as a library: make DST (a raw file, a block device, an NBD
+//! export, or an image of another format) hold SRC's guest content,
+//! writing only the blocks that differ.
+//!
+//! [`run`] guards the outputs, classifies and locks DST ([`dst`]), judges
+//! the state ([`crate::state::check`]), chooses a [`Plan`] in one place and
+//! carries it out ([`plan`]); it prints nothing but the progress bar, and
+//! returns a [`Report`] or a typed [`Error`] for the command to print.
+
+mod copy;
+pub mod dst;
+mod error;
+pub mod plan;
+mod target;
+mod update;
+
+pub use error::Error;
+pub use plan::{DstBlocks, Plan};
+
+use crate::state::check::{DstNow, Verdict};
+use crate::{InputArgs, state};
+use blkcli::guard;
+use blkimage::{Input, Source};
+use blkmap::{Map, Range};
+use copy::{Counts, Progress};
+use dst::Dst;
+use std::ffi::OsString;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+/// What to sync, and how: the command line of `blksync`.
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    /// The image to copy from (any image blksum reads, not a stream).
+    pub src: OsString,
+    /// The file, device, NBD URL or image to bring up to date.
+    pub dst: OsString,
+    /// DST's block map saved by the last run (`--state`).
+    pub state: Option<PathBuf>,
+    /// Ignore the state, whatever it holds; read DST and compare.
+    pub force_rescan: bool,
+    /// DST's format: a DST to create is created in it, an existing one
+    /// must be of it.
+    pub output_format: Option<blkimage::Format>,
+    /// The input options shared by the commands.
+    pub input: InputArgs,
+    /// Show the progress bar on standard error.
+    pub progress: bool,
+    /// Say what would be written; write nothing.
+    pub dry_run: bool,
+    /// Hash DST again after the copy and check it has SRC's checksum.
+    pub verify: bool,
+    /// SRC's checksum is wanted (the report carries SRC's map).
+    pub checksum: bool,
+    /// Wait for another run that holds DST or the state.
+    pub wait: bool,
+}
+
+impl Request {
+    /// Whether the run needs SRC's block digests, even for a first copy.
+    fn needs_src_map(&self) -> bool {
+        self.state.is_some() || self.verify || self.checksum
+    }
+
+    /// How to take a lock another run holds.
+    fn wait<'a>(&self, cancel: &'a AtomicBool) -> guard::Wait<'a> {
+        match self.wait {
+            true => guard::Wait::Until(cancel),
+            false => guard::Wait::No,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug)]
+pub struct Report {
+    /// What the run chose to do.
+    pub plan: Plan,
+    /// SRC's size, and DST's now.
+    pub size: u64,
+    /// The block size hashed with.
+    pub block_size: usize,
+    /// Data bytes written to DST.
+    pub written: u64,
+    /// Bytes made zeros in DST (holes punched or zeros written).
+    pub zeroed: u64,
+    /// Ranges written or zeroed.
+    pub ranges: u64,
+    /// SRC's block map, when the run needed it (a state, `--verify`,
+    /// `--checksum`, a comparison).
+    pub src_map: Option<Map>,
+    /// A dry run: what would have been done.
+    pub would_write: Option<DryRun>,
+}
+
+/// What a dry run would have done to DST.
+#[derive(Debug, PartialEq, Eq)]
+pub struct DryRun {
+    /// The ranges that would be written or zeroed.
+    pub ranges: Vec<Range>,
+    /// DST's resize (from, to), if it would be resized.
+    pub resize: Option<(u64, u64)>,
+}
+
+/// Bring DST up to date with SRC as `req` asks; `cancel` (Ctrl-C,
+/// SIGTERM) stops it between reads and writes, and `warn` hears what the
+/// command should say on the way (a state ignored, and why).
+///
+/// The state is removed before DST is written and saved again only once
+/// DST is flushed: an interrupted run never leaves a state that claims a
+/// block not written.
+pub fn run(
+    req: &Request,
+    cancel: &AtomicBool,
+    warn: &mut dyn FnMut(&str),
+) -> Result<Report, Error> {
+    let src_name = req.src.to_string_lossy().into_owned();
+    let _state_lock = guard_outputs(req, &src_name, cancel)?;
+    let wait = req.wait(cancel);
+    let mut dst = Dst::classify(req, wait)?;
+
+    // The state first: it says how to hash (unless -d/--block-size do).
+    let loaded = match &req.state {
+        Some(p) if p.exists() => Some(Map::load(p).map_err(|e| e.to_string())),
+        _ => None,
+    };
+    let (algorithm, block_size) =
+        crate::map_params(&req.input, loaded.as_ref().and_then(|r| r.as_ref().ok()));
+    let opts = crate::map_options(&req.input, algorithm, block_size);
+
+    // SRC: random access, kept open for the copy.
+    let src: Arc<dyn Source> = match blkimage::open(&req.src, &opts.open) {
+        Ok(Input::Image(s)) => Arc::from(s),
+        Ok(Input::Stream(_)) => {
+            return Err(Error::unusable(
+                &src_name,
+                "a stream: blksync needs random access",
+            ));
+        }
+        Err(e) => return Err(Error::io(&src_name, e)),
+    };
+    let size = src.size();
+    dst.prepare(req, &*src, wait)?;
+
+    // Is the state DST's?
+    let mut dst_map = None;
+    if let (Some(p), Some(loaded)) = (&req.state, loaded) {
+        let checked = loaded.and_then(|m| {
+            let now = match (&dst.read, &dst.nbd) {
+                (Some(f), _) => Some(DstNow::File(f)),
+                (None, Some(n)) => Some(DstNow::Nbd(
+                    n,
+                    dst.served.as_ref().and(dst.file_meta.as_ref()),
+                )),
+                (None, None) => None,
+            };
+            state::check::check(&m, p, algorithm, block_size, now, dst.size)?;
+            Ok(m)
+        });
+        match state::check::verdict(checked, req.force_rescan) {
+            Verdict::Use(m) => dst_map = Some(m),
+            Verdict::Rescan { warning: None } => {}
+            Verdict::Rescan { warning: Some(why) } => warn(&format!(
+                "{}: state ignored (--force-rescan): {why}",
+                p.display()
+            )),
+            Verdict::Refuse(why) => {
+                return Err(Error::StateRefused {
+                    state: p.clone(),
+                    why,
+                });
+            }
+        }
+    }
+    // A DST known to hold only zeros is not read.
+    let known_empty = dst_map.is_none() && dst.known_empty()?;
+    let plan = Plan::choose(
+        req.dry_run,
+        dst_map.is_some(),
+        known_empty,
+        req.needs_src_map(),
+    );
+
+    let counts = Arc::new(Counts::default());
+    let progress = Progress::new(req.progress, size, block_size);
+    // From here on DST is written: a failed run leaves it for the next.
+    dst.keep();
+    let ctx = plan::Ctx {
+        req,
+        src_name: &src_name,
+        src,
+        opts: &opts,
+        dst: &dst,
+        dst_map,
+        cancel,
+        counts: &counts,
+        progress: &progress,
+    };
+    let result = plan.carry_out(ctx);
+    progress.finish();
+    let done = result?;
+    if !req.dry_run {
+        // A served image's file changes until its server has closed it:
+        // its side record is taken once the server is gone.
+        if let (Some(t), Some(p), Some(m)) = (dst.served.take(), &req.state, &done.src_map) {
+            drop(t);
+            let meta = std::fs::metadata(&dst.path).map_err(|e| Error::io(&dst.name, e))?;
+            state::save_side(p, Some(state::Side::of(m, &meta, meta.len())))
+                .map_err(|e| Error::io(p.display(), e))?;
+        }
+    }
+    Ok(Report {
+        plan,
+        size,
+        block_size,
+        written: Counts::get(&counts.written),
+        zeroed: Counts::get(&counts.zeroed),
+        ranges: Counts::get(&counts.ranges),
+        src_map: done.src_map,
+        would_write: done.would_write,
+    })
+}
+
+/// Check that the state, its side record and its lock file can be written
+/// without destroying data (none is SRC or DST, each is a regular file of
+/// its own kind or missing), that SRC is not DST, and lock the state for
+/// the run.
+fn guard_outputs(
+    req: &Request,
+    src_name: &str,
+    cancel: &AtomicBool,
+) -> Result<Option<guard::Lock>, Error> {
+    let inputs = [
+        guard::Input {
+            name: &req.src,
+            role: "SRC",
+        },
+        guard::Input {
+            name: &req.dst,
+            role: "DST",
+        },
+    ];
+    if let (Ok(a), Ok(b)) = (std::fs::metadata(&req.src), std::fs::metadata(&req.dst))
+        && (a.dev(), a.ino()) == (b.dev(), b.ino())
+    {
+        return Err(Error::unusable(
+            req.dst.to_string_lossy(),
+            format!("is SRC ({src_name}): nothing to copy"),
+        ));
+    }
+    let Some(p) = &req.state else {
+        return Ok(None);
+    };
+    let (side, lock) = (state::side_path(p), state::lock_path(p));
+    let outputs = [
+        guard::Output {
+            path: p,
+            what: "a block map (the state)",
+            own_kind: Some(blkmap::is_map),
+        },
+        guard::Output {
+            path: &side,
+            what: "the state's side record",
+            own_kind: Some(state::is_side),
+        },
+        guard::Output {
+            path: &lock,
+            what: "the state's lock file",
+            own_kind: None,
+        },
+    ];
+    guard::check_outputs(&outputs, &inputs).map_err(Error::Guard)?;
+    // A dry run writes nothing: it creates no lock file, and locks one
+    // that exists.
+    if req.dry_run && !lock.exists() {
+        return Ok(None);
+    }
+    let f = guard::open_lock_file(&lock).map_err(Error::Guard)?;
+    guard::lock(f, &p.display().to_string(), req.wait(cancel))
+        .map(Some)
+        .map_err(Error::Guard)
+}
