@@ -152,6 +152,10 @@ for t in "${targets[@]}"; do
             nbd_handshake) handshake_seeds "$corpus" ;;
             *) seeds "$corpus" ;;
         esac
+        # The corpus a long run ended with (minimized): a short run starts there.
+        if [ -d "seeds/$t" ]; then
+            cp seeds/"$t"/* "$corpus"/
+        fi
     fi
     cargo "${toolchain[@]}" fuzz run -O "$t" "$corpus" -- \
         -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10
