@@ -182,7 +182,11 @@ def qemu_nbd_children(pid):
 
 
 SLOW_SCRIPT = textwrap.dedent("""
-    import sys, blkhash
+    import signal, sys, blkhash
+    # Python leaves SIGINT ignored when it starts ignored (a test run
+    # started in the background by a non-interactive shell): a user's
+    # Ctrl-C is what is tested, so take it as an interactive Python does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # One thread, 512-byte blocks, a slow digest, small reads one at a
         # time: seconds per image on any machine.
