@@ -2,47 +2,31 @@
 //! read through our `Source` and compared with `qemu-img convert -O raw`.
 //! One or two cases per feature; blksum's tests hold the full matrix.
 
-use blkimage::{ExtentKind, Format, Input, OpenOptions, Qcow2, Source};
+mod common;
+
+use blkimage::{ExtentKind, Format, OpenOptions, Qcow2, Source};
+use common::{kinds, open_with, read_by_extents, read_plain};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 use tempfile::TempDir;
-
-fn run(prog: &str, args: &[&str], cwd: &Path) {
-    let out = Command::new(prog)
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .unwrap_or_else(|e| panic!("{prog}: {e}"));
-    assert!(
-        out.status.success(),
-        "{prog} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 struct Dir(TempDir);
 
 impl Dir {
     fn new() -> Dir {
-        Dir(tempfile::tempdir().unwrap())
+        Dir(testkit::tools::scratch())
     }
     fn path(&self, name: &str) -> PathBuf {
         self.0.path().join(name)
     }
     fn img(&self, args: &[&str]) {
-        run("qemu-img", args, self.0.path());
+        testkit::tools::qemu_img_in(self.0.path(), args);
     }
     fn io(&self, name: &str, fmt: &str, cmds: &[&str]) {
-        let mut args = vec!["-f", fmt];
-        for c in cmds {
-            args.extend(["-c", c]);
-        }
-        args.push(name);
-        run("qemu-io", &args, self.0.path());
+        testkit::tools::qemu_io_in(self.0.path(), Path::new(name), fmt, cmds);
     }
     /// What QEMU reads: `qemu-img convert -O raw`.
     fn expected(&self, name: &str) -> Vec<u8> {
@@ -51,7 +35,7 @@ impl Dir {
         std::fs::read(self.path(&out)).unwrap()
     }
     fn open(&self, name: &str) -> io::Result<Box<dyn Source>> {
-        open_with(&self.path(name), &OpenOptions::default())
+        open_with(self.path(name), &OpenOptions::default())
     }
     fn patch(&self, name: &str, offset: u64, bytes: &[u8]) {
         let f = std::fs::OpenOptions::new()
@@ -71,88 +55,6 @@ impl Dir {
         src.finish().unwrap();
         src
     }
-}
-
-fn open_with(path: &Path, opts: &OpenOptions) -> io::Result<Box<dyn Source>> {
-    match blkimage::open(path.to_str().unwrap(), opts)? {
-        Input::Image(s) => Ok(s),
-        Input::Stream(_) => panic!("a stream"),
-    }
-}
-
-/// As the reader does: walk the extents, read the data ones in chunks, in
-/// parallel threads; zeros for the rest.
-fn read_by_extents(src: &dyn Source, chunk: u64) -> Vec<u8> {
-    let mut out = vec![0u8; src.size() as usize];
-    let mut reads = Vec::new();
-    let mut pos = 0;
-    while pos < src.size() {
-        let exts = src.extents(pos, src.size() - pos).unwrap();
-        assert!(!exts.is_empty());
-        let mut p = pos;
-        for e in &exts {
-            assert_eq!(e.offset, p);
-            assert!(e.len > 0);
-            p = e.end();
-        }
-        assert!(p <= src.size());
-        let e = exts[0];
-        if e.kind == ExtentKind::Data {
-            let mut o = e.offset;
-            while o < e.end() {
-                let n = chunk.min(e.end() - o);
-                reads.push((o, n));
-                o += n;
-            }
-        }
-        pos = e.end();
-    }
-    let slices: Vec<(u64, &mut [u8])> = {
-        let mut v = Vec::new();
-        let mut rest: &mut [u8] = &mut out;
-        let mut at = 0u64;
-        for &(o, n) in &reads {
-            let (_, tail) = rest.split_at_mut((o - at) as usize);
-            let (mine, tail) = tail.split_at_mut(n as usize);
-            v.push((o, mine));
-            rest = tail;
-            at = o + n;
-        }
-        v
-    };
-    std::thread::scope(|s| {
-        let per = slices.len().div_ceil(4).max(1);
-        let mut slices = slices;
-        while !slices.is_empty() {
-            let batch: Vec<_> = slices.drain(..per.min(slices.len())).collect();
-            s.spawn(move || {
-                for (o, buf) in batch {
-                    src.read_at(buf, o).unwrap();
-                }
-            });
-        }
-    });
-    out
-}
-
-/// read_at over everything, extents ignored, in odd-sized chunks.
-fn read_plain(src: &dyn Source, chunk: usize) -> Vec<u8> {
-    let mut out = vec![0u8; src.size() as usize];
-    for (i, c) in out.chunks_mut(chunk).enumerate() {
-        src.read_at(c, (i * chunk) as u64).unwrap();
-    }
-    out
-}
-
-fn kinds(src: &dyn Source) -> Vec<(u64, u64, ExtentKind)> {
-    let mut v = Vec::new();
-    let mut pos = 0;
-    while pos < src.size() {
-        let e = src.extents(pos, src.size() - pos).unwrap()[0];
-        v.push((e.offset, e.len, e.kind));
-        pos = e.end();
-    }
-    v
 }
 
 /// Writes that cross clusters, leave holes and zeros.
@@ -398,7 +300,7 @@ fn backing_errors() {
         no_backing: true,
         ..Default::default()
     };
-    let e = open_with(&d.path("ok.qcow2"), &opts)
+    let e = open_with(d.path("ok.qcow2"), &opts)
         .err()
         .unwrap()
         .to_string();
@@ -491,7 +393,7 @@ fn external_data_file() {
             no_backing: true,
             ..Default::default()
         };
-        let e = open_with(&d.path(&name), &opts).err().unwrap().to_string();
+        let e = open_with(d.path(&name), &opts).err().unwrap().to_string();
         assert!(e.contains("external data file"), "{e}");
     }
 }
@@ -516,7 +418,7 @@ fn snapshots_dirty_and_formats() {
         format: Some(Format::Raw),
         ..Default::default()
     };
-    let src = open_with(&d.path("s.qcow2"), &opts).unwrap();
+    let src = open_with(d.path("s.qcow2"), &opts).unwrap();
     assert_eq!(src.format(), "raw");
     // Forced qcow2 on a raw file: an error.
     d.img(&["create", "-f", "raw", "r.raw", "1m"]);
@@ -524,31 +426,24 @@ fn snapshots_dirty_and_formats() {
         format: Some(Format::Qcow2),
         ..Default::default()
     };
-    let e = open_with(&d.path("r.raw"), &opts)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = open_with(d.path("r.raw"), &opts).err().unwrap().to_string();
     assert!(e.contains("not a qcow2 image"), "{e}");
 }
 
 #[test]
 fn refused() {
     let d = Dir::new();
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "--object",
-            "secret,id=s0,data=secret",
-            "-f",
-            "qcow2",
-            "-o",
-            "encrypt.format=luks,encrypt.key-secret=s0",
-            "luks.qcow2",
-            "1m",
-        ],
-        d.0.path(),
-    );
+    d.img(&[
+        "create",
+        "--object",
+        "secret,id=s0,data=secret",
+        "-f",
+        "qcow2",
+        "-o",
+        "encrypt.format=luks,encrypt.key-secret=s0",
+        "luks.qcow2",
+        "1m",
+    ]);
     let e = d.open("luks.qcow2").err().unwrap().to_string();
     assert!(e.contains("LUKS"), "{e}");
     d.img(&["create", "-f", "qcow2", "c.qcow2", "1m"]);

@@ -105,7 +105,7 @@ fn qcow2(dir: &Path, name: &str, opts: &[&str]) -> PathBuf {
 
 #[test]
 fn raw_and_qcow2_images_held_by_a_writer_are_in_use() {
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -127,7 +127,7 @@ fn raw_and_qcow2_images_held_by_a_writer_are_in_use() {
 
 #[test]
 fn backing_and_data_files_held_by_a_writer_are_in_use() {
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -161,7 +161,7 @@ fn backing_and_data_files_held_by_a_writer_are_in_use() {
 
 #[test]
 fn formats_served_by_qemu_nbd_held_by_a_writer_are_in_use() {
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -179,7 +179,7 @@ fn formats_served_by_qemu_nbd_held_by_a_writer_are_in_use() {
 
 #[test]
 fn readers_share_and_writers_wait_while_blksum_reads() {
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -267,7 +267,7 @@ fn loop_device(file: &Path) -> Option<Loop> {
 
 #[test]
 fn block_devices_held_by_a_writer_are_in_use() {
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -19,7 +19,7 @@ fn vectors() -> Vec<testkit::Vector> {
 
 #[test]
 fn qemu_nbd_raw_unix_socket_vectors() {
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -37,7 +37,7 @@ fn qemu_nbd_raw_unix_socket_vectors() {
 
 #[test]
 fn qemu_nbd_qcow2_over_tcp_with_named_exports() {
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -81,7 +81,7 @@ fn qemu_nbd_qcow2_over_tcp_with_named_exports() {
 
 #[test]
 fn nbdkit_file_exports_the_exact_size() {
-    if !have("nbdkit") {
+    if !require(&["nbdkit"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -98,7 +98,7 @@ fn nbdkit_file_exports_the_exact_size() {
 
 #[test]
 fn nbdkit_plugins_match_what_qemu_reads() {
-    if !have("nbdkit") {
+    if !require(&["nbdkit"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -137,7 +137,7 @@ fn nbdkit_plugins_match_what_qemu_reads() {
 
 #[test]
 fn errors_name_the_url_and_print_no_checksum() {
-    if !have("nbdkit") {
+    if !require(&["nbdkit"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -196,7 +196,7 @@ fn errors_name_the_url_and_print_no_checksum() {
 
 #[test]
 fn a_silent_server_times_out() {
-    if !have("nbdkit") {
+    if !require(&["nbdkit"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -233,7 +233,7 @@ fn a_silent_server_times_out() {
 
 #[test]
 fn a_server_killed_mid_transfer_is_an_error() {
-    if !have("nbdkit") {
+    if !require(&["nbdkit"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

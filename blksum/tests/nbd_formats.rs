@@ -63,7 +63,7 @@ fn no_leftovers(dir: &Path, tmp: &Path) {
 #[test]
 fn converted_images_hash_as_their_raw_image() {
     let _serial = serial();
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let (dir, tmp) = scratch();
@@ -119,7 +119,7 @@ fn converted_images_hash_as_their_raw_image() {
 #[test]
 fn errors_and_missing_qemu_nbd() {
     let _serial = serial();
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let (dir, tmp) = scratch();
@@ -157,7 +157,7 @@ fn errors_and_missing_qemu_nbd() {
 #[test]
 fn sigterm_stops_qemu_nbd_and_removes_its_directory() {
     let _serial = serial();
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let (dir, tmp) = scratch();
@@ -220,7 +220,7 @@ fn to_luks(raw: &Path, out: &Path, pass: &str) {
 #[test]
 fn luks_images_with_a_secret_file() {
     let _serial = serial();
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let (dir, tmp) = scratch();
@@ -331,7 +331,7 @@ fn luks_images_with_a_secret_file() {
 #[test]
 fn secret_files_that_cannot_be_a_passphrase_fail_at_once() {
     let _serial = serial();
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let (dir, tmp) = scratch();
@@ -414,7 +414,7 @@ fn mode(path: &Path) -> u32 {
 #[test]
 fn private_directory_is_0700_and_no_kill_leaves_it() {
     let _serial = serial();
-    if !have("qemu-nbd") {
+    if !require(&["qemu-nbd"]) {
         return;
     }
     let (dir, tmp) = scratch();

@@ -45,7 +45,7 @@ fn fails(args: &[&str], url: &str) -> String {
 }
 
 fn have_tls_tools() -> bool {
-    have("qemu-nbd") && have("certtool")
+    require(&["qemu-nbd", "certtool"])
 }
 
 fn with_certs(url: &str, dir: &Path) -> String {

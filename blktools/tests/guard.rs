@@ -172,20 +172,7 @@ fn one_run_at_a_time_on_a_dst() {
     // A slow SRC (each read delayed by its server) holds the first run long
     // enough for the second to start while it writes.
     let sock = d.join("slow.sock");
-    let Some(slow) = serve(
-        "nbdkit",
-        &[
-            "--exit-with-parent",
-            "-f",
-            "-U",
-            s(&sock),
-            "--filter=delay",
-            "pattern",
-            "16M",
-            "rdelay=300ms",
-        ],
-        &sock,
-    ) else {
+    let Some(slow) = nbdkit(&sock, &["--filter=delay", "pattern", "16M", "rdelay=300ms"]) else {
         return;
     };
     let other = image(d, "other.raw", "raw", 16 * MIB, &["write -P 0x44 0 16M"]);

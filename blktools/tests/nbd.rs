@@ -337,11 +337,7 @@ fn raw_file_through_nbdkit_multi_conn() {
     let dst: PathBuf = image(d, "dst.raw", "raw", size, &["write -P 0x55 0 16M"]);
     let state = d.join("dst.map");
     let sock = d.join("kit.sock");
-    let Some(server) = serve(
-        "nbdkit",
-        &["--foreground", "-U", s(&sock), "file", s(&dst)],
-        &sock,
-    ) else {
+    let Some(server) = nbdkit(&sock, &["file", s(&dst)]) else {
         return;
     };
     // DST holds other data: read, compared, rewritten where it differs.
@@ -390,17 +386,8 @@ fn failing_writes_and_zeroes_are_errors() {
     for (name, cmds, error, rate, why) in cases {
         let dst = image(d, name, "raw", size, cmds);
         let sock = d.join(format!("{name}.sock"));
-        let args = [
-            "--foreground",
-            "-U",
-            s(&sock),
-            "--filter=error",
-            "file",
-            s(&dst),
-            error,
-            rate,
-        ];
-        let Some(server) = serve("nbdkit", &args, &sock) else {
+        let args = ["--filter=error", "file", s(&dst), error, rate];
+        let Some(server) = nbdkit(&sock, &args) else {
             return;
         };
         let out = run(
@@ -430,11 +417,10 @@ fn failing_writes_during_an_update_with_a_state() {
     // nbdkit [--filter=F] file DST [the filter's parameters]
     let serve_dst = |name: &str, filter: &[&str], params: &[&str]| {
         let sock = d.join(format!("{name}.sock"));
-        let mut args = vec!["--foreground", "-U", s(&sock)];
-        args.extend(filter);
+        let mut args = filter.to_vec();
         args.extend(["file", s(&dst)]);
         args.extend(params);
-        serve("nbdkit", &args, &sock)
+        nbdkit(&sock, &args)
     };
     let Some(good) = serve_dst("good", &[], &[]) else {
         return;
@@ -487,16 +473,8 @@ fn silent_server_times_out() {
     let dst = image(d, "dst.raw", "raw", 4 * MIB, &[]);
     let state = d.join("dst.map");
     let sock = d.join("slow.sock");
-    let args = [
-        "--foreground",
-        "-U",
-        s(&sock),
-        "--filter=delay",
-        "file",
-        s(&dst),
-        "delay-write=30",
-    ];
-    let Some(server) = serve("nbdkit", &args, &sock) else {
+    let args = ["--filter=delay", "file", s(&dst), "delay-write=30"];
+    let Some(server) = nbdkit(&sock, &args) else {
         return;
     };
     let t = std::time::Instant::now();

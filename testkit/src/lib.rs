@@ -1,4 +1,6 @@
-//! Test support: the vector recipes' image generator and the reference vectors.
+//! Test support: the vector recipes' image generator, the reference vectors,
+//! and the helpers every crate's tests share: QEMU's tools ([`tools`]) and
+//! NBD servers ([`nbd`]).
 //!
 //! A recipe is segments separated by spaces, each `SIZE:KIND` (see
 //! `vectors.json`'s README in the shared vectors): `-` a hole, `0` written
@@ -7,6 +9,9 @@
 
 // Every public item says what it is (cargo doc is part of the API).
 #![warn(missing_docs)]
+
+pub mod nbd;
+pub mod tools;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};

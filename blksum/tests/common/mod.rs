@@ -7,6 +7,8 @@ pub mod qemu;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+#[allow(unused_imports)] // each test file uses a part
+pub use testkit::tools::{have, require};
 
 thread_local! {
     /// The TMPDIR of the blksum runs of this thread's test, if it chose one.
@@ -78,14 +80,4 @@ pub fn image(dir: &Path, name: &str, recipe: &str) -> PathBuf {
         .write_image(&path)
         .unwrap();
     path
-}
-
-/// True if `prog` can be run (found on PATH).
-pub fn have(prog: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {prog}")])
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
 }

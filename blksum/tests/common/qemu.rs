@@ -1,7 +1,11 @@
-//! qcow2 test support: QEMU's tools (the expected values always come from
-//! them, never from our reader), blksum with a time limit, and the qcow2
-//! header fields (big-endian, as in QEMU's `docs/interop/qcow2.txt`) for
+//! qcow2 test support: QEMU's tools (from `testkit::tools`: the expected
+//! values always come from them, never from our reader), blksum with a time
+//! limit, and the qcow2 header fields
+//! (big-endian, as in QEMU's `docs/interop/qcow2.txt`) for
 //! patching valid images into corrupt ones.
+
+#[allow(unused_imports)] // each test file uses a part
+pub use testkit::tools::{create, flatten, qemu_img, qemu_img_in, qemu_io, qemu_io_in};
 
 use super::blksum;
 use std::collections::HashMap;
@@ -9,87 +13,15 @@ use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The arguments that select the qcow2 reader explicitly.
 pub const QCOW2: [&str; 2] = ["-f", "qcow2"];
 
-/// Run a QEMU tool in `cwd` (or here); panics with its stderr unless it succeeds.
-fn tool(prog: &str, args: &[&str], cwd: Option<&Path>) -> Output {
-    let mut cmd = Command::new(prog);
-    cmd.args(args).stdin(Stdio::null());
-    if let Some(d) = cwd {
-        cmd.current_dir(d);
-    }
-    let out = cmd.output().unwrap_or_else(|e| panic!("{prog} runs: {e}"));
-    assert!(
-        out.status.success(),
-        "{prog} {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// `qemu-img ARGS`, which must succeed.
-pub fn qemu_img(args: &[&str]) -> Output {
-    tool("qemu-img", args, None)
-}
-
-/// `qemu-img ARGS` run in `cwd`, which must succeed.
-pub fn qemu_img_in(cwd: &Path, args: &[&str]) -> Output {
-    tool("qemu-img", args, Some(cwd))
-}
-
-/// `qemu-io -f FMT -c CMD... IMG`, which must succeed.
-pub fn qemu_io(img: &Path, fmt: &str, cmds: &[&str]) {
-    qemu_io_at(None, img, fmt, cmds)
-}
-
-/// `qemu-io` run in `cwd`.
-pub fn qemu_io_in(cwd: &Path, img: &Path, fmt: &str, cmds: &[&str]) {
-    qemu_io_at(Some(cwd), img, fmt, cmds)
-}
-
-fn qemu_io_at(cwd: Option<&Path>, img: &Path, fmt: &str, cmds: &[&str]) {
-    let mut args = vec!["-f", fmt];
-    for c in cmds {
-        args.extend(["-c", c]);
-    }
-    args.push(img.to_str().unwrap());
-    let out = tool("qemu-io", &args, cwd);
-    // qemu-io reports failed commands on stdout/stderr but still exits 0.
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        !text.contains("failed") && !text.contains("error"),
-        "qemu-io {cmds:?} {}: {text}",
-        img.display()
-    );
-}
-
 /// `qemu-img create -f qcow2 [OPTS] IMG SIZE`.
 pub fn create_qcow2(img: &Path, opts: &[&str], size: &str) {
-    let mut args = vec!["create", "-q", "-f", "qcow2"];
-    args.extend(opts);
-    args.extend([img.to_str().unwrap(), size]);
-    qemu_img(&args);
-}
-
-/// QEMU's view of `img` (any format, backing chain followed), as a raw file
-/// `out`: what blksum must agree with.
-pub fn flatten(img: &Path, out: &Path) {
-    qemu_img(&[
-        "convert",
-        "-q",
-        "-O",
-        "raw",
-        img.to_str().unwrap(),
-        out.to_str().unwrap(),
-    ]);
+    create(img, "qcow2", opts, size);
 }
 
 /// Run blksum, killing it after `limit`: a hang fails the test.

@@ -3,31 +3,17 @@
 #![allow(dead_code)] // each test file uses a part
 
 use blkhash::{Algorithm, Hasher, Options};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+pub use testkit::nbd::{Listen, Server};
 
 pub const BLKMAP: &str = env!("CARGO_BIN_EXE_blkmap");
 pub const BLKDIFF: &str = env!("CARGO_BIN_EXE_blkdiff");
 pub const BLKSYNC: &str = env!("CARGO_BIN_EXE_blksync");
 pub const MIB: u64 = 1 << 20;
 
-/// True if qemu-img and qemu-io run; else says the test is skipped.
-pub fn have_qemu() -> bool {
-    let ok = |c: &str| {
-        Command::new(c)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let have = ok("qemu-img") && ok("qemu-io");
-    if !have {
-        eprintln!("qemu-img or qemu-io missing: test skipped (scripts/setup.sh installs them)");
-    }
-    have
-}
+#[allow(unused_imports)] // each test file uses a part
+pub use testkit::tools::{have_qemu, require, same_content as same};
 
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -55,34 +41,17 @@ pub fn sh(cmd: &str, args: &[&str]) {
     assert_eq!(out.code, 0, "{cmd} {args:?}: {}", out.stderr);
 }
 
-/// An image of `fmt` and `size`, then qemu-io commands run on it.
+/// `dir/name`: an image of `fmt` and `size`, then qemu-io `cmds` (write,
+/// write -z, discard...) run on it.
 pub fn image(dir: &Path, name: &str, fmt: &str, size: u64, cmds: &[&str]) -> PathBuf {
     let p = dir.join(name);
-    sh(
-        "qemu-img",
-        &["create", "-q", "-f", fmt, s(&p), &size.to_string()],
-    );
-    write(&p, fmt, cmds);
+    testkit::tools::image_with(&p, fmt, size, cmds);
     p
 }
 
-/// qemu-io commands (write, write -z, discard...) run on an image.
+/// qemu-io commands run on an image.
 pub fn write(p: &Path, fmt: &str, cmds: &[&str]) {
-    if cmds.is_empty() {
-        return;
-    }
-    let mut args = vec!["-f", fmt];
-    for c in cmds {
-        args.extend(["-c", c]);
-    }
-    args.push(s(p));
-    sh("qemu-io", &args);
-}
-
-/// Same guest content, as `qemu-img compare` sees it (`-s` would also
-/// compare allocation, which differs between qcow2 and raw by design).
-pub fn same(a: &Path, b: &Path) -> bool {
-    run("qemu-img", &["compare", "-q", s(a), s(b)]).code == 0
+    testkit::tools::qemu_io(p, fmt, cmds);
 }
 
 /// The blkhash checksum (sha256, 64k blocks) of an image's guest content:
@@ -101,10 +70,7 @@ pub fn checksum(dir: &Path, img: &Path) -> String {
 /// The checksum of an image computed with the hasher on its raw
 /// conversion (qemu-img's idea of its guest content).
 pub fn reference_checksum(dir: &Path, img: &Path, alg: Algorithm, bs: usize) -> String {
-    let raw = dir.join("reference.raw");
-    sh("qemu-img", &["convert", "-O", "raw", s(img), s(&raw)]);
-    let data = std::fs::read(&raw).unwrap();
-    std::fs::remove_file(&raw).unwrap();
+    let data = testkit::tools::guest_bytes(img, &dir.join("reference.raw"));
     let mut h = Hasher::with_options(Options::new().algorithm(alg).block_size(bs)).unwrap();
     h.update(&data);
     h.finalize().to_hex()
@@ -113,7 +79,7 @@ pub fn reference_checksum(dir: &Path, img: &Path, alg: Algorithm, bs: usize) -> 
 /// A scratch directory for a test, or None without QEMU's tools (the test
 /// is then skipped, saying so).
 pub fn scratch() -> Option<tempfile::TempDir> {
-    have_qemu().then(|| tempfile::tempdir().unwrap())
+    have_qemu().then(testkit::tools::scratch)
 }
 
 /// `src.qcow2` in `dir`: a qcow2 image of `size`, qemu-io commands run on it.
@@ -129,60 +95,27 @@ pub fn qcow2_src_dst(dir: &Path, size: u64, cmds: &[&str]) -> (PathBuf, PathBuf,
     (src, dst, dir.join("dst.map"))
 }
 
-/// A server on a unix socket, killed when dropped.
-pub struct Server {
-    child: Child,
-    pub url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Start `cmd args` serving on `sock`; None (test skipped) if the server
-/// is not installed.
-pub fn serve(cmd: &str, args: &[&str], sock: &Path) -> Option<Server> {
-    let child = match Command::new(cmd)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(_) => {
-            eprintln!("{cmd} missing: test skipped (scripts/setup.sh installs it)");
-            return None;
-        }
-    };
-    let mut server = Server {
-        child,
-        url: format!("nbd+unix:///?socket={}", s(sock)),
-    };
-    // The socket file exists before the server listens: wait for a
-    // connection that succeeds.
-    let t = Instant::now();
-    while UnixStream::connect(sock).is_err() {
-        if let Some(status) = server.child.try_wait().unwrap() {
-            panic!("{cmd} {args:?} exited: {status}");
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "{cmd} did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some(server)
-}
-
 /// qemu-nbd serving the qcow2 image `img` (writable unless `extra` says
-/// -r) on a socket in `dir`.
+/// -r) on a socket in `dir`; None (test skipped) if it is not installed.
 pub fn qemu_nbd(dir: &Path, img: &Path, extra: &[&str]) -> Option<Server> {
+    if !require(&["qemu-nbd"]) {
+        return None;
+    }
     let sock = dir.join(format!(
         "{}.sock",
         img.file_name().unwrap().to_str().unwrap()
     ));
-    let mut args = vec!["-f", "qcow2", "-k", s(&sock), "--persistent"];
-    args.extend_from_slice(extra);
-    args.push(s(img));
-    serve("qemu-nbd", &args, &sock)
+    Some(testkit::nbd::qemu_nbd_with(
+        img,
+        "qcow2",
+        Listen::Unix(&sock),
+        None,
+        extra,
+    ))
+}
+
+/// nbdkit `args` (plugin, filters, parameters) on the socket `sock`; None
+/// (test skipped) if it is not installed.
+pub fn nbdkit(sock: &Path, args: &[&str]) -> Option<Server> {
+    require(&["nbdkit"]).then(|| testkit::nbd::nbdkit(Listen::Unix(sock), args))
 }

@@ -1,0 +1,139 @@
+//! QEMU's tools and the other programs the tests run: the expected values
+//! of image tests always come from them, never from our own readers.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+/// True if `prog` is found on PATH.
+pub fn have(prog: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// True if every one of `progs` is installed; else says on standard error
+/// that the test is skipped and what installs them.
+pub fn require(progs: &[&str]) -> bool {
+    let missing: Vec<&str> = progs.iter().copied().filter(|p| !have(p)).collect();
+    if !missing.is_empty() {
+        eprintln!(
+            "{} missing: test skipped (scripts/setup.sh installs it)",
+            missing.join(", ")
+        );
+    }
+    missing.is_empty()
+}
+
+/// True if qemu-img and qemu-io are installed (see [`require`]).
+pub fn have_qemu() -> bool {
+    require(&["qemu-img", "qemu-io"])
+}
+
+/// A scratch directory for one test, removed when dropped.
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir().expect("a temporary directory")
+}
+
+/// Run `prog ARGS` in `cwd` (or here), standard input empty; panics with its
+/// standard error unless it succeeds.
+pub fn run_ok(prog: &str, args: &[&str], cwd: Option<&Path>) -> Output {
+    let mut cmd = Command::new(prog);
+    cmd.args(args).stdin(Stdio::null());
+    if let Some(d) = cwd {
+        cmd.current_dir(d);
+    }
+    let out = cmd.output().unwrap_or_else(|e| panic!("{prog} runs: {e}"));
+    assert!(
+        out.status.success(),
+        "{prog} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `qemu-img ARGS`, which must succeed.
+pub fn qemu_img(args: &[&str]) -> Output {
+    run_ok("qemu-img", args, None)
+}
+
+/// `qemu-img ARGS` run in `cwd` (relative backing names), which must succeed.
+pub fn qemu_img_in(cwd: &Path, args: &[&str]) -> Output {
+    run_ok("qemu-img", args, Some(cwd))
+}
+
+/// `qemu-io -f FMT -c CMD... IMG`, which must succeed.
+pub fn qemu_io(img: &Path, fmt: &str, cmds: &[&str]) {
+    qemu_io_at(None, img, fmt, cmds)
+}
+
+/// `qemu-io` run in `cwd`.
+pub fn qemu_io_in(cwd: &Path, img: &Path, fmt: &str, cmds: &[&str]) {
+    qemu_io_at(Some(cwd), img, fmt, cmds)
+}
+
+fn qemu_io_at(cwd: Option<&Path>, img: &Path, fmt: &str, cmds: &[&str]) {
+    if cmds.is_empty() {
+        return;
+    }
+    let mut args = vec!["-f", fmt];
+    for c in cmds {
+        args.extend(["-c", c]);
+    }
+    args.push(img.to_str().unwrap());
+    let out = run_ok("qemu-io", &args, cwd);
+    // qemu-io reports failed commands on stdout/stderr but still exits 0.
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !text.contains("failed") && !text.contains("error"),
+        "qemu-io {cmds:?} {}: {text}",
+        img.display()
+    );
+}
+
+/// `qemu-img create -q -f FMT [OPTS] IMG SIZE`.
+pub fn create(img: &Path, fmt: &str, opts: &[&str], size: &str) {
+    let mut args = vec!["create", "-q", "-f", fmt];
+    args.extend(opts);
+    args.extend([img.to_str().unwrap(), size]);
+    qemu_img(&args);
+}
+
+/// An image of `fmt` and `size` bytes at `img`, then qemu-io `cmds` (write,
+/// write -z, discard...) run on it.
+pub fn image_with(img: &Path, fmt: &str, size: u64, cmds: &[&str]) {
+    create(img, fmt, &[], &size.to_string());
+    qemu_io(img, fmt, cmds);
+}
+
+/// QEMU's view of `img` (any format, backing chain followed), as a raw file
+/// `out`.
+pub fn flatten(img: &Path, out: &Path) {
+    let (img, out) = (img.to_str().unwrap(), out.to_str().unwrap());
+    qemu_img(&["convert", "-q", "-O", "raw", img, out]);
+}
+
+/// QEMU's bytes of `img`: [`flatten`] into `scratch`, read, removed.
+pub fn guest_bytes(img: &Path, scratch: &Path) -> Vec<u8> {
+    flatten(img, scratch);
+    let data = std::fs::read(scratch).unwrap();
+    std::fs::remove_file(scratch).unwrap();
+    data
+}
+
+/// Same guest content, as `qemu-img compare` sees it (`-s` would also
+/// compare allocation, which differs between formats by design).
+pub fn same_content(a: &Path, b: &Path) -> bool {
+    Command::new("qemu-img")
+        .args(["compare", "-q"])
+        .args([a, b])
+        .stdin(Stdio::null())
+        .status()
+        .expect("qemu-img runs")
+        .success()
+}
