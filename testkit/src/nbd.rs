@@ -67,6 +67,25 @@ pub fn tls_url(url: &str) -> String {
     url.replacen("nbd", "nbds", 1)
 }
 
+/// Spawn the server `cmd` listening on `listen` (`port` if TCP) and wait
+/// until it is ready; its URL names `export`.
+fn start(mut cmd: Command, listen: Listen, port: u16, export: &str) -> Server {
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("{:?} runs: {e}", cmd.get_program()));
+    wait_ready(&mut child, &listen, port);
+    let socket = match listen {
+        Listen::Unix(p) => Some(p.to_path_buf()),
+        Listen::Tcp => None,
+    };
+    Server {
+        url: url(&listen, port, export),
+        child,
+        socket,
+    }
+}
+
 /// Wait until the server accepts connections (the socket file appears at
 /// bind, before listen: only a connection proves it is ready).
 fn wait_ready(child: &mut Child, listen: &Listen, port: u16) {
@@ -135,21 +154,8 @@ pub fn qemu_nbd_with(
     if let Some(x) = export {
         cmd.args(["-x", x]);
     }
-    cmd.args(extra)
-        .arg(img)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    let mut child = cmd.spawn().expect("qemu-nbd runs");
-    wait_ready(&mut child, &listen, port);
-    let socket = match listen {
-        Listen::Unix(p) => Some(p.to_path_buf()),
-        Listen::Tcp => None,
-    };
-    Server {
-        url: url(&listen, port, export.unwrap_or("")),
-        child,
-        socket,
-    }
+    cmd.args(extra).arg(img);
+    start(cmd, listen, port, export.unwrap_or(""))
 }
 
 /// x509 credentials for TLS tests, made with certtool (gnutls-bin): one
@@ -274,21 +280,8 @@ pub fn nbdkit(listen: Listen, args: &[&str]) -> Server {
         Listen::Unix(p) => cmd.arg(format!("--unix={}", p.display())),
         Listen::Tcp => cmd.args(["--ipaddr=127.0.0.1", &format!("--port={port}")]),
     };
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut child = cmd.spawn().expect("nbdkit runs");
-    wait_ready(&mut child, &listen, port);
-    let socket = match listen {
-        Listen::Unix(p) => Some(p.to_path_buf()),
-        Listen::Tcp => None,
-    };
-    Server {
-        url: url(&listen, port, ""),
-        child,
-        socket,
-    }
+    cmd.args(args).stderr(Stdio::null());
+    start(cmd, listen, port, "")
 }
 
 /// What QEMU reads from `url`, as a raw file `out`.

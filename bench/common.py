@@ -1,0 +1,427 @@
+"""What every benchmark case uses: sizes and their spelling, the report,
+running a command with its wall time and its own peak RSS, and the test
+images (made once in the work directory, checked before reuse)."""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+# cargo's target directory: CARGO_TARGET_DIR if set, as cargo itself does.
+RELEASE = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target").resolve() / "release"
+MKIMAGE = RELEASE / "mkimage"
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+CHUNK = MiB
+
+CASES = ["speed", "random", "holes", "zero", "empty", "qcow2", "compressed", "nbd", "sync",
+         "sync_nbd", "lib", "python"]
+ALL_CASES = CASES
+
+
+def parse_size(s):
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", s, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid size '{s}'")
+    shift = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m.group(2).lower()]
+    return int(m.group(1)) << shift
+
+
+def human(n):
+    for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+def short(n):
+    """A size for file names and command lines: 64m, 2g, 1t."""
+    for suffix, size in (("t", TiB), ("g", GiB), ("m", MiB), ("k", KiB)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
+
+
+def nproc():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------- report
+
+
+class Report:
+    """Lines printed as they come, and kept for --out."""
+
+    def __init__(self):
+        self.lines = []
+        self.targets = []  # (section, status, text)
+        self.problems = []  # failures and mismatches
+
+    def __call__(self, line=""):
+        self.lines.append(line)
+        print(line, flush=True)
+
+    def table(self, header, rows, align=None):
+        """align: one character per column, 'l' or 'r' (default: first left)."""
+        align = align or "l" + "r" * (len(header) - 1)
+        self("| " + " | ".join(header) + " |")
+        self("|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|")
+        for r in rows:
+            self("| " + " | ".join(str(c) for c in r) + " |")
+        self()
+
+    def code(self, text):
+        self("```")
+        for line in text.rstrip("\n").splitlines():
+            self(line)
+        self("```")
+        self()
+
+    def problem(self, text):
+        self.problems.append(text)
+        self(f"**!!! {text}**")
+        self()
+
+    def write(self, path):
+        Path(path).write_text("\n".join(self.lines) + "\n")
+
+
+def log(msg):
+    """Progress on stderr, not part of the report."""
+    print(f"# {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- running
+
+
+@dataclass
+class Sample:
+    seconds: float
+    rss_kib: int
+    rc: int
+    out: str
+    err: str
+
+
+# GNU time reports the command's own peak RSS: its wait4 sees a child that
+# was a fork of the small `time` process before the exec. Our own wait4
+# would count the forked Python interpreter (about 21 MiB) for every
+# command, since the peak before exec stays in ru_maxrss.
+GNU_TIME = "/usr/bin/time"
+
+
+def run_once(argv, timeout):
+    """Run argv with no input; wall time, peak RSS of the command itself
+    (GNU time's %M, else wait4's, which includes the forked interpreter)
+    and output."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile(mode="r") as rss_file:
+        timed = os.access(GNU_TIME, os.X_OK)
+        if timed:
+            argv = [GNU_TIME, "-q", "-f", "%M", "-o", rss_file.name, *argv]
+        t0 = time.perf_counter()
+        try:
+            # Its own process group: a timeout kills GNU time and the command.
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                 start_new_session=True)
+        except OSError as e:
+            return Sample(0.0, 0, 127, "", str(e))
+        killed = []
+
+        def kill():
+            killed.append(True)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        try:
+            _, status, ru = os.wait4(p.pid, 0)
+            t1 = time.perf_counter()
+            rc = os.waitstatus_to_exitcode(status)
+            rss = ru.ru_maxrss
+        except ChildProcessError:  # reaped by the timer's poll: lost rusage
+            t1 = time.perf_counter()
+            rc, rss = p.wait(), 0
+        finally:
+            timer.cancel()
+        if timed:
+            # "Command exited with non-zero status N" may precede the figure.
+            lines = rss_file.read().split()
+            rss = int(lines[-1]) if lines and lines[-1].isdigit() else 0
+        p.returncode = rc
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode(errors="replace")
+        stderr = err.read().decode(errors="replace")
+        if killed:
+            stderr += f"\nkilled after {timeout} s"
+            rc = rc or -9
+        return Sample(t1 - t0, rss, rc, stdout, stderr)
+
+
+@dataclass
+class Cmd:
+    name: str
+    argv: list
+    ours: bool = False
+    # Commands with the same key must print the same checksum.
+    key: Optional[tuple] = None
+    samples: list = field(default_factory=list)
+    # Run before each sample, untimed, with the run index: resets what the
+    # command changes (a copy's target, a state).
+    prep: Optional[object] = None
+    # The argv of run i, when runs differ (blksync alternating sources).
+    argv_for: Optional[object] = None
+
+    @property
+    def failed(self):
+        return not self.samples or any(s.rc != 0 for s in self.samples)
+
+    @property
+    def error(self):
+        for s in self.samples:
+            if s.rc != 0:
+                last = [l for l in s.err.strip().splitlines() if l.strip()]
+                why = last[-1] if last else ""
+                return f"exit {s.rc}: {why}"[:200]
+        return "not run"
+
+    @property
+    def median(self):
+        return None if self.failed else statistics.median(s.seconds for s in self.samples)
+
+    @property
+    def best(self):
+        return None if self.failed else min(s.seconds for s in self.samples)
+
+    @property
+    def rss_mib(self):
+        return max((s.rss_kib for s in self.samples), default=0) / 1024
+
+    @property
+    def checksums(self):
+        return {s.out.split()[0] if s.out.split() else "" for s in self.samples if s.rc == 0}
+
+
+def run_case(cmds, runs, timeout):
+    for r in range(runs):
+        for c in cmds:
+            log(f"run {r + 1}/{runs}: {c.name}")
+            if c.prep:
+                c.prep(r)
+            c.samples.append(run_once(c.argv_for(r) if c.argv_for else c.argv, timeout))
+
+
+def serve(argv, sock):
+    """Start a server on the unix socket `sock`; returns once a connection
+    succeeds (the socket file exists before the server listens)."""
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.socket(socket.AF_UNIX) as c:
+                c.connect(str(sock))
+            return p
+        except OSError:
+            time.sleep(0.05)
+    p.terminate()
+    p.wait()
+    raise RuntimeError(f"{argv[0]} did not start on {sock}")
+
+
+def warm(path):
+    """Read a file once so that it is in the page cache."""
+    log(f"warming the page cache: {path}")
+    buf = bytearray(CHUNK)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
+# ---------------------------------------------------------------- images
+
+
+def allocated(st):
+    return st.st_blocks * 512
+
+
+def image_ok(kind, path, size):
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    if st.st_size != size:
+        return False
+    a = allocated(st)
+    if kind in ("random", "zero", "text"):
+        return a >= size
+    if kind == "holes":
+        return 0.4 * size <= a <= 0.7 * size
+    if kind == "empty":
+        return a == 0
+    return False
+
+
+def make_image(kind, path, size, report):
+    """The image, made if missing or not as expected; None if it cannot be."""
+    if image_ok(kind, path, size):
+        log(f"reusing {path}")
+        return path
+    need = {"random": size, "zero": size, "text": size, "holes": size // 2, "empty": 0}[kind]
+    free = shutil.disk_usage(path.parent).free
+    if need + GiB // 4 > free:
+        report.problem(f"FAILED: not enough space in {path.parent} for {path.name} "
+                       f"({human(need)} needed, {free / GiB:.1f} GiB free)")
+        return None
+    log(f"making {path} ({kind}, {human(size)})")
+    tmp = path.with_name(path.name + ".tmp")
+    if kind == "text":
+        # Compressible text lines: our mkimage's recipe `SIZE:t`.
+        return make_with([str(MKIMAGE), f"{short(size)}:t", str(tmp)], tmp, path, report)
+    try:
+        with open(tmp, "wb") as f:
+            if kind == "random":
+                for _ in range(size // CHUNK):
+                    f.write(os.urandom(CHUNK))
+                f.write(os.urandom(size % CHUNK))
+            elif kind == "zero":
+                zeros = bytes(CHUNK)
+                for _ in range(size // CHUNK):
+                    f.write(zeros)
+                f.write(bytes(size % CHUNK))
+            elif kind == "holes":
+                # 1 MiB of data, 1 MiB hole, repeated.
+                for off in range(0, size, 2 * CHUNK):
+                    f.seek(off)
+                    f.write(os.urandom(min(CHUNK, size - off)))
+            f.truncate(size)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except OSError as e:
+        report.problem(f"FAILED: cannot make {path}: {e}")
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return None
+    return path
+
+
+def make_with(argv, tmp, path, report, timeout=3600):
+    """Run argv, which writes tmp; fsync it and rename it to path."""
+    try:
+        tmp.unlink()
+    except FileNotFoundError:
+        pass
+    log(" ".join(argv))
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, timeout=timeout)
+        err, rc = p.stderr, p.returncode
+    except OSError as e:
+        err, rc = str(e), 127
+    except subprocess.TimeoutExpired:
+        err, rc = f"killed after {timeout} s", -9
+    if rc == 0:
+        try:
+            # Written back now, not while the commands are timed.
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+            log(f"made {path} in {time.perf_counter() - t0:.1f} s")
+            return path
+        except OSError as e:
+            err, rc = str(e), 1
+    last = [l for l in err.strip().splitlines() if l.strip()]
+    report.problem(f"FAILED: cannot make {path}: `{' '.join(argv)}`: exit {rc}: "
+                   f"{last[-1] if last else ''}"[:300])
+    try:
+        tmp.unlink()
+    except OSError:
+        pass
+    return None
+
+
+def qemu_img_info(path):
+    """`qemu-img info` of a file as a dict, or None."""
+    try:
+        p = subprocess.run(["qemu-img", "info", "--output=json", "-U", str(path)],
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        return json.loads(p.stdout) if p.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def qcow2_ok(path, src, size, compression):
+    """A qcow2 image converted from src, newer than src, as expected."""
+    try:
+        st, sst = os.stat(path), os.stat(src)
+    except FileNotFoundError:
+        return False
+    if st.st_mtime_ns < sst.st_mtime_ns:
+        return False
+    info = qemu_img_info(path)
+    if not info or info.get("format") != "qcow2" or info.get("virtual-size") != size \
+            or info.get("cluster-size") != 64 * KiB:
+        return False
+    data = info.get("format-specific", {}).get("data", {})
+    if compression:
+        # Text compresses to a small fraction; an uncompressed copy would not.
+        return data.get("compression-type", "zlib") == compression and allocated(st) < size // 2
+    # Half of the clusters allocated, like the raw image.
+    return 0.4 * size <= allocated(st) <= 0.7 * size
+
+
+def make_qcow2(src, path, size, compression, report):
+    """qemu-img convert src (raw) to path (qcow2, 64 KiB clusters), compressed with
+    compression ("zlib", "zstd") or not (None); reused when present and newer than src."""
+    if qcow2_ok(path, src, size, compression):
+        log(f"reusing {path}")
+        return path
+    need = size // 4 if compression else size // 2
+    free = shutil.disk_usage(path.parent).free
+    if need + GiB // 4 > free:
+        report.problem(f"FAILED: not enough space in {path.parent} for {path.name} "
+                       f"({human(need)} needed, {free / GiB:.1f} GiB free)")
+        return None
+    argv = ["qemu-img", "convert", "-f", "raw", "-O", "qcow2"]
+    if compression:
+        argv.append("-c")
+        if compression != "zlib":  # the default
+            argv += ["-o", f"compression_type={compression}"]
+    tmp = path.with_name(path.name + ".tmp")
+    log(f"making {path} ({compression or 'uncompressed'} qcow2 of {src.name}); "
+        f"this can take a minute")
+    if not make_with(argv + [str(src), str(tmp)], tmp, path, report):
+        return None
+    if not qcow2_ok(path, src, size, compression):
+        report.problem(f"FAILED: {path} is not as expected after `{' '.join(argv)}` "
+                       f"(qemu-img info: {qemu_img_info(path)})"[:500])
+        return None
+    return path
+
+
+# ---------------------------------------------------------------- the cases
