@@ -48,6 +48,20 @@ class NetCases:
             os.rename(tmp, b)
         return b
 
+    def sync_images(self, size, bs, tools):
+        """The work directory, the random image A and B, A changed; None
+        (reported) if one of `tools` is missing or an image cannot be made."""
+        missing = [t for t in tools if not shutil.which(t)]
+        if missing:
+            self.r.problem(f"FAILED: {', '.join(missing)} not found (scripts/setup.sh)")
+            return None
+        d = Path(self.a.dir)
+        d.mkdir(parents=True, exist_ok=True)
+        a = self.image("random", size)
+        if not a:
+            return None
+        return d, a, self.changed_image(a, size, bs)
+
     def case_sync(self):
         size = self.a.sync_size or (64 * MiB if self.a.quick else 2 * GiB)
         bs = 64 * KiB
@@ -57,15 +71,10 @@ class NetCases:
                f"changed, scattered; {settled})")
         self.r()
         qemu_img = shutil.which("qemu-img")
-        if not qemu_img:
-            self.r.problem("FAILED: qemu-img not found: the sync case compares with it")
+        pair = self.sync_images(size, bs, ["qemu-img"])
+        if not pair:
             return
-        d = Path(self.a.dir)
-        d.mkdir(parents=True, exist_ok=True)
-        a = self.image("random", size)
-        if not a:
-            return
-        b = self.changed_image(a, size, bs)
+        d, a, b = pair
         blksync = str(RELEASE / "blksync")
         dst, state = d / "sync-dst.raw", d / "sync-dst.map"
         first, full = d / "sync-first.raw", d / "sync-full.raw"
@@ -187,15 +196,10 @@ class NetCases:
                f"rate filter; {human(size)} of random data, 1% of 64 KiB blocks changed)")
         self.r()
         qemu_img, nbdkit = shutil.which("qemu-img"), shutil.which("nbdkit")
-        if not qemu_img or not nbdkit:
-            self.r.problem("FAILED: sync_nbd needs qemu-img and nbdkit (scripts/setup.sh)")
+        pair = self.sync_images(size, bs, ["qemu-img", "nbdkit"])
+        if not pair:
             return
-        d = Path(self.a.dir)
-        d.mkdir(parents=True, exist_ok=True)
-        a = self.image("random", size)
-        if not a:
-            return
-        b = self.changed_image(a, size, bs)
+        d, a, b = pair
         blksync, blkmap = str(RELEASE / "blksync"), str(RELEASE / "blkmap")
         dst, state = d / "sync-nbd-dst.raw", d / "sync-nbd-dst.map"
         full = d / "sync-nbd-full.raw"
