@@ -2,6 +2,9 @@
 //! options, opening an input (an image blkimage reads, or a saved map) and
 //! hashing it into a block map.
 
+// Every public item says what it is (cargo doc is part of the API).
+#![warn(missing_docs)]
+
 pub mod state;
 pub mod sync;
 
@@ -65,13 +68,17 @@ pub fn map_mismatch(map: &Map, algorithm: Algorithm, block_size: usize) -> Optio
 /// How to hash inputs into maps.
 #[derive(Clone, Debug)]
 pub struct MapOptions {
+    /// The digest of the blocks and of the checksum.
     pub algorithm: Algorithm,
+    /// Bytes per block.
     pub block_size: usize,
+    /// Digest threads.
     pub threads: usize,
     /// Bytes per read, before rounding up to whole blocks.
     pub read_size: usize,
     /// Jobs queued ahead of the digest workers.
     pub queue_depth: usize,
+    /// How images are opened (format, cache, NBD options...).
     pub open: OpenOptions,
     /// Set by Ctrl-C or SIGTERM: hashing stops with an "interrupted" error.
     pub cancel: Arc<AtomicBool>,
@@ -96,12 +103,14 @@ impl Default for MapOptions {
 
 /// A map of an input, and what the input was.
 pub struct Mapped {
+    /// The block map.
     pub map: Map,
     /// "raw", "qcow2", ... for images, "stream" for pipes, "map" for a saved map.
     pub format: String,
 }
 
 impl Mapped {
+    /// True if the input was a saved map, not an image read now.
     pub fn is_saved_map(&self) -> bool {
         self.format == "map"
     }

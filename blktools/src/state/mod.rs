@@ -62,17 +62,27 @@ pub fn is_side(prefix: &[u8]) -> bool {
 /// What identifies DST's content as the state saw it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Side {
+    /// The checksum of the state's map (hex), which this record belongs to.
     pub checksum: String,
+    /// "file" or "block".
     pub kind: String,
+    /// The device DST's file is on.
     pub dev: u64,
+    /// DST's inode number.
     pub ino: u64,
+    /// The device number, for a block device.
     pub rdev: u64,
+    /// DST's size in bytes.
     pub size: u64,
+    /// Last modification (seconds, nanoseconds).
     pub mtime: (i64, i64),
+    /// Last status change (seconds, nanoseconds): changes on any write,
+    /// even one that restores mtime.
     pub ctime: (i64, i64),
 }
 
 impl Side {
+    /// The record of DST (`meta`, `size` bytes) as `map` describes it.
     pub fn of(map: &Map, meta: &Metadata, size: u64) -> Side {
         let block = meta.file_type().is_block_device();
         Side {
@@ -103,6 +113,7 @@ impl Side {
         )
     }
 
+    /// The record as saved: its fields and their sha256.
     pub fn to_text(&self) -> String {
         let body = self.body();
         format!("{body}sha256 {}\n", sha256_hex(body.as_bytes()))

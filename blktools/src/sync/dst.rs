@@ -37,8 +37,11 @@ impl Kind {
 
 /// DST, opened for the run.
 pub struct Dst {
+    /// DST as given (a path, or the URL as a path).
     pub path: PathBuf,
+    /// DST's name in messages.
     pub name: String,
+    /// What DST is.
     pub kind: Kind,
     /// The connection DST is written through (an NBD URL or a served image).
     pub nbd: Option<Arc<Nbd>>,
@@ -60,7 +63,9 @@ pub struct Dst {
 /// A DST file that is an image of another format, served writable by a
 /// private qemu-nbd.
 pub struct Served {
+    /// The image's format ("qcow2", ...).
     pub format: &'static str,
+    /// The private qemu-nbd and its export.
     pub target: QemuTarget,
 }
 
