@@ -61,6 +61,7 @@ from common import (
     TiB,
     warm,
 )
+from device import DeviceCases
 from library import LibCases
 from net import NetCases
 
@@ -178,7 +179,7 @@ IMAGE_CASES = {
 # ---------------------------------------------------------------- the bench
 
 
-class Bench(NetCases, LibCases):
+class Bench(NetCases, LibCases, DeviceCases):
     def __init__(self, args, report):
         self.a = args
         self.r = report

@@ -89,6 +89,12 @@ pub struct InputArgs {
     /// Reads and digest jobs queued ahead of the digest workers [default: 16].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=128))]
     pub queue_depth: Option<u16>,
+
+    /// Reads in flight at once, on reading threads apart from the digest
+    /// threads (fio's iodepth); 0 runs each read on a digest thread
+    /// [default: 16 for files and devices read with direct I/O, else 0].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=256))]
+    pub io_depth: Option<u16>,
 }
 
 impl InputArgs {
@@ -120,6 +126,12 @@ impl InputArgs {
     /// Jobs queued ahead of the digest workers.
     pub fn queue_depth(&self) -> usize {
         self.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH).into()
+    }
+
+    /// Reads in flight apart from the digest threads, if asked for (else
+    /// the reader's default: see [`blkimage::read_image`]).
+    pub fn io_depth(&self) -> Option<usize> {
+        self.io_depth.map(usize::from)
     }
 
     /// How to open images.

@@ -16,6 +16,7 @@ mod buffer;
 pub mod nbd;
 pub mod qcow2;
 mod raw;
+mod readahead;
 mod reader;
 mod source;
 
@@ -25,7 +26,10 @@ pub use buffer::{ALIGN, AlignedBuf};
 pub use nbd::qemu::FORMATS as QEMU_FORMATS;
 pub use qcow2::Qcow2;
 pub use raw::RawFile;
-pub use reader::{Fill, Sink, Stats, interrupted, read_image, read_stream};
+pub use readahead::ReadAhead;
+pub use reader::{
+    DEFAULT_IO_DEPTH, Fill, Sink, Stats, interrupted, io_depth_for, read_image, read_stream,
+};
 pub use source::{Extent, ExtentKind, Source};
 
 use std::fs::File;

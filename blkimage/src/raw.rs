@@ -267,6 +267,10 @@ impl Source for RawFile {
         "raw"
     }
 
+    fn is_direct(&self) -> bool {
+        RawFile::is_direct(self)
+    }
+
     fn size(&self) -> u64 {
         self.size
     }

@@ -54,6 +54,12 @@ pub trait Source: Send + Sync {
     /// Fill `buf` with the guest bytes at `offset` (all of it, or an error).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 
+    /// True if reads bypass the page cache (direct I/O): such a source
+    /// wants many reads in flight (see [`crate::read_image`]).
+    fn is_direct(&self) -> bool {
+        false
+    }
+
     /// Called once all was read: report anything that makes the bytes read
     /// untrustworthy (a file that shrank while we read it).
     fn finish(&self) -> io::Result<()> {

@@ -599,6 +599,7 @@ fn zero_and_unallocated_ranges_are_never_read() {
         src,
         &mut Discard,
         1 << 20,
+        None,
         &std::sync::atomic::AtomicBool::new(false),
         &mut |_| {},
     )

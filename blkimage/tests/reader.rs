@@ -45,13 +45,23 @@ fn read_all(
     src: impl Source + 'static,
     read_size: usize,
 ) -> io::Result<(Collect, blkimage::Stats)> {
-    let src: Arc<dyn Source> = Arc::new(src);
+    read_with(Arc::new(src), read_size, Some(0), &AtomicBool::new(false))
+}
+
+/// Read `src` with `io_depth` reads in flight (see `read_image`).
+fn read_with(
+    src: Arc<dyn Source>,
+    read_size: usize,
+    io_depth: Option<usize>,
+    cancel: &AtomicBool,
+) -> io::Result<(Collect, blkimage::Stats)> {
     let mut sink = Collect::default();
     let stats = read_image(
         src.clone(),
         &mut sink,
         read_size,
-        &AtomicBool::new(false),
+        io_depth,
+        cancel,
         &mut |_| {},
     )?;
     src.finish()?;
@@ -198,4 +208,190 @@ fn open_kinds() {
         blkimage::open("/dev/null", &OpenOptions::default()).unwrap(),
         Input::Stream(_)
     ));
+}
+
+// ---------------------------------------------------------------------------
+// Reads in flight on reading threads (io_depth): the promises of the
+// reader hold with many reads at once.
+
+/// A source of `size` bytes: data where `data(offset)` says, each 8-byte
+/// word its offset; reads take a pseudo-random few milliseconds, so they
+/// finish out of order; reads at or past `bad_from` fail with EIO; after
+/// `cancel_after` reads, `cancel` is set (a Ctrl-C mid-run).
+struct Slow {
+    size: u64,
+    chunk: u64,
+    bad_from: u64,
+    reads: std::sync::atomic::AtomicU64,
+    in_flight: std::sync::atomic::AtomicU64,
+    most_in_flight: std::sync::atomic::AtomicU64,
+    cancel_after: u64,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Slow {
+    fn new(size: u64) -> Slow {
+        Slow {
+            size,
+            chunk: 1 << 20,
+            bad_from: u64::MAX,
+            reads: Default::default(),
+            in_flight: Default::default(),
+            most_in_flight: Default::default(),
+            cancel_after: u64::MAX,
+            cancel: Arc::default(),
+        }
+    }
+    /// Every other `chunk` is data, the rest holes.
+    fn is_data(&self, offset: u64) -> bool {
+        (offset / self.chunk).is_multiple_of(2)
+    }
+    fn expected(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.size as usize];
+        for (i, w) in v.chunks_mut(8).enumerate() {
+            let at = i as u64 * 8;
+            if self.is_data(at) {
+                w.copy_from_slice(&at.to_le_bytes()[..w.len()]);
+            }
+        }
+        v
+    }
+}
+
+impl Source for Slow {
+    fn format(&self) -> &str {
+        "test"
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        let end = ((offset / self.chunk + 1) * self.chunk).min(offset + len);
+        let kind = if self.is_data(offset) {
+            ExtentKind::Data
+        } else {
+            ExtentKind::Hole
+        };
+        Ok(vec![Extent {
+            offset,
+            len: end - offset,
+            kind,
+        }])
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        assert!(self.is_data(offset), "a hole was read at {offset}");
+        let n = self.reads.fetch_add(1, SeqCst) + 1;
+        if n >= self.cancel_after {
+            self.cancel.store(true, SeqCst);
+        }
+        let now = self.in_flight.fetch_add(1, SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, SeqCst);
+        // 0-3 ms, varying by offset: later reads often finish first.
+        let ms = (offset.wrapping_mul(2654435761) >> 20) % 4;
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        self.in_flight.fetch_sub(1, SeqCst);
+        if offset + buf.len() as u64 > self.bad_from {
+            return Err(io::Error::from_raw_os_error(libc_eio()));
+        }
+        for (i, w) in buf.chunks_mut(8).enumerate() {
+            let at = offset + i as u64 * 8;
+            w.copy_from_slice(&at.to_le_bytes()[..w.len()]);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn many_reads_in_flight_come_in_order_and_holes_are_never_read() {
+    for depth in [1, 2, 8, 32] {
+        let src = Arc::new(Slow::new(48 << 20));
+        let want = src.expected();
+        // 256 KiB reads: four per data chunk.
+        let (sink, stats) =
+            read_with(src.clone(), 256 << 10, Some(depth), &AtomicBool::new(false)).unwrap();
+        assert!(sink.bytes == want, "depth {depth}: bytes out of order");
+        assert_eq!((stats.data, stats.hole), (24 << 20, 24 << 20));
+        let most = src.most_in_flight.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            most as usize <= depth,
+            "depth {depth}: {most} reads at once"
+        );
+        if depth >= 8 {
+            assert!(most >= 4, "depth {depth}: at most {most} reads at once");
+        }
+    }
+}
+
+#[test]
+fn a_read_error_with_many_reads_in_flight_stops_the_run() {
+    for bad_from in [0, 5 << 20, (40 << 20) + 4096] {
+        let mut src = Slow::new(48 << 20);
+        src.bad_from = bad_from;
+        let err = read_with(Arc::new(src), 1 << 20, Some(16), &AtomicBool::new(false))
+            .err()
+            .expect("an error, no checksum");
+        assert_eq!(err.raw_os_error(), Some(5), "{err}");
+    }
+}
+
+#[test]
+fn ctrl_c_stops_reads_in_flight() {
+    let mut src = Slow::new(256 << 20);
+    src.cancel_after = 10;
+    let cancel = src.cancel.clone();
+    let src = Arc::new(src);
+    let err = read_with(src.clone(), 1 << 20, Some(16), &cancel)
+        .err()
+        .expect("interrupted");
+    assert_eq!(err.kind(), io::ErrorKind::Interrupted, "{err}");
+    // Stopped soon after: not the 128 data reads of the whole image.
+    let reads = src.reads.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(reads < 10 + 2 * 16 + 1, "{reads} reads after Ctrl-C");
+}
+
+#[test]
+fn a_file_that_shrinks_with_reads_in_flight_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.img");
+    testkit::Recipe::parse("8m:r")
+        .unwrap()
+        .write_image(&path)
+        .unwrap();
+    let src = RawFile::open(&path, false).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(3 << 20)
+        .unwrap();
+    let err = read_with(Arc::new(src), 1 << 20, Some(8), &AtomicBool::new(false))
+        .err()
+        .expect("an error");
+    assert!(err.to_string().contains("shr"), "{err}");
+}
+
+/// Direct I/O on a real file system (not tmpfs, which has none): the
+/// default reads with reading threads, and the bytes are the file's.
+#[test]
+fn direct_io_on_a_real_file_system_reads_with_the_default_depth() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = dir.path().join("d.img");
+    testkit::Recipe::parse("3m:r 2m:- 1m:0 5m:r 100k:t")
+        .unwrap()
+        .write_image(&path)
+        .unwrap();
+    let src = RawFile::open(&path, true).unwrap();
+    if !src.is_direct() {
+        eprintln!("/var/tmp has no direct I/O: test skipped");
+        return;
+    }
+    assert_eq!(
+        blkimage::io_depth_for(&src, None),
+        blkimage::DEFAULT_IO_DEPTH
+    );
+    let want = std::fs::read(&path).unwrap();
+    let (sink, _) = read_with(Arc::new(src), 1 << 20, None, &AtomicBool::new(false)).unwrap();
+    assert!(sink.bytes[..want.len()] == want[..]);
+    assert!(sink.bytes[want.len()..].iter().all(|&b| b == 0));
 }

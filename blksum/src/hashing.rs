@@ -25,6 +25,8 @@ pub struct Hashing {
     pub open: OpenOptions,
     pub threads: usize,
     pub queue_depth: usize,
+    /// Reads in flight apart from the digest threads (None: the reader's default).
+    pub io_depth: Option<usize>,
     /// Bytes per read, before rounding up to whole blocks.
     pub read_size: usize,
     pub cancel: Arc<AtomicBool>,
@@ -60,6 +62,7 @@ impl Hashing {
                     src.clone(),
                     &mut sink,
                     read_size,
+                    self.io_depth,
                     &self.cancel,
                     &mut |n| shown_progress.inc(n),
                 )?;

@@ -61,6 +61,7 @@ fn main() -> ExitCode {
         open: args.input.open_options(),
         threads: args.input.threads(),
         queue_depth: args.input.queue_depth(),
+        io_depth: args.input.io_depth(),
         read_size: args.input.read_size(),
         cancel: signals.cancel.clone(),
         progress,

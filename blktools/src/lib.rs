@@ -48,6 +48,7 @@ pub fn map_options(input: &InputArgs, algorithm: Algorithm, block_size: usize) -
         threads: input.threads(),
         read_size: input.read_size(),
         queue_depth: input.queue_depth(),
+        io_depth: input.io_depth(),
         open: input.open_options(),
         ..MapOptions::default()
     }
@@ -78,6 +79,8 @@ pub struct MapOptions {
     pub read_size: usize,
     /// Jobs queued ahead of the digest workers.
     pub queue_depth: usize,
+    /// Reads in flight apart from the digest threads (None: the reader's default).
+    pub io_depth: Option<usize>,
     /// How images are opened (format, cache, NBD options...).
     pub open: OpenOptions,
     /// Set by Ctrl-C or SIGTERM: hashing stops with an "interrupted" error.
@@ -94,6 +97,7 @@ impl Default for MapOptions {
             threads: blkhash::default_threads(),
             read_size: blkcli::args::DEFAULT_READ_SIZE,
             queue_depth: blkcli::args::DEFAULT_QUEUE_DEPTH.into(),
+            io_depth: None,
             open: OpenOptions::default(),
             cancel: Arc::default(),
             progress: None,
@@ -185,7 +189,14 @@ fn map_shown(
     match input {
         Input::Image(src) => {
             let src: Arc<dyn Source> = Arc::from(src);
-            blkimage::read_image(src.clone(), &mut sink, read_size, cancel, &mut progress)?;
+            blkimage::read_image(
+                src.clone(),
+                &mut sink,
+                read_size,
+                opts.io_depth,
+                cancel,
+                &mut progress,
+            )?;
             let map = builder.finalize(sink)?;
             // Only now are all reads done: is the image still what we read?
             src.finish()?;

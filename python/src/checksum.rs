@@ -190,7 +190,14 @@ impl Job {
         match input {
             Input::Image(src) => {
                 let src: Arc<dyn Source> = Arc::from(src);
-                blkimage::read_image(src.clone(), &mut sink, self.read_size, cancel, &mut |_| {})?;
+                blkimage::read_image(
+                    src.clone(),
+                    &mut sink,
+                    self.read_size,
+                    None,
+                    cancel,
+                    &mut |_| {},
+                )?;
                 let sum = sink.finalize()?;
                 // Only now are all reads done: is the image still what we read?
                 src.finish()?;

@@ -186,6 +186,12 @@ impl Source for Qcow2 {
         "qcow2"
     }
 
+    /// Its data clusters read with direct I/O (the external data file's,
+    /// if any; a backing file's reads are the backing source's business).
+    fn is_direct(&self) -> bool {
+        self.data.as_ref().unwrap_or(&self.file).is_direct()
+    }
+
     /// The virtual size rounded down to a multiple of 512, as QEMU does
     /// (it counts whole sectors): the guest sees no partial last sector.
     fn size(&self) -> u64 {

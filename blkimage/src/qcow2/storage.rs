@@ -24,6 +24,11 @@ pub trait Storage: Send + Sync {
     fn finish(&self) -> io::Result<()> {
         Ok(())
     }
+
+    /// True if reads bypass the page cache (see [`Source::is_direct`]).
+    fn is_direct(&self) -> bool {
+        false
+    }
 }
 
 fn past_end(offset: u64, len: usize, size: u64) -> io::Error {
@@ -96,5 +101,9 @@ impl Storage for ImageFile {
 
     fn finish(&self) -> io::Result<()> {
         Source::finish(&self.raw)
+    }
+
+    fn is_direct(&self) -> bool {
+        self.raw.is_direct()
     }
 }

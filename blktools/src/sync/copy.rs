@@ -3,7 +3,6 @@
 
 use super::Error;
 use super::target::Target;
-use blkhash::Pipeline;
 use blkimage::{AlignedBuf, Fill, Sink, Source};
 use blkmap::{Block, Map, Range};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
@@ -304,7 +303,9 @@ pub fn copy_ranges(w: &Writer<'_>, map: &Map, ranges: &[Range]) -> Result<(), Er
 /// skipped (they are holes already). SRC is read once, and writes run in
 /// parallel with hashing.
 pub struct WriteThrough<'a> {
-    pub hasher: &'a mut Pipeline<AlignedBuf>,
+    /// The hasher, or reading threads in front of it (then each chunk is
+    /// read and written on a reading thread).
+    pub hasher: &'a mut dyn Sink,
     pub dst: Arc<Target>,
     pub dst_name: Arc<str>,
     pub block_size: usize,
@@ -329,7 +330,7 @@ impl Sink for WriteThrough<'_> {
         let bs = self.block_size;
         let early = self.flush_later;
         Sink::read(
-            &mut *self.hasher,
+            self.hasher,
             len,
             Box::new(move |buf: &mut [u8]| {
                 fill(buf)?;
@@ -356,20 +357,20 @@ impl Sink for WriteThrough<'_> {
         // Images come as reads; this is for completeness (streams).
         write_data(&self.dst, &buf, self.pos, self.block_size, &self.counts)?;
         self.pos += buf.len() as u64;
-        Sink::data(&mut *self.hasher, buf)
+        Sink::data(self.hasher, buf)
     }
 
     fn zeros(&mut self, len: u64) -> io::Result<()> {
         self.pos += len;
-        Sink::zeros(&mut *self.hasher, len)
+        Sink::zeros(self.hasher, len)
     }
 
     fn reclaim(&mut self) -> Option<AlignedBuf> {
-        Sink::reclaim(&mut *self.hasher)
+        Sink::reclaim(self.hasher)
     }
 
     fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
-        Sink::reclaim_wait(&mut *self.hasher)
+        Sink::reclaim_wait(self.hasher)
     }
 }
 

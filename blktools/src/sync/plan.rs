@@ -7,7 +7,7 @@ use super::target::Target;
 use super::{DryRun, Error, Request, update};
 use crate::{MapOptions, state};
 use blkhash::BlockEvent;
-use blkimage::{Input, Source};
+use blkimage::{Input, ReadAhead, Sink, Source};
 use blkmap::{Block, Map, Range};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -294,9 +294,17 @@ fn hash_src(
         c.progress.update(c.counts);
     };
     match through {
-        Some(t) => {
+        // The reading threads (if any) go between the writes and the
+        // hasher: each chunk is read and written on one of them.
+        Some(t) => std::thread::scope(|scope| {
+            let depth = blkimage::io_depth_for(&*c.src, c.opts.io_depth);
+            let mut ahead = None;
+            let hasher: &mut dyn Sink = match depth {
+                0 => &mut h,
+                d => ahead.insert(ReadAhead::new(scope, &mut h, d)?),
+            };
             let mut sink = WriteThrough {
-                hasher: &mut h,
+                hasher,
                 dst: t.dst,
                 dst_name: t.name,
                 block_size: c.opts.block_size,
@@ -305,10 +313,20 @@ fn hash_src(
                 pos: 0,
                 flush_later: t.flush_later,
             };
-            blkimage::read_image(c.src.clone(), &mut sink, read_size, c.cancel, &mut on_read)?;
-        }
+            let src = c.src.clone();
+            blkimage::read_image(src, &mut sink, read_size, Some(0), c.cancel, &mut on_read)?;
+            ahead.map_or(Ok(()), |mut a| a.flush())
+        })?,
         None => {
-            blkimage::read_image(c.src.clone(), &mut h, read_size, c.cancel, &mut on_read)?;
+            let depth = c.opts.io_depth;
+            blkimage::read_image(
+                c.src.clone(),
+                &mut h,
+                read_size,
+                depth,
+                c.cancel,
+                &mut on_read,
+            )?;
         }
     }
     let map = builder.finalize(h)?;
@@ -343,7 +361,11 @@ fn copy_src(c: &Ctx<'_>, dst: Arc<Target>) -> Result<(), Error> {
         dst,
         dst_name: Arc::from(c.dst.name.as_str()),
         block_size: c.opts.block_size,
-        threads: c.opts.threads,
+        // Its workers read and write: as many as the reads to keep in flight.
+        threads: c
+            .opts
+            .threads
+            .max(blkimage::io_depth_for(&*c.src, c.opts.io_depth)),
         counts: c.counts.clone(),
         flush_later: false,
     });
@@ -352,7 +374,8 @@ fn copy_src(c: &Ctx<'_>, dst: Arc<Target>) -> Result<(), Error> {
         c.counts.compared.fetch_add(n, Ordering::Relaxed);
         c.progress.update(c.counts);
     };
-    let read = blkimage::read_image(c.src.clone(), &mut sink, read_size, c.cancel, &mut on_read);
+    let src = c.src.clone();
+    let read = blkimage::read_image(src, &mut sink, read_size, Some(0), c.cancel, &mut on_read);
     // The workers' failure first: it names its input; then the read loop's.
     sink.finish()?;
     read.map_err(|e| c.src_error(e))?;
