@@ -140,12 +140,15 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
         Ok(Input::Stream(r))
     };
     if name == "-" {
+        grow_pipe(&io::stdin());
         return stream(Box::new(io::stdin()));
     }
     let path = Path::new(name);
     let ft = std::fs::metadata(path)?.file_type();
     if ft.is_fifo() || ft.is_char_device() || ft.is_socket() {
-        return stream(Box::new(File::open(path)?));
+        let f = File::open(path)?;
+        grow_pipe(&f);
+        return stream(Box::new(f));
     }
     let file = RawFile::open(path, !opts.cache)?;
     file.lock(opts.force_share)?;
@@ -184,4 +187,24 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
     Ok(Input::Image(Box::new(qcow2::open_file(
         file, path, opts, &mut chain,
     )?)))
+}
+
+/// The buffer a pipe is given, if it is one: the most an unprivileged
+/// process may ask for by default (/proc/sys/fs/pipe-max-size). The
+/// default 64 KiB means a wakeup of each side per 64 KiB: on a 2-core VM,
+/// `cat | cat` moves 1.1 GB/s, and 4.4 GB/s with 1 MiB.
+const PIPE_SIZE: libc::c_int = 1 << 20;
+
+/// Give `fd` a pipe buffer of [`PIPE_SIZE`] if it is a pipe. A failure is
+/// ignored: the pipe works as it is (the user may be over their limit of
+/// pipe memory, /proc/sys/fs/pipe-user-pages-soft).
+fn grow_pipe(fd: &impl std::os::fd::AsRawFd) {
+    let fd = fd.as_raw_fd();
+    // SAFETY: fstat fills a stat we own; fcntl on a descriptor we hold.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO {
+            libc::fcntl(fd, libc::F_SETPIPE_SZ, PIPE_SIZE);
+        }
+    }
 }

@@ -395,3 +395,18 @@ fn direct_io_on_a_real_file_system_reads_with_the_default_depth() {
     assert!(sink.bytes[..want.len()] == want[..]);
     assert!(sink.bytes[want.len()..].iter().all(|&b| b == 0));
 }
+
+/// A pipe given as a path (`/dev/fd/N`, as `<(cmd)` gives) gets a 1 MiB
+/// buffer: with the default 64 KiB, moving bytes through it was 4× slower.
+#[test]
+fn a_pipe_gets_a_large_buffer() {
+    use std::os::fd::AsRawFd;
+    let (reader, _writer) = std::io::pipe().unwrap();
+    let fd = reader.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we hold.
+    let size = || unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) };
+    assert_eq!(size(), 64 << 10);
+    let input = blkimage::open(format!("/dev/fd/{fd}"), &OpenOptions::default()).unwrap();
+    assert!(matches!(input, Input::Stream(_)));
+    assert_eq!(size(), 1 << 20);
+}
