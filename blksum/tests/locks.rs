@@ -200,7 +200,8 @@ fn readers_share_and_writers_wait_while_blksum_reads() {
     assert!(out.status.success(), "{}", stderr(&out));
     drop(reader.stdin.take());
     reader.wait().unwrap();
-    // While blksum reads (slowly: small reads, one at a time), a writer
+    // While blksum reads (slowly: small reads, one at a time on its one
+    // digest thread), a writer
     // cannot open the image.
     let mut child = blksum()
         .args([
@@ -208,6 +209,8 @@ fn readers_share_and_writers_wait_while_blksum_reads() {
             "4k",
             "--queue-depth",
             "1",
+            "--io-depth",
+            "0",
             "-t",
             "1",
             "-d",
