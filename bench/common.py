@@ -79,10 +79,14 @@ class Report:
     def table(self, header, rows, align=None):
         """align: one character per column, 'l' or 'r' (default: first left)."""
         align = align or "l" + "r" * (len(header) - 1)
-        self("| " + " | ".join(header) + " |")
+        def cells(row):
+            # A command line's pipe would split its cell.
+            return "| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |"
+
+        self(cells(header))
         self("|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|")
         for r in rows:
-            self("| " + " | ".join(str(c) for c in r) + " |")
+            self(cells(r))
         self()
 
     def code(self, text):

@@ -8,7 +8,9 @@ import random
 import shutil
 import statistics
 
-from common import Cmd, GiB, MiB, human, log, run_once, short
+from pathlib import Path
+
+from common import RELEASE, Cmd, GiB, MiB, human, log, run_once
 
 
 class DeviceCases:
@@ -60,6 +62,7 @@ class DeviceCases:
             "ours_d0": self.ours_depth(rnd, 0),
             "ours_t8": self.ours("sha256", rnd, cache=False, threads=8),
             "null": self.ours("null", rnd, cache=False),
+            "sync": self.sync_update(rnd),
             "holes": self.ours("sha256", holes, cache=False, label="holes"),
             "qcow2": self.ours("sha256", q, cache=False, label="holes qcow2"),
         }
@@ -76,7 +79,8 @@ class DeviceCases:
         self.results(s, cmds, size)
         rows = []
         for key, den in (("ours", "fio"), ("ours_d0", "fio"), ("ours_t8", "fio"), ("null", "fio"),
-                         ("holes", "fio_half"), ("qcow2", "fio_half")):
+                         ("sync", "fio"), ("sync", "ours"), ("holes", "fio_half"),
+                         ("qcow2", "fio_half")):
             v = self.per_round(c[key], c[den])
             rows.append([c[key].name, c[den].name, f"{v:.2f}x" if v else "failed"])
         self.r.table(["command", "against", "median of per-round ratios"], rows, "llr")
@@ -90,6 +94,22 @@ class DeviceCases:
         self.memory_target(s, cmds)
         self.r()
         self.pipe_rounds(rnd, size, rounds)
+
+    def sync_update(self, src):
+        """blksync SRC DST --state STATE with DST already SRC's copy and
+        STATE its map (made once, untimed): SRC is read and hashed as blksum
+        does, nothing is written."""
+        d = src.parent
+        dst, state = d / f"{src.stem}.direct-dst.raw", d / f"{src.stem}.direct-dst.map"
+        blksync, blkmap = str(RELEASE / "blksync"), str(RELEASE / "blkmap")
+        if not dst.exists() or dst.stat().st_mtime < src.stat().st_mtime or not state.exists():
+            log(f"making {dst} and its state {state}")
+            for p in (dst, state, Path(f"{state}.dst")):
+                p.unlink(missing_ok=True)
+            if not self.steps([blksync, str(src), str(dst), "--state", str(state)]):
+                return None
+        argv = [blksync, str(src), str(dst), "--state", str(state)]
+        return Cmd("blksync update, state (direct)", argv, ours=True)
 
     def ours_depth(self, img, depth):
         cmd = self.ours("sha256", img, cache=False)
