@@ -28,7 +28,8 @@ pub use qcow2::Qcow2;
 pub use raw::RawFile;
 pub use readahead::ReadAhead;
 pub use reader::{
-    DEFAULT_IO_DEPTH, Fill, Sink, Stats, interrupted, io_depth_for, read_image, read_stream,
+    DEFAULT_IO_DEPTH, Fill, InputRead, Sink, Stats, interrupted, io_depth_for, read_image,
+    read_input, read_stream,
 };
 pub use source::{Extent, ExtentKind, Source};
 
@@ -112,6 +113,16 @@ pub enum Input {
     Image(Box<dyn Source>),
     /// Read once from start to end (a pipe, standard input, a FIFO).
     Stream(Box<dyn Read + Send>),
+}
+
+impl Input {
+    /// The guest size of an image; None for a stream (known at its end).
+    pub fn size(&self) -> Option<u64> {
+        match self {
+            Input::Image(s) => Some(s.size()),
+            Input::Stream(_) => None,
+        }
+    }
 }
 
 /// Open `name`: `-` is standard input; an NBD URL (`nbd://`, `nbd+unix://`,

@@ -171,6 +171,53 @@ fn walk(
     Ok(stats)
 }
 
+/// An input read by [`read_input`]: what was found, its format ("raw",
+/// "qcow2", ... or "stream"), and the image to finish.
+pub struct InputRead {
+    /// What was found, in bytes.
+    pub stats: Stats,
+    /// The image's format, or "stream".
+    pub format: String,
+    image: Option<Arc<dyn Source>>,
+}
+
+impl InputRead {
+    /// Call once the sink has finished every read (the hasher finalized):
+    /// an error if the image changed under the reads ([`Source::finish`]).
+    pub fn finish(&self) -> io::Result<()> {
+        self.image.as_ref().map_or(Ok(()), |s| s.finish())
+    }
+}
+
+/// Read an opened input into `sink`: an image with [`read_image`], a stream
+/// with [`read_stream`]. Finalize the sink, then call [`InputRead::finish`]
+/// before trusting the result.
+pub fn read_input(
+    input: crate::Input,
+    sink: &mut dyn Sink,
+    read_size: usize,
+    io_depth: Option<usize>,
+    cancel: &AtomicBool,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<InputRead> {
+    match input {
+        crate::Input::Image(src) => {
+            let src: Arc<dyn Source> = Arc::from(src);
+            let stats = read_image(src.clone(), sink, read_size, io_depth, cancel, progress)?;
+            Ok(InputRead {
+                stats,
+                format: src.format().to_string(),
+                image: Some(src),
+            })
+        }
+        crate::Input::Stream(mut r) => Ok(InputRead {
+            stats: read_stream(&mut r, sink, read_size, cancel, progress)?,
+            format: "stream".to_string(),
+            image: None,
+        }),
+    }
+}
+
 /// Read a stream (a pipe) to its end into `sink`: its length is what was
 /// read; zero detection is the sink's business.
 pub fn read_stream(

@@ -2,7 +2,7 @@
 
 use blkcli::progress::Progress;
 use blkhash::{Algorithm, Checksum, Options, Pipeline};
-use blkimage::{AlignedBuf, Input, OpenOptions, Source, Stats};
+use blkimage::{AlignedBuf, OpenOptions, Stats};
 use std::ffi::OsStr;
 use std::io;
 use std::sync::Arc;
@@ -46,40 +46,24 @@ impl Hashing {
         let mut sink: Pipeline<AlignedBuf> = Pipeline::new(opts).map_err(io::Error::other)?;
         // Whole blocks per read: reads then go to the digest workers as they are.
         let read_size = self.read_size.next_multiple_of(block_size);
-        let progress = &self.progress;
-        let report = |format: String, stats: Stats, checksum| Report {
-            format,
-            size: stats.total(),
+        let mut shown_progress = self.progress.start(&shown, input.size());
+        let read = blkimage::read_input(
+            input,
+            &mut sink,
+            read_size,
+            self.io_depth,
+            &self.cancel,
+            &mut |n| shown_progress.inc(n),
+        )?;
+        let checksum = sink.finalize()?;
+        // Only now are all reads done: is the image still what we read?
+        read.finish()?;
+        Ok(Report {
+            format: read.format,
+            size: read.stats.total(),
             block_size,
             checksum,
-            stats,
-        };
-        match input {
-            Input::Image(src) => {
-                let src: Arc<dyn Source> = Arc::from(src);
-                let mut shown_progress = progress.start(&shown, Some(src.size()));
-                let stats = blkimage::read_image(
-                    src.clone(),
-                    &mut sink,
-                    read_size,
-                    self.io_depth,
-                    &self.cancel,
-                    &mut |n| shown_progress.inc(n),
-                )?;
-                let checksum = sink.finalize()?;
-                // Only now are all reads done: is the image still what we read?
-                src.finish()?;
-                Ok(report(src.format().to_string(), stats, checksum))
-            }
-            Input::Stream(mut r) => {
-                let mut shown_progress = progress.start(&shown, None);
-                let stats =
-                    blkimage::read_stream(&mut r, &mut sink, read_size, &self.cancel, &mut |n| {
-                        shown_progress.inc(n)
-                    })?;
-                let checksum = sink.finalize()?;
-                Ok(report("stream".to_string(), stats, checksum))
-            }
-        }
+            stats: read.stats,
+        })
     }
 }

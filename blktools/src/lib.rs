@@ -9,7 +9,7 @@ pub mod state;
 pub mod sync;
 
 use blkhash::{Algorithm, BlockEvent, Options, Pipeline};
-use blkimage::{AlignedBuf, Input, OpenOptions, Source};
+use blkimage::{AlignedBuf, Input, OpenOptions};
 use blkmap::{Map, MapBuilder};
 use std::fs::File;
 use std::io::{self, Read};
@@ -172,10 +172,7 @@ fn map_shown(
 ) -> io::Result<Mapped> {
     let (mut sink, builder) = hasher(opts)?;
     let read_size = opts.read_size.next_multiple_of(opts.block_size);
-    let size = match &input {
-        Input::Image(src) => Some(src.size()),
-        Input::Stream(_) => None,
-    };
+    let size = input.size();
     let mut shown = opts
         .progress
         .as_ref()
@@ -186,33 +183,15 @@ fn map_shown(
             s.inc(n)
         }
     };
-    match input {
-        Input::Image(src) => {
-            let src: Arc<dyn Source> = Arc::from(src);
-            blkimage::read_image(
-                src.clone(),
-                &mut sink,
-                read_size,
-                opts.io_depth,
-                cancel,
-                &mut progress,
-            )?;
-            let map = builder.finalize(sink)?;
-            // Only now are all reads done: is the image still what we read?
-            src.finish()?;
-            Ok(Mapped {
-                map,
-                format: src.format().to_string(),
-            })
-        }
-        Input::Stream(mut r) => {
-            blkimage::read_stream(&mut r, &mut sink, read_size, cancel, &mut progress)?;
-            Ok(Mapped {
-                map: builder.finalize(sink)?,
-                format: "stream".to_string(),
-            })
-        }
-    }
+    let io_depth = opts.io_depth;
+    let read = blkimage::read_input(input, &mut sink, read_size, io_depth, cancel, &mut progress)?;
+    let map = builder.finalize(sink)?;
+    // Only now are all reads done: is the image still what we read?
+    read.finish()?;
+    Ok(Mapped {
+        map,
+        format: read.format,
+    })
 }
 
 /// A saved map, if `name` is a regular file that starts with the map

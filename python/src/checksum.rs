@@ -8,7 +8,7 @@
 
 use crate::{check_block_size, check_threads, parse_digest};
 use blkhash::{Checksum, Options, Pipeline};
-use blkimage::{AlignedBuf, Format, Input, OpenOptions, Source};
+use blkimage::{AlignedBuf, Format, OpenOptions};
 use crossbeam_channel::RecvTimeoutError;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -187,27 +187,12 @@ impl Job {
         let input = blkimage::open(&self.name, &self.open)?;
         let mut sink: Pipeline<AlignedBuf> =
             Pipeline::new(self.hasher).map_err(io::Error::other)?;
-        match input {
-            Input::Image(src) => {
-                let src: Arc<dyn Source> = Arc::from(src);
-                blkimage::read_image(
-                    src.clone(),
-                    &mut sink,
-                    self.read_size,
-                    None,
-                    cancel,
-                    &mut |_| {},
-                )?;
-                let sum = sink.finalize()?;
-                // Only now are all reads done: is the image still what we read?
-                src.finish()?;
-                Ok(sum)
-            }
-            Input::Stream(mut r) => {
-                blkimage::read_stream(&mut r, &mut sink, self.read_size, cancel, &mut |_| {})?;
-                sink.finalize()
-            }
-        }
+        let read =
+            blkimage::read_input(input, &mut sink, self.read_size, None, cancel, &mut |_| {})?;
+        let sum = sink.finalize()?;
+        // Only now are all reads done: is the image still what we read?
+        read.finish()?;
+        Ok(sum)
     }
 }
 
