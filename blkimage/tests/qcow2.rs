@@ -613,3 +613,38 @@ fn zero_and_unallocated_ranges_are_never_read() {
         "read {read} bytes"
     );
 }
+
+/// An image whose data is compressed is read on the digest workers (its
+/// reads are decompression); its uncompressed conversion, read with direct
+/// I/O, with reading threads of their own.
+#[test]
+fn compressed_images_read_on_the_digest_workers() {
+    let d = Dir::new();
+    d.img(&["create", "-f", "raw", "src.raw", "8m"]);
+    d.io(
+        "src.raw",
+        "raw",
+        &["write -P 0x11 1m 3m", "write -P 0x22 6m 1m"],
+    );
+    d.img(&["convert", "-c", "-O", "qcow2", "src.raw", "c.qcow2"]);
+    d.img(&["convert", "-O", "qcow2", "src.raw", "u.qcow2"]);
+    let direct = OpenOptions::default(); // cache: false
+    let c = open_with(d.path("c.qcow2"), &direct).unwrap();
+    assert!(!c.is_direct(), "compressed image read with reading threads");
+    if !blkimage::RawFile::open(&d.path("u.qcow2"), true)
+        .unwrap()
+        .is_direct()
+    {
+        eprintln!("no direct I/O where the test images are: the rest skipped");
+        return;
+    }
+    let u = open_with(d.path("u.qcow2"), &direct).unwrap();
+    assert!(u.is_direct());
+    assert_eq!(
+        blkimage::io_depth_for(&*u, None),
+        blkimage::DEFAULT_IO_DEPTH
+    );
+    assert_eq!(blkimage::io_depth_for(&*c, None), 0);
+    // Asked for, reading threads serve a compressed image too.
+    assert_eq!(blkimage::io_depth_for(&*c, Some(8)), 8);
+}

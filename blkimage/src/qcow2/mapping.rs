@@ -77,6 +77,27 @@ impl Mapper {
         g >> (self.cluster_bits + self.l2_bits)
     }
 
+    /// True if the first data cluster of the first L2 table is compressed
+    /// (one table read): an image made with `qemu-img convert -c`, whose
+    /// reads are decompression, CPU work. False if there is none, or on an
+    /// error (the reads will report it).
+    pub fn looks_compressed(&self, file: &dyn Storage) -> bool {
+        let table_bytes = 1u64 << (self.cluster_bits + self.l2_bits);
+        let Some(i) = self.l1.iter().position(|e| e & OFFSET_MASK != 0) else {
+            return false;
+        };
+        let start = i as u64 * table_bytes;
+        let mut g = start;
+        while g < start + table_bytes {
+            match self.map(file, g, start + table_bytes - g) {
+                Ok((Map::Compressed { .. }, _)) => return true,
+                Ok((Map::Data { .. }, _)) | Err(_) => return false,
+                Ok((_, len)) => g += len,
+            }
+        }
+        false
+    }
+
     /// True if `g` is covered by an allocated L2 table.
     pub fn has_table(&self, g: u64) -> bool {
         usize::try_from(self.l1_index(g))

@@ -65,6 +65,8 @@ pub struct Qcow2 {
     data: Option<Arc<dyn Storage>>,
     mapper: Mapper,
     backing: Option<Box<dyn Source>>,
+    /// Its data looks compressed ([`Mapper::looks_compressed`]).
+    compressed: bool,
 }
 
 impl Qcow2 {
@@ -92,12 +94,14 @@ impl Qcow2 {
     ) -> io::Result<Qcow2> {
         let data_len = data.as_ref().map_or(file.len(), |d| d.len());
         let mapper = Mapper::new(&header, &*file, data_len)?;
+        let compressed = mapper.looks_compressed(&*file);
         Ok(Qcow2 {
             header,
             file,
             data,
             mapper,
             backing,
+            compressed,
         })
     }
 
@@ -187,9 +191,13 @@ impl Source for Qcow2 {
     }
 
     /// Its data clusters read with direct I/O (the external data file's,
-    /// if any; a backing file's reads are the backing source's business).
+    /// if any; a backing file's reads are the backing source's business),
+    /// unless they look compressed: then a read is mostly decompression,
+    /// CPU work best done by the digest worker that digests what it
+    /// inflates (reading threads made a compressed 1 GiB image 1.29× slower
+    /// on 2 cores, where a raw image was 0.86× faster).
     fn is_direct(&self) -> bool {
-        self.data.as_ref().unwrap_or(&self.file).is_direct()
+        !self.compressed && self.data.as_ref().unwrap_or(&self.file).is_direct()
     }
 
     /// The virtual size rounded down to a multiple of 512, as QEMU does
