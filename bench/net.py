@@ -85,13 +85,10 @@ class NetCases:
         for p in (dst, state, Path(f"{state}.dst"), dst_q, state_q):
             p.unlink(missing_ok=True)
         # DSTs and their states: first copies of A (untimed).
-        for argv in ([blksync, "--cache", str(a), str(dst), "--state", str(state)],
-                     [blksync, "--cache", str(a), str(dst_q), "-O", "qcow2", "--state",
-                      str(state_q)]):
-            p = run_once(argv, self.a.timeout)
-            if p.rc != 0:
-                self.r.problem(f"FAILED: sync: first copy to set up DST: {p.err.strip()[-300:]}")
-                return
+        if not self.steps([blksync, "--cache", str(a), str(dst), "--state", str(state)],
+                          [blksync, "--cache", str(a), str(dst_q), "-O", "qcow2", "--state",
+                           str(state_q)]):
+            return
         warm(a)
         warm(b)
 
@@ -206,12 +203,9 @@ class NetCases:
         for p in (dst, state, Path(f"{state}.dst"), full):
             p.unlink(missing_ok=True)
         # DST holds A and the state is its map, made locally (untimed).
-        for argv in (["cp", "--sparse=always", str(a), str(dst)], [blkmap, str(a), str(state)],
-                     ["truncate", "-s", str(size), str(full)]):
-            p = run_once(argv, self.a.timeout)
-            if p.rc != 0:
-                self.r.problem(f"FAILED: sync_nbd: {argv[0]}: {p.err.strip()[-300:]}")
-                return
+        if not self.steps(["cp", "--sparse=always", str(a), str(dst)], [blkmap, str(a), str(state)],
+                          ["truncate", "-s", str(size), str(full)]):
+            return
         warm(a)
         warm(b)
         with tempfile.TemporaryDirectory(prefix="blkhash-bench-sync-nbd-") as tmp:
