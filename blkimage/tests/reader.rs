@@ -117,37 +117,34 @@ fn extents_of_a_sparse_file() {
     );
 }
 
+/// With reads on the sink's threads (depth 0) and on 8 reading threads.
 #[test]
 fn a_file_that_shrinks_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("a.img");
-    testkit::Recipe::parse("4m:r")
-        .unwrap()
-        .write_image(&path)
-        .unwrap();
-    let src = RawFile::open(&path, false).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
-    let err = read_all(src, 1 << 20).err().expect("an error");
-    assert!(err.to_string().contains("shr"), "{err}");
-    // Shrinking inside what was a hole is caught at the end too.
-    testkit::Recipe::parse("1m:r 3m:-")
-        .unwrap()
-        .write_image(&path)
-        .unwrap();
-    let src = RawFile::open(&path, false).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(2 << 20)
-        .unwrap();
-    let err = read_all(src, 1 << 20).err().expect("an error");
-    assert!(err.to_string().contains("shrank"), "{err}");
+    // The recipe, the length it is cut to, and what the error says.
+    let cases = [("4m:r", 1 << 20, "shr"), ("1m:r 3m:-", 2 << 20, "shrank")];
+    for depth in [0, 8] {
+        // The second case: shrinking inside what was a hole is caught at
+        // the end too.
+        for (recipe, cut, says) in cases {
+            testkit::Recipe::parse(recipe)
+                .unwrap()
+                .write_image(&path)
+                .unwrap();
+            let src = RawFile::open(&path, false).unwrap();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(cut)
+                .unwrap();
+            let err = read_with(Arc::new(src), 1 << 20, Some(depth), &AtomicBool::new(false))
+                .err()
+                .expect("an error");
+            assert!(err.to_string().contains(says), "depth {depth}: {err}");
+        }
+    }
 }
 
 /// A source whose reads fail past an offset.
@@ -348,27 +345,6 @@ fn ctrl_c_stops_reads_in_flight() {
     // Stopped soon after: not the 128 data reads of the whole image.
     let reads = src.reads.load(std::sync::atomic::Ordering::SeqCst);
     assert!(reads < 10 + 2 * 16 + 1, "{reads} reads after Ctrl-C");
-}
-
-#[test]
-fn a_file_that_shrinks_with_reads_in_flight_is_an_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("a.img");
-    testkit::Recipe::parse("8m:r")
-        .unwrap()
-        .write_image(&path)
-        .unwrap();
-    let src = RawFile::open(&path, false).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(3 << 20)
-        .unwrap();
-    let err = read_with(Arc::new(src), 1 << 20, Some(8), &AtomicBool::new(false))
-        .err()
-        .expect("an error");
-    assert!(err.to_string().contains("shr"), "{err}");
 }
 
 /// Direct I/O on a real file system (not tmpfs, which has none): the
