@@ -1,6 +1,6 @@
 //! blkdiff: where two images (or saved block maps) differ.
 
-use blkcli::manual::{ManualArgs, Page};
+use blkcli::manual::Page;
 use blkhash::Algorithm;
 use blkmap::{Diff, Map};
 use blktools::{InputArgs, Mapped, reason};
@@ -67,11 +67,7 @@ struct Args {
     b_format: Option<blkimage::Format>,
 
     #[command(flatten)]
-    progress: blkcli::progress::ProgressArgs,
-
-    /// Handled before the rest is parsed (blkcli::manual::early).
-    #[command(flatten)]
-    _manual: ManualArgs,
+    show: blkcli::progress::ShowArgs,
 }
 
 const PAGE: Page = Page {
@@ -150,7 +146,7 @@ fn main() -> ExitCode {
     opts.cancel = signals.cancel.clone();
     // Saved maps are not hashed: only the images count.
     let hashed = maps.iter().filter(|m| m.is_none()).count();
-    match blkcli::progress::Progress::new("blkdiff", args.progress.progress, Some(hashed)) {
+    match blkcli::progress::Progress::new("blkdiff", args.show.progress.progress, Some(hashed)) {
         Ok(p) => opts.progress = Some(std::sync::Arc::new(p)),
         Err(msg) => return trouble(msg),
     }

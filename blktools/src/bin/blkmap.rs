@@ -1,7 +1,7 @@
 //! blkmap: write the block map of an image, and print its checksum.
 
 use blkcli::lines::format_line_os;
-use blkcli::manual::{ManualArgs, Page};
+use blkcli::manual::Page;
 use blkcli::signals::Signals;
 use blktools::{InputArgs, reason};
 use clap::Parser;
@@ -33,11 +33,7 @@ struct Args {
     input: InputArgs,
 
     #[command(flatten)]
-    progress: blkcli::progress::ProgressArgs,
-
-    /// Handled before the rest is parsed (blkcli::manual::early).
-    #[command(flatten)]
-    _manual: ManualArgs,
+    show: blkcli::progress::ShowArgs,
 }
 
 const PAGE: Page = Page {
@@ -89,7 +85,7 @@ fn main() -> ExitCode {
     let mut opts = blktools::map_options(&args.input, algorithm, block_size);
     let signals = Signals::install(&format!("blkmap: {image}: interrupted"));
     opts.cancel = signals.cancel.clone();
-    match blkcli::progress::Progress::new("blkmap", args.progress.progress, Some(1)) {
+    match blkcli::progress::Progress::new("blkmap", args.show.progress.progress, Some(1)) {
         Ok(p) => opts.progress = Some(std::sync::Arc::new(p)),
         Err(msg) => {
             eprintln!("blkmap: {msg}");
