@@ -8,8 +8,7 @@
 //! complete, without a copy; zeros wait in the same queue so the order holds.
 //!
 //! A small pool of threads blocked in `pread` was chosen over io_uring: it
-//! works for every source (qcow2's compressed clusters are decompressed on
-//! these threads, in parallel; an NBD source's own reads too), on every
+//! works for every source (qcow2, an NBD source's own reads), on every
 //! kernel, with nothing to fall back from, and with 1 MiB reads the cost of
 //! a thread switch per read is noise next to the read itself.
 //!
@@ -51,6 +50,8 @@ pub struct ReadAhead<'sink> {
     /// Set on drop: queued reads are skipped, not run.
     stop: Arc<AtomicBool>,
     pending: VecDeque<Pending>,
+    /// The reads in `pending` (zeros there take no reading thread).
+    reads: usize,
     depth: usize,
     allocated: usize,
     spare: Vec<AlignedBuf>,
@@ -97,6 +98,7 @@ impl<'sink> ReadAhead<'sink> {
             jobs: Some(tx),
             stop,
             pending: VecDeque::new(),
+            reads: 0,
             depth,
             allocated: 0,
             spare: Vec::new(),
@@ -134,6 +136,7 @@ impl<'sink> ReadAhead<'sink> {
     fn pass_one(&mut self) -> io::Result<()> {
         match self.pending.pop_front() {
             Some(Pending::Read(rx)) => {
+                self.reads -= 1;
                 let buf = rx
                     .recv()
                     .map_err(|_| io::Error::other("a reading thread stopped"))??;
@@ -155,7 +158,7 @@ impl<'sink> ReadAhead<'sink> {
 
 impl Sink for ReadAhead<'_> {
     fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
-        while self.pending.len() >= self.depth {
+        while self.reads >= self.depth {
             self.pass_one()?;
         }
         let buf = self.buffer(len)?;
@@ -171,6 +174,7 @@ impl Sink for ReadAhead<'_> {
             .and_then(|j| j.send(job).ok())
             .ok_or_else(|| io::Error::other("the reading threads stopped"))?;
         self.pending.push_back(Pending::Read(rx));
+        self.reads += 1;
         Ok(())
     }
 
