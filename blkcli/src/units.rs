@@ -34,6 +34,100 @@ pub fn parse_block_size(s: &str) -> Result<usize, String> {
     Ok(n as usize)
 }
 
+/// Which bytes of an image to hash: `OFFSET+LENGTH` (sizes with
+/// suffixes; `OFFSET+` reaches the end of the image), as blkdiff prints
+/// ranges, or `K/N`, the K-th of N parts of about equal size cut at block
+/// boundaries (K from 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Span {
+    /// Bytes from `offset`: `len` of them, or to the end.
+    Range {
+        /// The first byte.
+        offset: u64,
+        /// Bytes; `None` reaches the end of the image.
+        len: Option<u64>,
+    },
+    /// Part `index` (1 to `count`) of `count`.
+    Part {
+        /// From 1 to `count`.
+        index: u64,
+        /// Parts the image is cut into.
+        count: u64,
+    },
+}
+
+impl Span {
+    /// The byte range `(offset, len)` of an image of `size` bytes in blocks
+    /// of `block_size`. Only that the range lies within the image is checked
+    /// here; block alignment is the map's to check (and say).
+    pub fn resolve(&self, size: u64, block_size: usize) -> Result<(u64, u64), String> {
+        match *self {
+            Span::Range { offset, len } => {
+                let len = match len {
+                    Some(l) => l,
+                    None => size.checked_sub(offset).ok_or_else(|| {
+                        format!(
+                            "the range starts at {offset}, past the end of the image ({size} bytes)"
+                        )
+                    })?,
+                };
+                if offset.checked_add(len).is_none_or(|end| end > size) {
+                    return Err(format!(
+                        "the range {offset}+{len} ends past the end of the image ({size} bytes)"
+                    ));
+                }
+                Ok((offset, len))
+            }
+            Span::Part { index, count } => {
+                let bs = block_size as u64;
+                let blocks = size.div_ceil(bs) as u128;
+                let cut = |k: u64| {
+                    let block = (blocks * k as u128 / count as u128) as u64;
+                    block.saturating_mul(bs).min(size)
+                };
+                let (from, to) = (cut(index - 1), cut(index));
+                Ok((from, to - from))
+            }
+        }
+    }
+}
+
+/// Parse a [`Span`]: `OFFSET+LENGTH`, `OFFSET+`, or `K/N`.
+///
+/// ```
+/// use blkcli::units::{Span, parse_span};
+/// assert_eq!(parse_span("1g+64k"), Ok(Span::Range { offset: 1 << 30, len: Some(65536) }));
+/// assert_eq!(parse_span("4096+"), Ok(Span::Range { offset: 4096, len: None }));
+/// assert_eq!(parse_span("2/8"), Ok(Span::Part { index: 2, count: 8 }));
+/// assert!(parse_span("0/8").is_err() && parse_span("9/8").is_err() && parse_span("1g").is_err());
+/// // The 3rd of 4 parts of a 10-block image of 64 KiB blocks: blocks 5 to 7.
+/// assert_eq!(Span::Part { index: 3, count: 4 }.resolve(10 << 16, 1 << 16), Ok((5 << 16, 2 << 16)));
+/// ```
+pub fn parse_span(s: &str) -> Result<Span, String> {
+    if let Some((k, n)) = s.split_once('/') {
+        let num = |v: &str| {
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("invalid part '{s}': use K/N, as 1/8"))
+        };
+        let (index, count) = (num(k)?, num(n)?);
+        if count == 0 || index == 0 || index > count {
+            return Err(format!("invalid part '{s}': K/N with K from 1 to N"));
+        }
+        return Ok(Span::Part { index, count });
+    }
+    let (offset, len) = s.split_once('+').ok_or_else(|| {
+        format!("invalid range '{s}': use OFFSET+LENGTH (as blkdiff prints), OFFSET+ or K/N")
+    })?;
+    let offset = parse_size(offset)?;
+    let len = if len.trim().is_empty() {
+        None
+    } else {
+        Some(parse_size(len)?)
+    };
+    Ok(Span::Range { offset, len })
+}
+
 /// A timeout in seconds (fractions allowed), more than 0 and at most 10^6.
 pub fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
     match s.parse::<f64>() {

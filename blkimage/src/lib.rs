@@ -19,6 +19,7 @@ mod raw;
 mod readahead;
 mod reader;
 mod source;
+mod window;
 
 pub use buffer::{ALIGN, AlignedBuf};
 /// The formats read through a private qemu-nbd (QEMU's driver names), for
@@ -32,6 +33,7 @@ pub use reader::{
     read_input, read_stream,
 };
 pub use source::{Extent, ExtentKind, Source};
+pub use window::Window;
 
 use std::fs::File;
 use std::io::{self, Read};

@@ -1,6 +1,6 @@
 //! Building a map while hashing, from the hasher's block events.
 
-use crate::{Body, Map, MapError, check_params, zero_digest};
+use crate::{Body, Map, MapError, Part, Range, check_params, zero_digest};
 use blkhash::{Algorithm, BlockEvent, Checksum, Hasher, Pipeline};
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -58,6 +58,8 @@ impl<B: AsRef<[u8]> + Send + 'static> Observed for Pipeline<B> {
 
 struct State {
     body: Body,
+    /// Blocks already taken out as parts ([`MapBuilder::take_part`]).
+    taken: u64,
     zero_digest: Vec<u8>,
     digest_len: usize,
     /// The first event that did not follow the last one.
@@ -73,10 +75,10 @@ impl State {
             BlockEvent::Data { index, .. } => (index, 1),
             BlockEvent::Zeros { index, count } => (index, count),
         };
-        if index != self.body.blocks {
+        if index != self.taken + self.body.blocks {
             self.error = Some(format!(
                 "block event for block {index} where block {} was expected",
-                self.body.blocks
+                self.taken + self.body.blocks
             ));
             return;
         }
@@ -131,6 +133,7 @@ impl MapBuilder {
             block_size,
             state: Arc::new(Mutex::new(State {
                 body: Body::default(),
+                taken: 0,
                 zero_digest: zero_digest(algorithm, block_size),
                 digest_len: algorithm.output_len(),
                 error: None,
@@ -162,16 +165,12 @@ impl MapBuilder {
     /// `checksum`. Checks the events covered every block, in order, and
     /// that the checksum derived from them is `checksum`.
     pub fn finish(self, size: u64, checksum: &[u8]) -> Result<Map, MapError> {
-        let body = {
-            let mut st = self
-                .state
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if let Some(e) = st.error.take() {
-                return Err(MapError::Invalid(e));
-            }
-            std::mem::take(&mut st.body)
-        };
+        let (taken, body) = self.take_body()?;
+        if taken > 0 {
+            return Err(MapError::Invalid(
+                "blocks were taken out as parts: not a whole map".into(),
+            ));
+        }
         Map::assemble(
             self.algorithm,
             self.block_size,
@@ -181,11 +180,71 @@ impl MapBuilder {
         )
     }
 
+    /// The part of an image of `size` bytes that the hasher's bytes were
+    /// (its first byte at `range.offset`), once the hasher has finished.
+    /// Checks the events covered the blocks of `range`, in order.
+    pub fn finish_part(self, size: u64, range: Range) -> Result<Part, MapError> {
+        let (taken, body) = self.take_body()?;
+        if taken > 0 {
+            return Err(MapError::Invalid(
+                "blocks were taken out as parts: not the whole range".into(),
+            ));
+        }
+        Part::assemble(self.algorithm, self.block_size, size, range, body)
+    }
+
+    /// The blocks seen since the last call, as the part of an image of
+    /// `size` bytes whose bytes the hasher is given from `offset` on: a
+    /// checkpoint of a long run, which goes on adding blocks after it.
+    /// Only whole blocks are seen before the hasher finishes (a short last
+    /// block comes with its end), so the part ends at a block boundary or
+    /// at the end of the image.
+    pub fn take_part(&self, size: u64, offset: u64) -> Result<Part, MapError> {
+        let bs = self.block_size as u64;
+        let mut st = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(e) = &st.error {
+            return Err(MapError::Invalid(e.clone()));
+        }
+        let start = offset.saturating_add(st.taken * bs).min(size);
+        let len = (st.body.blocks * bs).min(size - start);
+        let body = std::mem::take(&mut st.body);
+        st.taken += body.blocks;
+        Part::assemble(
+            self.algorithm,
+            self.block_size,
+            size,
+            Range { offset: start, len },
+            body,
+        )
+    }
+
+    fn take_body(&self) -> Result<(u64, Body), MapError> {
+        let mut st = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(e) = st.error.take() {
+            return Err(MapError::Invalid(e));
+        }
+        Ok((st.taken, std::mem::take(&mut st.body)))
+    }
+
     /// Finish `hasher` (which this builder observes) and return the map,
     /// which holds the checksum. A failed read in the hasher is an error.
     pub fn finalize(self, hasher: impl Observed) -> io::Result<Map> {
         let size = hasher.size();
         let checksum = hasher.checksum()?;
         Ok(self.finish(size, checksum.as_bytes())?)
+    }
+
+    /// Finish `hasher` (which this builder observes), given the bytes of an
+    /// image of `size` bytes from `offset` on, and return them as a part.
+    pub fn finalize_part(self, hasher: impl Observed, size: u64, offset: u64) -> io::Result<Part> {
+        let len = hasher.size();
+        hasher.checksum()?;
+        Ok(self.finish_part(size, Range { offset, len })?)
     }
 }

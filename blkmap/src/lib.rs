@@ -44,10 +44,16 @@
 mod builder;
 mod diff;
 mod format;
+mod merge;
+mod part;
 
 pub use builder::{MapBuilder, Observed};
 pub use diff::{Diff, Mismatch, Range, diff};
-pub use format::{MAGIC, VERSION, is_map, write_atomic};
+pub use format::{
+    Header, MAGIC, MAX_IDENTITY, MapReader, Piece, VERSION, check_range, is_map, write_atomic,
+};
+pub use merge::{Named, Output, merge, merge_files};
+pub use part::Part;
 
 use blkhash::{Algorithm, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, to_hex};
 use std::fmt;
@@ -89,8 +95,28 @@ pub enum MapError {
     Damaged,
     /// The checksum derived from the block digests is not the header's.
     Checksum,
+    /// A range that cannot be a part of the image.
+    Range(String),
+    /// A part where a complete map was wanted.
+    Partial {
+        /// The bytes the part covers.
+        range: Range,
+        /// The image's size.
+        size: u64,
+    },
+    /// Parts that do not make a map: they disagree, overlap or leave a gap.
+    Merge(String),
+    /// An error in one of several inputs, named.
+    In(String, Box<MapError>),
     /// Reading or writing failed.
     Io(io::Error),
+}
+
+impl MapError {
+    /// This error, said of the input `name`.
+    pub fn of(self, name: &str) -> MapError {
+        MapError::In(name.to_string(), Box::new(self))
+    }
 }
 
 impl fmt::Display for MapError {
@@ -109,6 +135,14 @@ impl fmt::Display for MapError {
             MapError::Checksum => f.write_str(
                 "inconsistent block map: the checksum derived from its block digests is not the one in its header",
             ),
+            MapError::Range(why) => f.write_str(why),
+            MapError::Partial { range, size } => write!(
+                f,
+                "a part of a block map (bytes {}+{} of an image of {size} bytes), not a whole map: merge the parts first (blkmap merge)",
+                range.offset, range.len
+            ),
+            MapError::Merge(why) => f.write_str(why),
+            MapError::In(name, e) => write!(f, "{name}: {e}"),
             MapError::Io(e) => write!(f, "{e}"),
         }
     }
@@ -118,6 +152,7 @@ impl std::error::Error for MapError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             MapError::Io(e) => Some(e),
+            MapError::In(_, e) => Some(e),
             _ => None,
         }
     }

@@ -10,7 +10,7 @@ pub mod sync;
 
 use blkhash::{Algorithm, BlockEvent, Options, Pipeline};
 use blkimage::{AlignedBuf, Input, OpenOptions};
-use blkmap::{Map, MapBuilder};
+use blkmap::{Map, MapBuilder, Part};
 use std::fs::File;
 use std::io::{self, Read};
 use std::sync::Arc;
@@ -170,6 +170,24 @@ fn map_shown(
     cancel: &AtomicBool,
     name: &str,
 ) -> io::Result<Mapped> {
+    let (sink, builder, read) = hash_shown(input, opts, cancel, name)?;
+    let map = builder.finalize(sink)?;
+    // Only now are all reads done: is the image still what we read?
+    read.finish()?;
+    Ok(Mapped {
+        map,
+        format: read.format,
+    })
+}
+
+/// Read `input` into a hasher with a map builder, showing progress under
+/// `name` when `opts` asks; the caller finalizes them, then the input.
+fn hash_shown(
+    input: Input,
+    opts: &MapOptions,
+    cancel: &AtomicBool,
+    name: &str,
+) -> io::Result<(Pipeline<AlignedBuf>, MapBuilder, blkimage::InputRead)> {
     let (mut sink, builder) = hasher(opts)?;
     let read_size = opts.read_size.next_multiple_of(opts.block_size);
     let size = input.size();
@@ -183,15 +201,61 @@ fn map_shown(
             s.inc(n)
         }
     };
-    let io_depth = opts.io_depth;
-    let read = blkimage::read_input(input, &mut sink, read_size, io_depth, cancel, &mut progress)?;
-    let map = builder.finalize(sink)?;
-    // Only now are all reads done: is the image still what we read?
+    let read = blkimage::read_input(
+        input,
+        &mut sink,
+        read_size,
+        opts.io_depth,
+        cancel,
+        &mut progress,
+    )?;
+    Ok((sink, builder, read))
+}
+
+/// The image of `input` as a source that can be read in ranges; a stream
+/// cannot: `what` says what was asked of it.
+pub fn seekable(input: Input, what: &str) -> io::Result<Arc<dyn blkimage::Source>> {
+    match input {
+        Input::Image(src) => Ok(Arc::from(src)),
+        Input::Stream(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} needs an image that can seek, not a pipe or standard input"),
+        )),
+    }
+}
+
+/// Hash the bytes `range` of `src` into a part of its map (see
+/// [`blkmap::merge`]), showing progress under `name` when `opts` asks. The
+/// range starts at a block boundary and ends at one or at the image's end.
+///
+/// ```no_run
+/// use blkmap::Range;
+/// let opts = blktools::MapOptions::default();
+/// let input = blkimage::open("disk.qcow2", &opts.open).unwrap();
+/// let src = blktools::seekable(input, "a range").unwrap();
+/// let half = (src.size() / 2).next_multiple_of(opts.block_size as u64).min(src.size());
+/// let first = blktools::map_range(src.clone(), Range { offset: 0, len: half }, &opts, "").unwrap();
+/// let rest = Range { offset: half, len: src.size() - half };
+/// let second = blktools::map_range(src, rest, &opts, "").unwrap();
+/// first.save("disk.0.part").unwrap();
+/// second.save("disk.1.part").unwrap();
+/// let map = blkmap::merge_files(&["disk.1.part", "disk.0.part"], Some("disk.map".as_ref())).unwrap();
+/// println!("{}", blkhash::to_hex(map.checksum.as_deref().unwrap()));
+/// ```
+pub fn map_range(
+    src: Arc<dyn blkimage::Source>,
+    range: blkmap::Range,
+    opts: &MapOptions,
+    name: &str,
+) -> io::Result<Part> {
+    let size = src.size();
+    blkmap::check_range(size, opts.block_size, range)?;
+    let window = blkimage::Window::new(src, range.offset, range.len)?;
+    let input = Input::Image(Box::new(window));
+    let (sink, builder, read) = hash_shown(input, opts, &opts.cancel, name)?;
+    let part = builder.finalize_part(sink, size, range.offset)?;
     read.finish()?;
-    Ok(Mapped {
-        map,
-        format: read.format,
-    })
+    Ok(part)
 }
 
 /// A saved map, if `name` is a regular file that starts with the map

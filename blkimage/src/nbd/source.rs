@@ -65,12 +65,21 @@ fn describe(addr: &Address) -> String {
     }
 }
 
+/// How long an extra connection may wait for the server's greeting. A
+/// server at its limit of clients (qemu-nbd's --shared) leaves a new
+/// connection waiting in its listen queue, unanswered: without a limit,
+/// clients that each hold some connections and wait for more would wait
+/// for each other forever.
+const EXTRA_HANDSHAKE: Duration = Duration::from_secs(2);
+
 /// One connection, negotiated and in transmission (`tls`: the TLS
-/// configuration, for nbds:// URLs).
+/// configuration, for nbds:// URLs). `extra`: one more connection to an
+/// export already open, given up after [`EXTRA_HANDSHAKE`].
 fn connect_one(
     url: &NbdUrl,
     opts: &NbdOptions,
     tls: Option<&Arc<ClientConfig>>,
+    extra: bool,
 ) -> io::Result<Connection> {
     let mut sock = Socket::connect(&url.address, opts.timeout).map_err(|e| {
         io::Error::new(
@@ -78,6 +87,17 @@ fn connect_one(
             format!("cannot connect to {}: {e}", describe(&url.address)),
         )
     })?;
+    if extra {
+        let wait = opts
+            .timeout
+            .map_or(EXTRA_HANDSHAKE, |t| t.min(EXTRA_HANDSHAKE));
+        if !sock.speaks_within(wait, opts.timeout)? {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the server did not greet another connection",
+            ));
+        }
+    }
     let mut timed = Timed::new(&mut sock, opts.timeout);
     let greeting = handshake::greet(&mut timed)?;
     if let Some(config) = tls {
@@ -127,14 +147,14 @@ impl Nbd {
         } else {
             None
         };
-        let first = connect_one(url, opts, tls.as_ref())?;
+        let first = connect_one(url, opts, tls.as_ref(), false)?;
         let export = first.export.clone();
         let mut conns = vec![first];
         if export.flags & FLAG_CAN_MULTI_CONN != 0 {
             while conns.len() < opts.connections.max(1) {
                 // More connections only help: a server that refuses them
                 // (qemu-nbd's --shared) leaves us with fewer.
-                match connect_one(url, opts, tls.as_ref()) {
+                match connect_one(url, opts, tls.as_ref(), true) {
                     Ok(c) if c.export.size == export.size => conns.push(c),
                     _ => break,
                 }

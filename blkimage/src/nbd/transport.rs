@@ -64,6 +64,41 @@ impl Socket {
         }
     }
 
+    /// Whether the peer sends something within `wait` (without consuming
+    /// it); the timeouts are `timeout` again after.
+    pub fn speaks_within(&self, wait: Duration, timeout: Option<Duration>) -> io::Result<bool> {
+        self.set_timeouts(Some(wait))?;
+        let mut b = [0u8; 1];
+        let peeked = match self {
+            Socket::Tcp(s) => s.peek(&mut b),
+            // UnixStream::peek is unstable: recv(MSG_PEEK) on its descriptor.
+            Socket::Unix(s) => {
+                use std::os::fd::AsRawFd;
+                // SAFETY: recv into a buffer we own, on a descriptor we hold.
+                let n =
+                    unsafe { libc::recv(s.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            }
+        };
+        self.set_timeouts(timeout)?;
+        match peeked {
+            Ok(n) => Ok(n > 0),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     pub fn try_clone(&self) -> io::Result<Socket> {
         Ok(match self {
             Socket::Tcp(s) => Socket::Tcp(s.try_clone()?),

@@ -1,0 +1,322 @@
+//! Merging parts into a map, as a stream: parts are read a piece at a time
+//! and the map written as it goes, so memory stays bounded (about 1 MiB
+//! per part plus write buffers) whatever the image's size.
+
+use crate::format::{FIXED_HEADER, Header, MapReader, Piece, TAG_DATA, TAG_ZEROS, write_atomic};
+use crate::{MapError, Range};
+use blkhash::Algorithm;
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+/// An input of a merge: a name for messages, and the part's bytes.
+pub type Named<'a> = (String, Box<dyn Read + 'a>);
+
+/// Where a merge writes: a new, empty file (or buffer) it can read back,
+/// to sign what it wrote.
+pub trait Output: Read + Write + Seek {}
+impl<T: Read + Write + Seek> Output for T {}
+
+/// Merge the parts `inputs` (a name for messages, and the part's bytes)
+/// into one map, written to `out` if given; return the header of the
+/// result, whose checksum is the image's when the parts cover it all.
+///
+/// The parts must agree on size, digest and block size and cover the
+/// image exactly once, in any order (`allow_partial`: cover one range
+/// without a gap, which then gives a part, not a map). Each part is
+/// checked as it is read (trailer, lengths); a complete map given alone
+/// has its checksum checked. `identity` is recorded in the result.
+///
+/// The result is the map a single run would have written, byte for byte:
+/// runs of one kind that meet at a boundary between parts are one record.
+pub fn merge(
+    inputs: Vec<Named<'_>>,
+    out: Option<&mut dyn Output>,
+    identity: Option<Vec<u8>>,
+    allow_partial: bool,
+) -> Result<Header, MapError> {
+    let mut parts = Vec::with_capacity(inputs.len());
+    for (name, r) in inputs {
+        let reader = MapReader::new(r).map_err(|e| e.of(&name))?;
+        parts.push((name, reader));
+    }
+    let Some((first_name, first)) = parts.first() else {
+        return Err(MapError::Merge("no parts to merge".into()));
+    };
+    let want = first.header().clone();
+    for (name, r) in &parts[1..] {
+        let h = r.header();
+        if (h.algorithm, h.block_size, h.size) != (want.algorithm, want.block_size, want.size) {
+            return Err(MapError::Merge(format!(
+                "{name} is {} and {first_name} is {}: parts of one image agree on both",
+                describe(h),
+                describe(&want)
+            )));
+        }
+    }
+    // A zero-length part covers nothing: it sorts first among equals and
+    // is skipped by the coverage check.
+    parts.sort_by_key(|(_, r)| (r.header().range.offset, r.header().range.end()));
+    let start = if allow_partial {
+        parts[0].1.header().range.offset
+    } else {
+        0
+    };
+    let mut covered = start;
+    let mut last: Option<&str> = None;
+    for (name, r) in &parts {
+        let Range { offset, len } = r.header().range;
+        if len == 0 {
+            continue;
+        }
+        if offset > covered {
+            return Err(MapError::Merge(format!(
+                "a gap: bytes {covered}+{} are in no part ({})",
+                offset - covered,
+                match last {
+                    Some(prev) => format!("{prev} ends at {covered}, {name} starts at {offset}"),
+                    None => format!("the first part, {name}, starts at {offset}"),
+                }
+            )));
+        }
+        if offset < covered {
+            return Err(MapError::Merge(format!(
+                "an overlap: {} and {name} both cover bytes {offset}+{}",
+                last.unwrap_or("?"),
+                covered.min(offset + len) - offset
+            )));
+        }
+        covered = offset + len;
+        last = Some(name);
+    }
+    if covered < want.size && !allow_partial {
+        return Err(MapError::Merge(format!(
+            "a gap: bytes {covered}+{} are in no part (the last part{} ends at {covered}, the image at {})",
+            want.size - covered,
+            last.map(|n| format!(", {n},")).unwrap_or_default(),
+            want.size
+        )));
+    }
+    let complete = start == 0 && covered == want.size;
+    let alone = parts.len() == 1;
+    let claimed = parts[0].1.header().checksum.clone();
+
+    let alg = want.algorithm;
+    let len = alg.output_len();
+    let mut zero = vec![0u8; len];
+    alg.digest_into(&vec![0u8; want.block_size], &mut zero);
+    let zeros = zero.repeat(ZERO_BATCH);
+    let mut outer = alg.streaming();
+    let mut header = Header {
+        range: Range {
+            offset: start,
+            len: covered - start,
+        },
+        // Filled in at the end: the writer patches it.
+        checksum: complete.then(|| vec![0u8; len]),
+        identity,
+        ..want
+    };
+    header.check()?;
+    let mut writer = match out {
+        Some(w) => Some(Writer::new(w, &header)?),
+        None => None,
+    };
+    for (name, r) in &mut parts {
+        let of = |e: MapError| e.of(name);
+        while let Some(piece) = r.next_piece().map_err(of)? {
+            match piece {
+                Piece::Zeros(n) => {
+                    let mut left = n;
+                    while left > 0 {
+                        let k = left.min(ZERO_BATCH as u64);
+                        outer.update(&zeros[..k as usize * len]);
+                        left -= k;
+                    }
+                    if let Some(w) = &mut writer {
+                        w.zeros(n)?;
+                    }
+                }
+                Piece::Data(d) => {
+                    outer.update(d);
+                    if let Some(w) = &mut writer {
+                        w.data(d, (d.len() / len) as u64)?;
+                    }
+                }
+            }
+        }
+    }
+    if complete {
+        outer.update(&want.size.to_le_bytes());
+        let checksum = outer.finalize();
+        if alone && claimed.as_ref().is_some_and(|c| *c != checksum) {
+            return Err(MapError::Checksum.of(&parts[0].0));
+        }
+        header.checksum = Some(checksum);
+    }
+    if let Some(w) = writer {
+        w.finish(header.checksum.as_deref())?;
+    }
+    Ok(header)
+}
+
+/// Zero-block digests hashed at a time.
+const ZERO_BATCH: usize = 8192;
+
+fn describe(h: &Header) -> String {
+    format!(
+        "of a {}-byte image in {} digests of {}-byte blocks",
+        h.size, h.algorithm, h.block_size
+    )
+}
+
+/// [`merge`] the part files `parts` into the map `out` (written
+/// atomically, as [`Map::save`](crate::Map::save) does), or, without
+/// `out`, only compute the checksum.
+pub fn merge_files(parts: &[impl AsRef<Path>], out: Option<&Path>) -> Result<Header, MapError> {
+    merge_paths(parts, out, None, false)
+}
+
+/// [`merge_files`] with [`merge`]'s `identity` and `allow_partial`.
+pub(crate) fn merge_paths(
+    parts: &[impl AsRef<Path>],
+    out: Option<&Path>,
+    identity: Option<Vec<u8>>,
+    allow_partial: bool,
+) -> Result<Header, MapError> {
+    let open = || -> Result<Vec<Named<'static>>, MapError> {
+        parts
+            .iter()
+            .map(|p| {
+                let p = p.as_ref();
+                let name = p.display().to_string();
+                let f = File::open(p).map_err(|e| MapError::Io(e).of(&name))?;
+                Ok((name, Box::new(BufReader::new(f)) as Box<dyn Read>))
+            })
+            .collect()
+    };
+    let Some(out) = out else {
+        return merge(open()?, None, identity, allow_partial);
+    };
+    let mut result = None;
+    let written = write_atomic(out, |w| {
+        w.flush()?;
+        match merge(
+            open().map_err(io::Error::from)?,
+            Some(w.get_mut()),
+            identity,
+            allow_partial,
+        ) {
+            Ok(h) => {
+                result = Some(Ok(h));
+                Ok(())
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                result = Some(Err(e));
+                Err(io::Error::other(msg))
+            }
+        }
+    });
+    match (result, written) {
+        (Some(Err(e)), _) => Err(e),
+        (_, Err(e)) => Err(MapError::Io(e)),
+        (Some(Ok(h)), Ok(())) => Ok(h),
+        (None, Ok(())) => unreachable!("the closure ran"),
+    }
+}
+
+/// Writes records as they come, merging runs of one kind: a data record's
+/// count is written last, over a placeholder, since a run may go on in the
+/// next part.
+struct Writer<'a> {
+    w: BufWriter<&'a mut dyn Output>,
+    /// Bytes written so far.
+    pos: u64,
+    /// Zero blocks not written yet.
+    zeros: u64,
+    /// The open data record: where its count goes, and the count.
+    data: Option<(u64, u64)>,
+}
+
+impl<'a> Writer<'a> {
+    fn new(w: &'a mut dyn Output, header: &Header) -> io::Result<Writer<'a>> {
+        let mut w = BufWriter::with_capacity(1 << 20, w);
+        header.write_to(&mut w)?;
+        Ok(Writer {
+            w,
+            pos: header.encoded_len() as u64,
+            zeros: 0,
+            data: None,
+        })
+    }
+
+    fn put(&mut self, b: &[u8]) -> io::Result<()> {
+        self.pos += b.len() as u64;
+        self.w.write_all(b)
+    }
+
+    fn zeros(&mut self, n: u64) -> io::Result<()> {
+        self.close_data()?;
+        self.zeros += n;
+        Ok(())
+    }
+
+    fn data(&mut self, digests: &[u8], n: u64) -> io::Result<()> {
+        self.close_zeros()?;
+        let (at, count) = match self.data {
+            Some(open) => open,
+            None => {
+                self.put(&[TAG_DATA])?;
+                let at = self.pos;
+                self.put(&0u64.to_le_bytes())?;
+                (at, 0)
+            }
+        };
+        self.data = Some((at, count + n));
+        self.put(digests)
+    }
+
+    fn close_zeros(&mut self) -> io::Result<()> {
+        if self.zeros > 0 {
+            let n = std::mem::take(&mut self.zeros);
+            self.put(&[TAG_ZEROS])?;
+            self.put(&n.to_le_bytes())?;
+        }
+        Ok(())
+    }
+
+    fn close_data(&mut self) -> io::Result<()> {
+        if let Some((at, count)) = self.data.take() {
+            self.w.seek(SeekFrom::Start(at))?;
+            self.w.write_all(&count.to_le_bytes())?;
+            self.w.seek(SeekFrom::Start(self.pos))?;
+        }
+        Ok(())
+    }
+
+    /// Close the last record, write the checksum over its placeholder, and
+    /// sign what was written.
+    fn finish(mut self, checksum: Option<&[u8]>) -> io::Result<()> {
+        self.close_data()?;
+        self.close_zeros()?;
+        if let Some(c) = checksum {
+            self.w.seek(SeekFrom::Start(FIXED_HEADER as u64))?;
+            self.w.write_all(c)?;
+        }
+        let end = self.pos;
+        let w = self.w.into_inner().map_err(|e| e.into_error())?;
+        w.seek(SeekFrom::Start(0))?;
+        let mut sign = Algorithm::Sha256.streaming();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut left = end;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            w.read_exact(&mut buf[..n])?;
+            sign.update(&buf[..n]);
+            left -= n as u64;
+        }
+        w.write_all(&sign.finalize())?;
+        w.flush()
+    }
+}
