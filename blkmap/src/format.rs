@@ -163,7 +163,10 @@ impl Header {
 pub fn check_range(size: u64, block_size: usize, range: Range) -> Result<(), MapError> {
     let bs = block_size as u64;
     let Range { offset, len } = range;
-    if !offset.is_multiple_of(bs) {
+    // An empty range at the end of the image: what is left to hash of an
+    // image whose checkpoint covers it all.
+    let at_end = offset == size && len == 0;
+    if !offset.is_multiple_of(bs) && !at_end {
         return Err(MapError::Range(format!(
             "the range {offset}+{len} does not start at a block boundary (a multiple of {bs})"
         )));
@@ -633,6 +636,41 @@ pub fn write_atomic(
         return Err(e);
     }
     File::open(dir)?.sync_all()
+}
+
+/// Remove the temporary files [`write_atomic`] left next to `path` in
+/// runs that were killed (their process is gone); a file of a live process
+/// is left alone. Returns how many were removed.
+pub fn remove_stale_temps(path: &Path) -> io::Result<usize> {
+    let (Some(name), dir) = (path.file_name(), path.parent()) else {
+        return Ok(0);
+    };
+    let dir = match dir {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(".tmp-");
+    let prefix = prefix.as_encoded_bytes().to_vec();
+    let mut removed = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let file = entry.file_name();
+        let Some(rest) = file.as_encoded_bytes().strip_prefix(&prefix[..]) else {
+            continue;
+        };
+        let pid = std::str::from_utf8(rest)
+            .ok()
+            .and_then(|r| r.split_once('-'))
+            .and_then(|(pid, n)| n.parse::<u32>().ok().and(pid.parse::<u32>().ok()));
+        let Some(pid) = pid else { continue };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 /// A new file `.NAME.tmp-PID-N` in `dir`.

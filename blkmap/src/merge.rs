@@ -178,35 +178,40 @@ pub fn merge_files(parts: &[impl AsRef<Path>], out: Option<&Path>) -> Result<Hea
 }
 
 /// [`merge_files`] with [`merge`]'s `identity` and `allow_partial`.
-pub(crate) fn merge_paths(
+fn merge_paths(
     parts: &[impl AsRef<Path>],
     out: Option<&Path>,
     identity: Option<Vec<u8>>,
     allow_partial: bool,
 ) -> Result<Header, MapError> {
-    let open = || -> Result<Vec<Named<'static>>, MapError> {
-        parts
-            .iter()
-            .map(|p| {
-                let p = p.as_ref();
-                let name = p.display().to_string();
-                let f = File::open(p).map_err(|e| MapError::Io(e).of(&name))?;
-                Ok((name, Box::new(BufReader::new(f)) as Box<dyn Read>))
-            })
-            .collect()
-    };
-    let Some(out) = out else {
-        return merge(open()?, None, identity, allow_partial);
-    };
+    let mut inputs: Vec<Named<'static>> = Vec::with_capacity(parts.len());
+    for p in parts {
+        let p = p.as_ref();
+        let name = p.display().to_string();
+        let f = File::open(p).map_err(|e| MapError::Io(e).of(&name))?;
+        inputs.push((name, Box::new(BufReader::new(f))));
+    }
+    match out {
+        Some(out) => merge_to_file(inputs, out, identity, allow_partial),
+        None => merge(inputs, None, identity, allow_partial),
+    }
+}
+
+/// [`merge`] into the file `out`, written atomically (as
+/// [`Map::save`](crate::Map::save) does): `out` is the old file or the
+/// new one, never a part of one, and is left as it was on an error. An
+/// input may be `out` itself, opened before: it is read whole before the
+/// new file replaces it.
+pub fn merge_to_file(
+    inputs: Vec<Named<'_>>,
+    out: &Path,
+    identity: Option<Vec<u8>>,
+    allow_partial: bool,
+) -> Result<Header, MapError> {
     let mut result = None;
     let written = write_atomic(out, |w| {
         w.flush()?;
-        match merge(
-            open().map_err(io::Error::from)?,
-            Some(w.get_mut()),
-            identity,
-            allow_partial,
-        ) {
+        match merge(inputs, Some(w.get_mut()), identity, allow_partial) {
             Ok(h) => {
                 result = Some(Ok(h));
                 Ok(())

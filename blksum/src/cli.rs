@@ -59,6 +59,27 @@ pub struct Args {
     #[arg(long, value_name = "FORMAT", value_parser = ["human", "json"], conflicts_with_all = ["check", "tag", "json"])]
     pub output: Option<String>,
 
+    /// Save progress in FILE every few seconds, and continue from it when
+    /// it exists: a run stopped in any way (Ctrl-C, a crash, a lost
+    /// connection, a reboot) resumes where it was. FILE is checked against
+    /// the image first (a file's device, inode, size and times; an NBD
+    /// export's size; a few sampled blocks) and removed on success. It is a
+    /// part of the image's block map (blkmap's format), replaced atomically
+    /// at each save. One image; not standard input.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["check", "jobs"])]
+    pub checkpoint: Option<std::path::PathBuf>,
+
+    /// Seconds between saves of --checkpoint (fractions allowed; a save
+    /// that takes long spaces the next ones).
+    #[arg(long, value_name = "SECONDS", requires = "checkpoint", value_parser = blkcli::units::parse_timeout)]
+    pub checkpoint_interval: Option<std::time::Duration>,
+
+    /// On success, leave the image's whole block map in the --checkpoint
+    /// FILE instead of removing it (blkmap checksum, blkdiff and blksync
+    /// read it; a run given it again finishes without reading).
+    #[arg(long, requires = "checkpoint")]
+    pub keep_checkpoint: bool,
+
     /// Read checksum lines from the FILEs (or standard input) and check the
     /// images they name. Untagged lines use --digest and --block-size.
     #[arg(short, long)]
@@ -125,6 +146,10 @@ pub const PAGE: Page = Page {
         (
             "Hash an export of an NBD server:",
             "blksum nbd+unix:///?socket=/tmp/nbd.sock",
+        ),
+        (
+            "Hash a large export, resuming after an interruption (run it again):",
+            "blksum --checkpoint disk.ckpt nbd://server/disk",
         ),
         (
             "Hash a stream (holes cannot be skipped in a pipe):",

@@ -3,6 +3,7 @@
 use blkcli::progress::Progress;
 use blkhash::{Algorithm, Checksum, Options, Pipeline};
 use blkimage::{AlignedBuf, OpenOptions, Stats};
+use blktools::checkpoint::Checkpoint;
 use std::ffi::OsStr;
 use std::io;
 use std::sync::Arc;
@@ -18,6 +19,8 @@ pub struct Report {
     pub block_size: usize,
     pub checksum: Checksum,
     pub stats: Stats,
+    /// Bytes a checkpoint covered when the run started.
+    pub resumed_at: u64,
 }
 
 /// Everything needed to hash inputs, shared by all of them.
@@ -31,6 +34,8 @@ pub struct Hashing {
     pub read_size: usize,
     pub cancel: Arc<AtomicBool>,
     pub progress: Progress,
+    /// Resume from and save to a checkpoint (one input).
+    pub checkpoint: Option<Checkpoint>,
 }
 
 impl Hashing {
@@ -38,6 +43,9 @@ impl Hashing {
     pub fn checksum(&self, name: &OsStr, alg: Algorithm, block_size: usize) -> io::Result<Report> {
         let shown = name.to_string_lossy();
         let input = blkimage::open(name, &self.open)?;
+        if let Some(ck) = &self.checkpoint {
+            return self.resumable(name, input, alg, block_size, ck);
+        }
         let opts = Options::new()
             .algorithm(alg)
             .block_size(block_size)
@@ -64,6 +72,40 @@ impl Hashing {
             block_size,
             checksum,
             stats: read.stats,
+            resumed_at: 0,
+        })
+    }
+
+    /// The checksum of `input`, resuming from and saving to `ck`.
+    fn resumable(
+        &self,
+        name: &OsStr,
+        input: blkimage::Input,
+        alg: Algorithm,
+        block_size: usize,
+        ck: &Checkpoint,
+    ) -> io::Result<Report> {
+        let opts = blktools::MapOptions {
+            algorithm: alg,
+            block_size,
+            threads: self.threads,
+            read_size: self.read_size,
+            queue_depth: self.queue_depth,
+            io_depth: self.io_depth,
+            open: self.open.clone(),
+            cancel: self.cancel.clone(),
+            progress: None,
+        };
+        let mut shown = self.progress.start(&name.to_string_lossy(), input.size());
+        let r = blktools::checkpoint::hash(name, input, &opts, ck, &mut |n| shown.inc(n))?;
+        Ok(Report {
+            format: r.format,
+            size: r.size,
+            block_size,
+            checksum: Checksum::from_hex(alg, &blkhash::to_hex(&r.checksum))
+                .map_err(io::Error::other)?,
+            stats: r.stats,
+            resumed_at: r.resumed_at,
         })
     }
 }

@@ -57,6 +57,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let checkpoint = match checkpoint(&args, &files) {
+        Ok(c) => c,
+        Err(msg) => {
+            eprintln!("blksum: {msg}");
+            return ExitCode::from(2);
+        }
+    };
     let hashing = Hashing {
         open: args.input.open_options(),
         threads: args.input.threads(),
@@ -65,6 +72,7 @@ fn main() -> ExitCode {
         read_size: args.input.read_size(),
         cancel: signals.cancel.clone(),
         progress,
+        checkpoint,
     };
     let result = if args.check {
         check_lists(&args, &hashing, &files)
@@ -82,6 +90,39 @@ fn main() -> ExitCode {
     }
 }
 
+/// The checkpoint asked for, once checked: one input that can seek, and a
+/// FILE that replaces nothing but a map.
+fn checkpoint(
+    args: &cli::Args,
+    files: &[OsString],
+) -> Result<Option<blktools::checkpoint::Checkpoint>, String> {
+    let Some(path) = &args.checkpoint else {
+        return Ok(None);
+    };
+    if files.len() != 1 || files[0] == "-" {
+        return Err(
+            "--checkpoint takes one image, not standard input (a pipe cannot be resumed)".into(),
+        );
+    }
+    let out = blkcli::guard::Output {
+        path,
+        what: "a checkpoint",
+        own_kind: Some(blkmap::is_map),
+    };
+    let input = blkcli::guard::Input {
+        name: &files[0],
+        role: "the image",
+    };
+    blkcli::guard::check_outputs(&[out], &[input])?;
+    Ok(Some(blktools::checkpoint::Checkpoint {
+        path: path.clone(),
+        interval: args
+            .checkpoint_interval
+            .unwrap_or(blktools::checkpoint::DEFAULT_INTERVAL),
+        keep: args.keep_checkpoint,
+    }))
+}
+
 /// Hash every input, `--jobs` at a time, printing results in argument order.
 /// Ok(true) if every input was hashed.
 fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Result<bool, Stop> {
@@ -95,6 +136,20 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
         }
         match result {
             Ok(r) if !args.json => {
+                if r.resumed_at > 0 {
+                    let ck = args
+                        .checkpoint
+                        .as_deref()
+                        .unwrap_or(std::path::Path::new(""));
+                    hashing.progress.suspend(|| {
+                        eprintln!(
+                            "blksum: {lossy}: resumed at byte {} of {} from {}",
+                            r.resumed_at,
+                            r.size,
+                            ck.display()
+                        )
+                    });
+                }
                 let tag = args.tag.then_some((alg, bs));
                 let hex = r.checksum.to_hex();
                 let line = if args.zero {

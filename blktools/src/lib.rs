@@ -5,6 +5,7 @@
 // Every public item says what it is (cargo doc is part of the API).
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod state;
 pub mod sync;
 

@@ -64,7 +64,7 @@ pub fn is_side(prefix: &[u8]) -> bool {
 pub struct Side {
     /// The checksum of the state's map (hex), which this record belongs to.
     pub checksum: String,
-    /// "file" or "block".
+    /// "file", "block" or "nbd".
     pub kind: String,
     /// The device DST's file is on.
     pub dev: u64,
@@ -84,9 +84,15 @@ pub struct Side {
 impl Side {
     /// The record of DST (`meta`, `size` bytes) as `map` describes it.
     pub fn of(map: &Map, meta: &Metadata, size: u64) -> Side {
+        Side::of_file(map.checksum_hex(), meta, size)
+    }
+
+    /// The record of a file or device (`meta`, `size` bytes), bound to
+    /// `checksum`.
+    pub fn of_file(checksum: String, meta: &Metadata, size: u64) -> Side {
         let block = meta.file_type().is_block_device();
         Side {
-            checksum: map.checksum_hex(),
+            checksum,
             kind: if block { "block" } else { "file" }.to_string(),
             dev: meta.dev(),
             ino: meta.ino(),
@@ -94,6 +100,21 @@ impl Side {
             size,
             mtime: (meta.mtime(), meta.mtime_nsec()),
             ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// The record of an export (kind `nbd`): only its size; samples check
+    /// the rest.
+    pub fn of_export(checksum: String, size: u64) -> Side {
+        Side {
+            checksum,
+            kind: "nbd".to_string(),
+            dev: 0,
+            ino: 0,
+            rdev: 0,
+            size,
+            mtime: (0, 0),
+            ctime: (0, 0),
         }
     }
 
@@ -164,6 +185,12 @@ impl Side {
 
     /// How `now` (DST as it is) differs from this record, if it does.
     pub fn changed(&self, now: &Side) -> Option<String> {
+        self.changed_since(now, "the state")
+    }
+
+    /// How `now` differs from this record that `saved` ("the state", "the
+    /// checkpoint") keeps, if it does.
+    pub fn changed_since(&self, now: &Side, saved: &str) -> Option<String> {
         if self.kind != now.kind {
             return Some(format!("it was a {} and is now a {}", self.kind, now.kind));
         }
@@ -173,9 +200,9 @@ impl Side {
             (self.dev, self.ino) == (now.dev, now.ino)
         };
         if !same_node {
-            return Some(
-                "it is another file or device than the one the state was saved for".into(),
-            );
+            return Some(format!(
+                "it is another file or device than the one {saved} was saved for"
+            ));
         }
         if self.size != now.size {
             return Some(format!(
@@ -191,7 +218,7 @@ impl Side {
                 ("change", now.ctime, self.ctime)
             };
             return Some(format!(
-                "it was written after the state was saved (its {what} time is {}, the state recorded {})",
+                "it was written after {saved} was saved (its {what} time is {}, {saved} recorded {})",
                 when(now),
                 when(then)
             ));
@@ -236,12 +263,19 @@ pub fn load_side(state: &Path, map: &Map) -> Result<Option<Side>, String> {
 /// shifted by the map's checksum so that states of other images look at
 /// other blocks.
 fn samples(map: &Map) -> Vec<u64> {
-    let n = map.blocks();
+    let c = map.checksum();
+    spread(
+        map.blocks(),
+        u64::from_le_bytes(c[..8].try_into().unwrap_or([0; 8])),
+    )
+}
+
+/// [`SAMPLES`] block indexes of `n` blocks: the first one, then one per
+/// stride, shifted by `jitter` within it.
+pub fn spread(n: u64, jitter: u64) -> Vec<u64> {
     if n == 0 {
         return Vec::new();
     }
-    let c = map.checksum();
-    let jitter = u64::from_le_bytes(c[..8].try_into().unwrap_or([0; 8]));
     let mut v: Vec<u64> = (0..SAMPLES.min(n))
         .map(|k| {
             let stride = n / SAMPLES.min(n);
@@ -257,6 +291,19 @@ fn samples(map: &Map) -> Vec<u64> {
     v
 }
 
+/// Whether `bytes` (a block read now) are the block a map recorded:
+/// `None` for a zero block, else its digest.
+pub fn block_matches(alg: Algorithm, bytes: &[u8], recorded: Option<&[u8]>) -> bool {
+    match recorded {
+        None => blkhash::is_zero(bytes),
+        Some(d) => {
+            let mut digest = vec![0u8; alg.output_len()];
+            alg.digest_into(bytes, &mut digest);
+            digest == d
+        }
+    }
+}
+
 /// Read a few of DST's blocks and check them against `map`: the first one
 /// that differs, if any (DST changed behind the state).
 pub fn check_samples(
@@ -264,19 +311,14 @@ pub fn check_samples(
     map: &Map,
 ) -> io::Result<Option<u64>> {
     let bs = map.block_size() as u64;
-    let alg = map.algorithm();
     let mut buf = vec![0u8; bs as usize];
-    let mut digest = vec![0u8; alg.output_len()];
     for i in samples(map) {
         let offset = i * bs;
         let n = bs.min(map.size() - offset) as usize;
         read_at(&mut buf[..n], offset)?;
         let ok = match map.block(i) {
-            Some(Block::Zero) => blkhash::is_zero(&buf[..n]),
-            Some(Block::Data(d)) => {
-                alg.digest_into(&buf[..n], &mut digest);
-                digest == d
-            }
+            Some(Block::Zero) => block_matches(map.algorithm(), &buf[..n], None),
+            Some(Block::Data(d)) => block_matches(map.algorithm(), &buf[..n], Some(d)),
             None => false,
         };
         if !ok {
