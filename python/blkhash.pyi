@@ -6,7 +6,7 @@ an image (a file, a qcow2 or other QEMU image, an NBD URL).
 
 import os
 import sys
-from typing import FrozenSet, Optional, Union, final
+from typing import FrozenSet, Optional, Sequence, Tuple, Union, final
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer as _Buffer
@@ -20,6 +20,8 @@ __all__ = [
     "Hasher",
     "new",
     "checksum",
+    "map_range",
+    "merge",
     "algorithms_available",
     "algorithms_guaranteed",
     "__version__",
@@ -101,4 +103,40 @@ def checksum(
 
     Raises ValueError for a bad argument, OSError if the image cannot be
     read, KeyboardInterrupt on Ctrl-C after the run stopped and cleaned up.
+    """
+
+def map_range(
+    image: Union[str, "os.PathLike[str]"],
+    out: Union[str, "os.PathLike[str]"],
+    *,
+    offset: int = 0,
+    length: Optional[int] = None,
+    part: Optional[Tuple[int, int]] = None,
+    digest: str = "sha256",
+    block_size: int = 65536,
+    format: Optional[str] = None,
+    cache: bool = False,
+    threads: Optional[int] = None,
+    no_backing: bool = False,
+    force_share: bool = False,
+    secret_file: Optional[Union[str, "os.PathLike[str]"]] = None,
+    timeout: Optional[float] = None,
+    tls_certificates: Optional[Union[str, "os.PathLike[str]"]] = None,
+) -> Tuple[int, int]:
+    """Hash part of ``image`` into the part file ``out``; return its ``(offset, length)``.
+
+    The part is ``offset``/``length`` (None: to the end) or ``part=(k, n)``,
+    the k-th of n about equal parts (k from 1). Parts that cover the image
+    once merge into its map with ``merge()``. Raises ValueError for a bad
+    argument or range, OSError if the image cannot be read.
+    """
+
+def merge(
+    parts: Sequence[Union[str, "os.PathLike[str]"]],
+    out: Optional[Union[str, "os.PathLike[str]"]] = None,
+) -> str:
+    """Merge part files (any order) into the map ``out`` (if given); return the hex checksum.
+
+    Raises ValueError for a gap, an overlap, a mismatch or damage (naming
+    the parts), OSError if a part cannot be read or ``out`` written.
     """

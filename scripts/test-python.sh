@@ -9,6 +9,7 @@ trap 'rm -rf "$venv"' EXIT
 
 python3 -m venv "$venv"
 # blake3: the tests' model of the construction for that digest (not in hashlib).
-"$venv/bin/pip" install --quiet --disable-pip-version-check ./python pytest blake3
+# distributed (dask): the fan-out test runs map_range on a local cluster.
+"$venv/bin/pip" install --quiet --disable-pip-version-check ./python pytest blake3 distributed
 # From python/: the tests import the installed package, not the sources.
 (cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@")

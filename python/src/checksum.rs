@@ -78,21 +78,20 @@ pub fn checksum(
     read_size: i64,
     queue_depth: i64,
 ) -> PyResult<String> {
-    let name = image
-        .to_str()
-        .ok_or_else(|| PyValueError::new_err(format!("{image:?}: image names must be UTF-8")))?
-        .to_string();
+    let name = image_name(&image)?;
     let alg = parse_digest(digest)?;
     let block_size = check_block_size(block_size)?;
     let threads = check_threads(threads)?;
-    let format: Option<Format> = format
-        .map(|f| f.parse().map_err(PyValueError::new_err))
-        .transpose()?;
-    if blkimage::nbd::is_url(&name) && matches!(format, Some(f) if f != Format::Raw) {
-        return Err(PyValueError::new_err(
-            "an NBD export is read as raw bytes (only format='raw' applies)",
-        ));
-    }
+    let open = open_options(
+        &name,
+        format,
+        cache,
+        no_backing,
+        force_share,
+        secret_file,
+        timeout,
+        tls_certificates,
+    )?;
     if !(4096..=256 << 20).contains(&read_size) || read_size % 4096 != 0 {
         return Err(PyValueError::new_err(format!(
             "read size must be a multiple of 4k from 4k to 256m, not {read_size}"
@@ -103,29 +102,9 @@ pub fn checksum(
             "queue depth must be 1 to 128, not {queue_depth}"
         )));
     }
-    let timeout = match timeout {
-        None => None,
-        Some(t) if t > 0.0 && t <= 1e6 => Some(Duration::from_secs_f64(t)),
-        Some(t) => {
-            return Err(PyValueError::new_err(format!(
-                "timeout must be seconds from 0 to 1000000, not {t}"
-            )));
-        }
-    };
     let job = Job {
         name: name.clone(),
-        open: OpenOptions {
-            cache,
-            format,
-            no_backing,
-            force_share,
-            secret_file,
-            nbd: blkimage::nbd::NbdOptions {
-                timeout,
-                tls_certificates,
-                ..Default::default()
-            },
-        },
+        open,
         hasher: Options::new()
             .algorithm(alg)
             .block_size(block_size)
@@ -135,13 +114,77 @@ pub fn checksum(
         read_size: (read_size as usize).next_multiple_of(block_size),
     };
 
+    run_cancellable(py, &name, move |cancel| job.run(&cancel)).map(|sum| sum.to_hex())
+}
+
+/// A path or URL as blkimage takes it (UTF-8 here).
+pub fn image_name(image: &std::path::Path) -> PyResult<String> {
+    image
+        .to_str()
+        .map(str::to_string)
+        .ok_or_else(|| PyValueError::new_err(format!("{image:?}: image names must be UTF-8")))
+}
+
+/// How to open `name`, from the keyword arguments every image function takes.
+#[allow(clippy::too_many_arguments)]
+pub fn open_options(
+    name: &str,
+    format: Option<&str>,
+    cache: bool,
+    no_backing: bool,
+    force_share: bool,
+    secret_file: Option<PathBuf>,
+    timeout: Option<f64>,
+    tls_certificates: Option<PathBuf>,
+) -> PyResult<OpenOptions> {
+    let format: Option<Format> = format
+        .map(|f| f.parse().map_err(PyValueError::new_err))
+        .transpose()?;
+    if blkimage::nbd::is_url(name) && matches!(format, Some(f) if f != Format::Raw) {
+        return Err(PyValueError::new_err(
+            "an NBD export is read as raw bytes (only format='raw' applies)",
+        ));
+    }
+    let timeout = match timeout {
+        None => None,
+        Some(t) if t > 0.0 && t <= 1e6 => Some(Duration::from_secs_f64(t)),
+        Some(t) => {
+            return Err(PyValueError::new_err(format!(
+                "timeout must be seconds from 0 to 1000000, not {t}"
+            )));
+        }
+    };
+    Ok(OpenOptions {
+        cache,
+        format,
+        no_backing,
+        force_share,
+        secret_file,
+        nbd: blkimage::nbd::NbdOptions {
+            timeout,
+            tls_certificates,
+            ..Default::default()
+        },
+    })
+}
+
+/// Run `work` on a thread of its own while the caller waits in short
+/// slices with the GIL released, running Python's signal handlers between
+/// them: a handler that raises (Ctrl-C) sets the cancel flag `work` is
+/// given, and is raised once `work` has stopped. `work`'s error is an
+/// OSError naming `name`.
+pub fn run_cancellable<T: Send + 'static>(
+    py: Python<'_>,
+    name: &str,
+    work: impl FnOnce(Arc<AtomicBool>) -> io::Result<T> + Send + 'static,
+) -> PyResult<T> {
     let cancel = Arc::new(AtomicBool::new(false));
     let (tx, rx) = crossbeam_channel::bounded(1);
     let flag = cancel.clone();
     let worker = std::thread::Builder::new()
-        .name("blkhash-checksum".into())
+        .name("blkhash-run".into())
         .spawn(move || {
-            let result = job.run(&flag);
+            let result = work(flag);
             // The receiver may be gone only if the caller panicked.
             let _ = tx.send(());
             result
@@ -165,8 +208,8 @@ pub fn checksum(
         }
     }
     match py.detach(|| worker.join()) {
-        Ok(Ok(sum)) => Ok(sum.to_hex()),
-        Ok(Err(e)) => Err(os_error(&name, &e)),
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(os_error(name, &e)),
         Err(_) => Err(PyRuntimeError::new_err(format!(
             "{name}: internal error while hashing"
         ))),
@@ -199,7 +242,7 @@ impl Job {
 /// The OSError for `name` with blksum's reason: where the system gave an
 /// errno, `OSError(errno, reason, name)` (Python then picks the subclass,
 /// FileNotFoundError..., and sets `filename`); else "NAME: reason".
-fn os_error(name: &str, e: &io::Error) -> PyErr {
+pub fn os_error(name: &str, e: &io::Error) -> PyErr {
     if e.get_ref()
         .is_some_and(|inner| inner.is::<blkimage::nbd::PassphraseNeeded>())
     {

@@ -7,6 +7,7 @@
 mod buffer;
 mod checksum;
 mod hasher;
+mod maps;
 
 use blkhash::{ALGORITHMS, Algorithm, MAX_THREADS};
 use pyo3::exceptions::PyValueError;
@@ -74,6 +75,8 @@ fn blkhash_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hasher::PyHasher>()?;
     m.add_function(wrap_pyfunction!(new, m)?)?;
     m.add_function(wrap_pyfunction!(checksum::checksum, m)?)?;
+    m.add_function(wrap_pyfunction!(maps::map_range, m)?)?;
+    m.add_function(wrap_pyfunction!(maps::merge, m)?)?;
     let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.name()).collect();
     // Every digest is built in, so both sets are the same.
     m.add("algorithms_available", PyFrozenSet::new(py, &names)?)?;

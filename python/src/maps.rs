@@ -1,0 +1,143 @@
+//! `blkhash.map_range()` and `blkhash.merge()`: an image hashed in parts
+//! (on several processes or hosts) and the parts merged into its map, as
+//! `blkmap --range` and `blkmap merge` do.
+
+use crate::checksum::{image_name, open_options, os_error, run_cancellable};
+use crate::{check_block_size, check_threads, parse_digest};
+use blkcli::units::Span;
+use blkmap::MapError;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use std::path::PathBuf;
+
+/// Hash part of ``image`` into the part file ``out`` (written atomically)
+/// and return the ``(offset, length)`` in bytes it covers. The part is
+/// ``offset``/``length`` (``length`` None: to the end of the image), or
+/// ``part=(k, n)``, the k-th of n parts of about equal size (k from 1).
+/// ``offset`` is a multiple of ``block_size``; so is ``length`` unless the
+/// range reaches the end of the image. Parts that cover the image once
+/// merge into its map (``merge()``), whatever process or host made them.
+/// ``image`` and the other options are ``checksum()``'s (not ``"-"``: a
+/// pipe cannot seek). Raises ValueError for a bad argument or range,
+/// OSError if the image cannot be read or ``out`` written.
+#[pyfunction]
+#[pyo3(
+    text_signature = "(image, out, *, offset=0, length=None, part=None, digest='sha256', \
+    block_size=65536, format=None, cache=False, threads=None, no_backing=False, \
+    force_share=False, secret_file=None, timeout=None, tls_certificates=None)"
+)]
+#[pyo3(signature = (
+    image, out, *, offset = 0, length = None, part = None, digest = "sha256",
+    block_size = blkhash::DEFAULT_BLOCK_SIZE as i64, format = None, cache = false,
+    threads = None, no_backing = false, force_share = false, secret_file = None,
+    timeout = None, tls_certificates = None
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn map_range(
+    py: Python<'_>,
+    image: PathBuf,
+    out: PathBuf,
+    offset: u64,
+    length: Option<u64>,
+    part: Option<(u64, u64)>,
+    digest: &str,
+    block_size: i64,
+    format: Option<&str>,
+    cache: bool,
+    threads: Option<i64>,
+    no_backing: bool,
+    force_share: bool,
+    secret_file: Option<PathBuf>,
+    timeout: Option<f64>,
+    tls_certificates: Option<PathBuf>,
+) -> PyResult<(u64, u64)> {
+    let name = image_name(&image)?;
+    let span = match part {
+        Some(_) if offset != 0 || length.is_some() => {
+            return Err(PyValueError::new_err(
+                "give part=(k, n) or offset and length, not both",
+            ));
+        }
+        Some((index, count)) if index == 0 || index > count => {
+            return Err(PyValueError::new_err(format!(
+                "part ({index}, {count}): k from 1 to n"
+            )));
+        }
+        Some((index, count)) => Span::Part { index, count },
+        None => Span::Range {
+            offset,
+            len: length,
+        },
+    };
+    let opts = blktools::MapOptions {
+        algorithm: parse_digest(digest)?,
+        block_size: check_block_size(block_size)?,
+        threads: check_threads(threads)?,
+        open: open_options(
+            &name,
+            format,
+            cache,
+            no_backing,
+            force_share,
+            secret_file,
+            timeout,
+            tls_certificates,
+        )?,
+        ..Default::default()
+    };
+    if name == "-" {
+        return Err(PyValueError::new_err(
+            "map_range needs an image that can seek, not standard input",
+        ));
+    }
+    let shown = name.clone();
+    // A range that does not fit the image is a bad argument (ValueError),
+    // known only once the image is open.
+    let done = run_cancellable(py, &shown, move |cancel| {
+        let input = blkimage::open(&name, &opts.open)?;
+        let src = blktools::seekable(input, "map_range")?;
+        let range = span
+            .resolve(src.size(), opts.block_size)
+            .map(|(offset, len)| blkmap::Range { offset, len })
+            .and_then(|r| {
+                blkmap::check_range(src.size(), opts.block_size, r).map_err(|e| e.to_string())?;
+                Ok(r)
+            });
+        let Ok(range) = range else {
+            return Ok(range.map(|_| (0, 0)));
+        };
+        let opts = blktools::MapOptions { cancel, ..opts };
+        let part = blktools::map_range(src, range, &opts, "")?;
+        part.save(&out)?;
+        Ok(Ok((range.offset, range.len)))
+    })?;
+    done.map_err(|why| PyValueError::new_err(format!("{shown}: {why}")))
+}
+
+/// Merge the part files ``parts`` (from ``map_range()`` or ``blkmap
+/// --range``, in any order) into the image's map, written atomically to
+/// ``out`` if given, and return the image's checksum in hexadecimal, as
+/// ``checksum()`` gives it for the whole image. The parts must cover the
+/// image exactly once and agree on its size, the digest and the block size.
+/// They are read as streams: memory stays about 1 MiB per part whatever
+/// the image's size. Raises ValueError naming the parts and offsets for a
+/// gap, an overlap, a mismatch or a damaged part; OSError if a part cannot
+/// be read or ``out`` written.
+#[pyfunction]
+#[pyo3(signature = (parts, out = None))]
+pub fn merge(py: Python<'_>, parts: Vec<PathBuf>, out: Option<PathBuf>) -> PyResult<String> {
+    let shown = out
+        .as_ref()
+        .map(|o| o.display().to_string())
+        .unwrap_or_else(|| "merge".into());
+    let result = py.detach(|| blkmap::merge_files(&parts, out.as_deref()));
+    match result {
+        Ok(h) => Ok(blkhash::to_hex(h.checksum.as_deref().unwrap_or_default())),
+        Err(MapError::Io(e)) => Err(os_error(&shown, &e)),
+        Err(MapError::In(name, e)) if matches!(*e, MapError::Io(_)) => {
+            let MapError::Io(e) = *e else { unreachable!() };
+            Err(os_error(&name, &e))
+        }
+        Err(e) => Err(PyValueError::new_err(e.to_string())),
+    }
+}

@@ -1,0 +1,124 @@
+"""map_range() and merge(): an image hashed in parts by several processes
+(concurrent.futures, a dask.distributed cluster), over files and one NBD
+export, merges to checksum(); parts that do not make a map are refused."""
+
+import concurrent.futures
+import random
+import subprocess
+
+import pytest
+
+import blkhash
+from conftest import need
+
+RECIPE = "3m:r 2m:- 1m:0 2m:t 700000:r"
+
+
+@pytest.fixture
+def qcow2(images, tmp_path):
+    need("qemu-img", "qemu-utils")
+    out = tmp_path / "disk.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", "-c",
+                    images(RECIPE), out], check=True)
+    return out
+
+
+def map_part(image, out, k, n, **kw):
+    """A module-level function: process pools and dask pickle it."""
+    return blkhash.map_range(str(image), str(out), part=(k, n), **kw)
+
+
+def test_parts_in_any_order_merge_to_the_checksum(images, tmp_path):
+    raw = images(RECIPE)
+    rng = random.Random(5)
+    for digest, bs in [("sha256", 65536), ("blake3", 4096), ("md5", 512)]:
+        size = blkhash_size(raw)
+        cuts = sorted({rng.randrange(0, size // bs + 1) * bs for _ in range(3)} | {0, size})
+        parts = []
+        for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+            p = tmp_path / f"{digest}-{i}.part"
+            assert blkhash.map_range(raw, p, offset=a, length=b - a, digest=digest,
+                                     block_size=bs) == (a, b - a)
+            parts.append(p)
+        rng.shuffle(parts)
+        out = tmp_path / f"{digest}.map"
+        want = blkhash.checksum(raw, digest=digest, block_size=bs)
+        assert blkhash.merge(parts, out) == want
+        assert blkhash.merge([out]) == want  # a whole map alone
+
+
+def blkhash_size(raw):
+    # Opened by path, a raw image's size is rounded up to 512, as QEMU.
+    n = raw.stat().st_size
+    return n + (-n % 512)
+
+
+def test_process_pool_on_a_compressed_qcow2(qcow2, tmp_path):
+    n = 4
+    outs = [tmp_path / f"p{k}" for k in range(1, n + 1)]
+    with concurrent.futures.ProcessPoolExecutor(max_workers=2) as pool:
+        ranges = list(pool.map(map_part, [qcow2] * n, outs, range(1, n + 1), [n] * n))
+    # The parts tile the image in order.
+    assert ranges[0][0] == 0
+    assert all(a[0] + a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert blkhash.merge(outs[::-1]) == blkhash.checksum(qcow2)
+
+
+def test_threads_on_one_nbd_export(images, tmp_path, serve):
+    need("qemu-nbd", "qemu-utils")
+    raw = images(RECIPE)
+    sock = tmp_path / "nbd.sock"
+    # One export, four clients at once: --shared=4 (extra connections each
+    # client would open are given up when the server has no room).
+    serve(["qemu-nbd", "--persistent", "--read-only", "--format=raw", "--shared=4",
+           f"--socket={sock}", str(raw)], sock)
+    url = f"nbd+unix:///?socket={sock}"
+    outs = [tmp_path / f"n{k}" for k in range(1, 5)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(lambda k: blkhash.map_range(url, outs[k - 1], part=(k, 4)), range(1, 5)))
+    assert blkhash.merge(outs) == blkhash.checksum(raw)
+
+
+def test_dask_local_cluster(qcow2, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    n = 3
+    outs = [str(tmp_path / f"d{k}") for k in range(1, n + 1)]
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        futures = client.map(map_part, [qcow2] * n, outs, range(1, n + 1), [n] * n)
+        client.gather(futures)
+    out = tmp_path / "disk.map"
+    assert blkhash.merge(outs, out) == blkhash.checksum(qcow2)
+    assert out.stat().st_size > 0
+
+
+def test_parts_that_do_not_make_a_map(images, tmp_path):
+    raw = images(RECIPE)
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    blkhash.map_range(raw, a, offset=0, length=1 << 20)
+    blkhash.map_range(raw, b, offset=2 << 20)
+    with pytest.raises(ValueError, match=r"a gap: bytes 1048576\+1048576 are in no part"):
+        blkhash.merge([a, b])
+    with pytest.raises(ValueError, match="overlap"):
+        blkhash.merge([a, a, b])
+    rest = tmp_path / "rest"
+    blkhash.map_range(raw, rest, offset=1 << 20)
+    damaged = tmp_path / "damaged"
+    data = bytearray(rest.read_bytes())
+    data[-1] ^= 1
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="damaged block map"):
+        blkhash.merge([a, damaged])
+    with pytest.raises(FileNotFoundError):
+        blkhash.merge([a, tmp_path / "missing"])
+    with pytest.raises(ValueError, match="block boundary"):
+        blkhash.map_range(raw, tmp_path / "c", offset=100)
+    with pytest.raises(ValueError, match="not both"):
+        blkhash.map_range(raw, tmp_path / "c", offset=65536, part=(1, 2))
+    with pytest.raises(ValueError, match="k from 1 to n"):
+        blkhash.map_range(raw, tmp_path / "c", part=(3, 2))
+    with pytest.raises(ValueError, match="standard input"):
+        blkhash.map_range("-", tmp_path / "c")
+    assert not (tmp_path / "c").exists()
