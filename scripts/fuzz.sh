@@ -55,7 +55,7 @@ map_seeds() {
     local dir=$1 tmp blkmap=${CARGO_TARGET_DIR:-../target}/release/blkmap
     command -v qemu-img >/dev/null && command -v qemu-io >/dev/null || return 0
     if [ ! -x "$blkmap" ]; then
-        cargo build --release -p blktools --manifest-path ../Cargo.toml --bin blkmap
+        cargo build --release -p blktools -p blksum --manifest-path ../Cargo.toml
     fi
     tmp=$(mktemp -d)
     qemu-img create -q -f qcow2 "$tmp/a.qcow2" 64k
@@ -67,6 +67,12 @@ map_seeds() {
     "$blkmap" --block-size 4k -d blake3 "$tmp/a.qcow2" "$dir/seed-blake3" >/dev/null
     "$blkmap" --block-size 512 -d md5 "$tmp/b.raw" "$dir/seed-short-last" >/dev/null
     "$blkmap" "$tmp/b.raw" "$dir/seed-64k" >/dev/null
+    # Parts: a middle range, and the end of an image with a short last block.
+    "$blkmap" --block-size 512 --range 4k+8k "$tmp/a.qcow2" "$dir/seed-part" >/dev/null
+    "$blkmap" --block-size 512 -d md5 --range 2/3 "$tmp/b.raw" "$dir/seed-part-end" >/dev/null
+    # A checkpoint: a part with a record of its image.
+    "${blkmap%/blkmap}/blksum" --checkpoint "$dir/seed-checkpoint" --keep-checkpoint \
+        --block-size 512 "$tmp/b.raw" >/dev/null
     rm -rf "$tmp"
 }
 

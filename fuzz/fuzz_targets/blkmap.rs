@@ -1,7 +1,8 @@
-//! Block maps from untrusted bytes: `Map::from_bytes` must refuse or give a
-//! map that is consistent (its checksum follows from its blocks, it saves
-//! and loads back the same). Errors are fine; panics, hangs and unbounded
-//! allocations are not.
+//! Block maps and parts from untrusted bytes: `Map::from_bytes` must refuse
+//! or give a map that is consistent (its checksum follows from its blocks,
+//! it saves and loads back the same); `Part::from_bytes` and a merge of the
+//! bytes (streamed) must agree with it. Errors are fine; panics, hangs and
+//! unbounded allocations are not.
 //!
 //! Random bytes rarely carry a valid trailer (SHA-256 of the rest), so each
 //! input is also parsed re-signed: the trailer replaced by the digest of
@@ -11,7 +12,7 @@
 #![no_main]
 
 use blkhash::Algorithm;
-use blkmap::{Map, diff};
+use blkmap::{Map, Part, diff, merge};
 use libfuzzer_sys::fuzz_target;
 
 /// Header bytes before the checksum, and the trailer.
@@ -23,9 +24,24 @@ const TRAILER: usize = 32;
 const MAX_BLOCKS: u64 = 1 << 20;
 
 fn check(bytes: &[u8]) {
+    // Streamed: a merge of the bytes alone, into memory.
+    let mut out = std::io::Cursor::new(Vec::new());
+    let merged = merge(vec![("fuzz".into(), Box::new(bytes))], Some(&mut out), None, true);
+    let partial = blkmap::MapReader::new(bytes).is_ok_and(|r| r.header().is_partial());
+    if let Ok(part) = Part::from_bytes(bytes) {
+        assert_eq!(Part::from_bytes(&part.to_bytes()).unwrap(), part);
+        // A whole map's checksum is checked by the merge, not by Part.
+        if partial {
+            let h = merged.as_ref().expect("a part that loads merges");
+            assert_eq!(h.range, part.range());
+        }
+    }
     let Ok(map) = Map::from_bytes(bytes) else {
         return;
     };
+    // A whole map merged alone is itself, byte for byte.
+    assert_eq!(merged.unwrap().checksum.as_deref(), Some(map.checksum()));
+    assert_eq!(out.into_inner(), map.to_bytes());
     assert_eq!(map.derive_checksum(), map.checksum());
     assert_eq!(map.blocks(), map.size().div_ceil(map.block_size() as u64));
     let again = Map::from_bytes(&map.to_bytes()).expect("a saved map loads");
