@@ -26,7 +26,8 @@ MKIMAGE = RELEASE / "mkimage"
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
-CASES = ["speed", "random", "holes", "zero", "empty", "qcow2", "compressed", "direct", "nbd",
+CASES = ["speed", "random", "holes", "zero", "empty", "ranges", "qcow2", "compressed", "direct",
+         "nbd",
          "sync", "sync_nbd", "lib", "python"]
 ALL_CASES = CASES
 

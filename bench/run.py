@@ -156,6 +156,19 @@ IMAGE_CASES = {
             ("ref3", "ours3", "≥", 5, "blake3: blksum ≥ 5× the reference"),
         ],
     ),
+    "ranges": ImageCase(
+        title="An image hashed in 8 ranges one after another, then merged ({size}, random)",
+        image="random",
+        commands={
+            "ours": ours("sha256"),
+            "parts": lambda b, imgs: b.parts(imgs["raw"], 8),
+        },
+        ratios=[("parts", "ours")],
+        targets=[
+            ("parts", "ours", "≤", 1.05,
+             "8 × blkmap --range k/8 and blkmap merge ≤ 1.05× the time of one blksum"),
+        ],
+    ),
     "qcow2": ImageCase(
         title="qcow2, half allocated ({size}: the half data, half holes image converted "
               "with `qemu-img convert -O qcow2`, 64 KiB clusters)",
@@ -216,6 +229,22 @@ class Bench(NetCases, LibCases, DeviceCases):
             mode += f", -t {threads}"
         what = f"{digest} {label}" if label else digest
         return Cmd(f"blksum {what} ({mode})", argv, ours=True, key=(digest, self.bs()))
+
+    def parts(self, img, n):
+        """`blkmap --range k/n` for k = 1..n one after another, then `blkmap
+        merge` of the parts (printing the checksum): sha256, page cache."""
+        blkmap = str(RELEASE / "blkmap")
+        opts = ["--cache"]
+        if self.a.block_size:
+            opts += ["--block-size", short(self.a.block_size)]
+        if self.a.threads:
+            opts += ["-t", str(self.a.threads)]
+        opts = " ".join(opts)
+        script = (f'd=$(mktemp -d) && trap \'rm -rf "$d"\' EXIT && '
+                  f'for k in $(seq 1 {n}); do {blkmap} {opts} --range $k/{n} {img} "$d/p$k" '
+                  f'|| exit 1; done && {blkmap} merge "$d/map" "$d"/p* | sed "s|$d/map|{img}|"')
+        return Cmd(f"{n} × blkmap --range k/{n}, blkmap merge", ["sh", "-c", script],
+                   ours=True, key=("sha256", self.bs()))
 
     def reference(self, digest, img, cache=True, label=None):
         if not self.ref:
