@@ -417,6 +417,11 @@ impl<R: Read> MapReader<R> {
         &self.header
     }
 
+    /// The reader it reads from.
+    pub fn into_inner(self) -> R {
+        self.r.inner
+    }
+
     /// The next piece of the records, or `None` once all were read and the
     /// trailer checked.
     pub fn next_piece(&mut self) -> Result<Option<Piece<'_>>, MapError> {

@@ -53,7 +53,7 @@ pub use format::{
     Header, MAGIC, MAX_IDENTITY, MapReader, Piece, VERSION, check_range, is_map,
     remove_stale_temps, write_atomic,
 };
-pub use merge::{Named, Output, merge, merge_files, merge_to_file};
+pub use merge::{Input, Named, Output, merge, merge_files, merge_to_file};
 pub use part::Part;
 
 use blkhash::{Algorithm, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, to_hex};

@@ -9,8 +9,13 @@ use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
+/// What a merge reads a part from: it reads each part twice (see
+/// [`merge`]), so it must seek. Files and `Cursor`s are.
+pub trait Input: Read + Seek {}
+impl<T: Read + Seek> Input for T {}
+
 /// An input of a merge: a name for messages, and the part's bytes.
-pub type Named<'a> = (String, Box<dyn Read + 'a>);
+pub type Named<'a> = (String, Box<dyn Input + 'a>);
 
 /// Where a merge writes: a new, empty file (or buffer) it can read back,
 /// to sign what it wrote.
@@ -23,9 +28,12 @@ impl<T: Read + Write + Seek> Output for T {}
 ///
 /// The parts must agree on size, digest and block size and cover the
 /// image exactly once, in any order (`allow_partial`: cover one range
-/// without a gap, which then gives a part, not a map). Each part is
-/// checked as it is read (trailer, lengths); a complete map given alone
-/// has its checksum checked. `identity` is recorded in the result.
+/// without a gap, which then gives a part, not a map). Each part is read
+/// through and checked (lengths, trailer) before any is merged: hashing
+/// the digests of a part's zero runs costs one digest per block, so a
+/// damaged part that claims a huge sparse range is refused before that
+/// work, not after it. A complete map given alone has its checksum
+/// checked. `identity` is recorded in the result.
 ///
 /// The result is the map a single run would have written, byte for byte:
 /// runs of one kind that meet at a boundary between parts are one record.
@@ -37,7 +45,7 @@ pub fn merge(
 ) -> Result<Header, MapError> {
     let mut parts = Vec::with_capacity(inputs.len());
     for (name, r) in inputs {
-        let reader = MapReader::new(r).map_err(|e| e.of(&name))?;
+        let reader = checked(r).map_err(|e| e.of(&name))?;
         parts.push((name, reader));
     }
     let Some((first_name, first)) = parts.first() else {
@@ -158,6 +166,16 @@ pub fn merge(
         w.finish(header.checksum.as_deref())?;
     }
     Ok(header)
+}
+
+/// Read `r` through as a map (every check but the derived checksum), then
+/// again from its start: the reader of the second pass.
+fn checked<'a>(r: Box<dyn Input + 'a>) -> Result<MapReader<Box<dyn Input + 'a>>, MapError> {
+    let mut reader = MapReader::new(r)?;
+    while reader.next_piece()?.is_some() {}
+    let mut r = reader.into_inner();
+    r.seek(SeekFrom::Start(0))?;
+    MapReader::new(r)
 }
 
 /// Zero-block digests hashed at a time.

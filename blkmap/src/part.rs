@@ -33,7 +33,10 @@ use std::path::Path;
 ///     .collect();
 /// // Merged in any order, they make the map of the whole image.
 /// let bytes: Vec<Vec<u8>> = parts.iter().rev().map(Part::to_bytes).collect();
-/// let inputs = bytes.iter().map(|b| ("part".to_string(), Box::new(&b[..]) as _)).collect();
+/// let inputs = bytes
+///     .iter()
+///     .map(|b| ("part".to_string(), Box::new(std::io::Cursor::new(b)) as _))
+///     .collect();
 /// let mut out = std::io::Cursor::new(Vec::new());
 /// let merged = blkmap::merge(inputs, Some(&mut out), None, false).unwrap();
 /// let whole = Map::compute(opts, &image).unwrap();

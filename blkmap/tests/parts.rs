@@ -3,9 +3,8 @@
 //! are errors that name the parts.
 
 use blkhash::{Algorithm, Hasher, Options};
-use blkmap::{Map, MapBuilder, MapError, MapReader, Part, Range, merge, merge_files};
+use blkmap::{Input, Map, MapBuilder, MapError, MapReader, Named, Part, Range, merge, merge_files};
 use proptest::prelude::*;
-use std::io::Read;
 
 fn opts(alg: Algorithm, bs: usize) -> Options {
     Options::new().algorithm(alg).block_size(bs).threads(2)
@@ -19,10 +18,15 @@ fn part(o: &Options, image: &[u8], from: usize, to: usize) -> Part {
     b.finalize_part(h, image.len() as u64, from as u64).unwrap()
 }
 
-fn inputs(parts: &[(String, Vec<u8>)]) -> Vec<(String, Box<dyn Read + '_>)> {
+fn inputs(parts: &[(String, Vec<u8>)]) -> Vec<Named<'_>> {
     parts
         .iter()
-        .map(|(n, b)| (n.clone(), Box::new(&b[..]) as Box<dyn Read>))
+        .map(|(n, b)| {
+            (
+                n.clone(),
+                Box::new(std::io::Cursor::new(&b[..])) as Box<dyn Input>,
+            )
+        })
         .collect()
 }
 

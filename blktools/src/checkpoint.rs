@@ -179,7 +179,10 @@ impl Saver {
             inputs.push((self.path.display().to_string(), Box::new(BufReader::new(f))));
         }
         for p in &self.pending {
-            inputs.push(("the blocks hashed by this run".into(), Box::new(&p[..])));
+            inputs.push((
+                "the blocks hashed by this run".into(),
+                Box::new(io::Cursor::new(&p[..])),
+            ));
         }
         Ok(inputs)
     }

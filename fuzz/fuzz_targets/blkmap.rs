@@ -26,7 +26,8 @@ const MAX_BLOCKS: u64 = 1 << 20;
 fn check(bytes: &[u8]) {
     // Streamed: a merge of the bytes alone, into memory.
     let mut out = std::io::Cursor::new(Vec::new());
-    let merged = merge(vec![("fuzz".into(), Box::new(bytes))], Some(&mut out), None, true);
+    let input = Box::new(std::io::Cursor::new(bytes));
+    let merged = merge(vec![("fuzz".into(), input)], Some(&mut out), None, true);
     let partial = blkmap::MapReader::new(bytes).is_ok_and(|r| r.header().is_partial());
     if let Ok(part) = Part::from_bytes(bytes) {
         assert_eq!(Part::from_bytes(&part.to_bytes()).unwrap(), part);
