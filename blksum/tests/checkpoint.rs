@@ -11,19 +11,8 @@ use common::*;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
+use testkit::Rng;
 use testkit::nbd::{Listen, nbdkit};
-
-/// Deterministic random numbers: the kill times are random but replayable.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
 
 fn spawn(args: &[&str]) -> Child {
     blksum()

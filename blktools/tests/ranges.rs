@@ -8,19 +8,7 @@ mod common;
 
 use common::*;
 use std::path::{Path, PathBuf};
-
-/// A small deterministic generator: the split points of each case are
-/// random but the same every run (a failure can be replayed).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
+use testkit::Rng;
 
 /// Split `size` bytes of `bs`-byte blocks at up to `max_cuts` random block
 /// boundaries: the parts as OFFSET+LENGTH, in a shuffled order.

@@ -220,6 +220,20 @@ fn stream(offset: u64, buf: &mut [u8], unit: usize, piece: impl Fn(u64, &mut [u8
     }
 }
 
+/// Deterministic random numbers (xorshift64) for tests: split points and
+/// kill times are random but the same every run, so a failure replays.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
