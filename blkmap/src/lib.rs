@@ -258,7 +258,46 @@ fn check_params(algorithm: Algorithm, block_size: usize) -> Result<(), MapError>
     Ok(())
 }
 
-fn zero_digest(algorithm: Algorithm, block_size: usize) -> Vec<u8> {
+/// The outer digest of a checksum, given the block digests in order: zero
+/// blocks as a count, their digests hashed a batch at a time.
+pub(crate) struct Outer {
+    digest: Box<dyn blkhash::Streaming>,
+    /// [`Outer::BATCH`] zero-block digests.
+    zeros: Vec<u8>,
+    len: usize,
+}
+
+impl Outer {
+    const BATCH: usize = 8192;
+
+    pub(crate) fn new(algorithm: Algorithm, zero_digest: &[u8]) -> Outer {
+        Outer {
+            digest: algorithm.streaming(),
+            zeros: zero_digest.repeat(Outer::BATCH),
+            len: zero_digest.len(),
+        }
+    }
+
+    pub(crate) fn data(&mut self, digests: &[u8]) {
+        self.digest.update(digests);
+    }
+
+    pub(crate) fn zeros(&mut self, mut count: u64) {
+        while count > 0 {
+            let k = count.min(Outer::BATCH as u64);
+            self.digest.update(&self.zeros[..k as usize * self.len]);
+            count -= k;
+        }
+    }
+
+    /// The checksum of an image of `size` bytes.
+    pub(crate) fn finish(mut self, size: u64) -> Vec<u8> {
+        self.digest.update(&size.to_le_bytes());
+        self.digest.finalize()
+    }
+}
+
+pub(crate) fn zero_digest(algorithm: Algorithm, block_size: usize) -> Vec<u8> {
     let mut d = vec![0u8; algorithm.output_len()];
     algorithm.digest_into(&vec![0u8; block_size], &mut d);
     d
@@ -446,24 +485,13 @@ impl Map {
     /// The cost is the outer digest's: about `size / block_size` digests
     /// hashed, zero blocks included, with no block read.
     pub fn derive_checksum(&self) -> Vec<u8> {
-        const BATCH: usize = 8192;
-        let mut outer = self.algorithm.streaming();
-        let zeros = self.zero_digest.repeat(BATCH);
-        let len = self.algorithm.output_len();
+        let mut outer = Outer::new(self.algorithm, &self.zero_digest);
         for run in self.runs() {
             match run.digests {
-                Some(d) => outer.update(d),
-                None => {
-                    let mut left = run.count;
-                    while left > 0 {
-                        let k = left.min(BATCH as u64);
-                        outer.update(&zeros[..k as usize * len]);
-                        left -= k;
-                    }
-                }
+                Some(d) => outer.data(d),
+                None => outer.zeros(run.count),
             }
         }
-        outer.update(&self.size.to_le_bytes());
-        outer.finalize()
+        outer.finish(self.size)
     }
 }

@@ -3,7 +3,7 @@
 //! per part plus write buffers) whatever the image's size.
 
 use crate::format::{FIXED_HEADER, Header, MapReader, Piece, TAG_DATA, TAG_ZEROS, write_atomic};
-use crate::{MapError, Range};
+use crate::{MapError, Outer, Range, zero_digest};
 use blkhash::Algorithm;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -109,12 +109,15 @@ pub fn merge(
     let alone = parts.len() == 1;
     let claimed = parts[0].1.header().checksum.clone();
 
-    let alg = want.algorithm;
-    let len = alg.output_len();
-    let mut zero = vec![0u8; len];
-    alg.digest_into(&vec![0u8; want.block_size], &mut zero);
-    let zeros = zero.repeat(ZERO_BATCH);
-    let mut outer = alg.streaming();
+    let len = want.algorithm.output_len();
+    // Only a merge that covers the image has a checksum to compute: a
+    // checkpoint's saves (partial) skip the outer digest.
+    let mut outer = complete.then(|| {
+        Outer::new(
+            want.algorithm,
+            &zero_digest(want.algorithm, want.block_size),
+        )
+    });
     let mut header = Header {
         range: Range {
             offset: start,
@@ -135,18 +138,17 @@ pub fn merge(
         while let Some(piece) = r.next_piece().map_err(of)? {
             match piece {
                 Piece::Zeros(n) => {
-                    let mut left = n;
-                    while left > 0 {
-                        let k = left.min(ZERO_BATCH as u64);
-                        outer.update(&zeros[..k as usize * len]);
-                        left -= k;
+                    if let Some(o) = &mut outer {
+                        o.zeros(n);
                     }
                     if let Some(w) = &mut writer {
                         w.zeros(n)?;
                     }
                 }
                 Piece::Data(d) => {
-                    outer.update(d);
+                    if let Some(o) = &mut outer {
+                        o.data(d);
+                    }
                     if let Some(w) = &mut writer {
                         w.data(d, (d.len() / len) as u64)?;
                     }
@@ -154,9 +156,8 @@ pub fn merge(
             }
         }
     }
-    if complete {
-        outer.update(&want.size.to_le_bytes());
-        let checksum = outer.finalize();
+    if let Some(outer) = outer {
+        let checksum = outer.finish(want.size);
         if alone && claimed.as_ref().is_some_and(|c| *c != checksum) {
             return Err(MapError::Checksum.of(&parts[0].0));
         }
@@ -177,9 +178,6 @@ fn checked<'a>(r: Box<dyn Input + 'a>) -> Result<MapReader<Box<dyn Input + 'a>>,
     r.seek(SeekFrom::Start(0))?;
     MapReader::new(r)
 }
-
-/// Zero-block digests hashed at a time.
-const ZERO_BATCH: usize = 8192;
 
 fn describe(h: &Header) -> String {
     format!(

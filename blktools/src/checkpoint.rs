@@ -77,8 +77,7 @@ pub fn hash(
     progress(resumed_at);
     let mut saver = Saver {
         path: ck.path.clone(),
-        identity: identity.into_bytes(),
-        exists: ck.path.exists(),
+        identity: identity.to_text().into_bytes(),
         pending: Vec::new(),
     };
     let window = blkimage::Window::new(src.clone(), resumed_at, size - resumed_at)?;
@@ -134,7 +133,7 @@ pub fn hash(
         saver.save(&builder, size, resumed_at, false)?
     } else {
         let h = saver.merged(&builder, size, resumed_at)?;
-        if saver.exists {
+        if ck.path.exists() {
             std::fs::remove_file(&ck.path)?;
         }
         h
@@ -155,28 +154,30 @@ pub fn hash(
 struct Saver {
     path: PathBuf,
     identity: Vec<u8>,
-    /// FILE holds blocks from 0 on.
-    exists: bool,
     /// Parts taken from the builder and not yet in FILE (a save failed).
     pending: Vec<Vec<u8>>,
 }
 
 impl Saver {
-    /// FILE and the pending parts, as merge inputs.
-    fn inputs(
-        &mut self,
-        builder: &MapBuilder,
-        size: u64,
-        offset: u64,
-    ) -> io::Result<Vec<Named<'_>>> {
+    /// Move the blocks the builder saw since the last call to `pending`:
+    /// whether there were any. With no FILE and nothing pending, the empty
+    /// part is kept too (an empty image's merge needs one input).
+    fn take(&mut self, builder: &MapBuilder, size: u64, offset: u64) -> io::Result<bool> {
         let part = builder.take_part(size, offset)?;
-        if part.range().len > 0 || self.pending.is_empty() {
+        let new = part.range().len > 0;
+        if new || (self.pending.is_empty() && !self.path.exists()) {
             self.pending.push(part.to_bytes());
         }
+        Ok(new)
+    }
+
+    /// FILE, if there is one, and the pending parts, as merge inputs.
+    fn inputs(&self) -> io::Result<Vec<Named<'_>>> {
         let mut inputs: Vec<Named<'_>> = Vec::new();
-        if self.exists {
-            let f = File::open(&self.path)?;
-            inputs.push((self.path.display().to_string(), Box::new(BufReader::new(f))));
+        match File::open(&self.path) {
+            Ok(f) => inputs.push((self.path.display().to_string(), Box::new(BufReader::new(f)))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
         for p in &self.pending {
             inputs.push((
@@ -189,12 +190,10 @@ impl Saver {
 
     /// Save FILE if the builder has blocks it does not.
     fn save_new(&mut self, builder: &MapBuilder, size: u64, offset: u64) -> io::Result<()> {
-        let part = builder.take_part(size, offset)?;
-        if part.range().len == 0 && self.pending.is_empty() {
-            return Ok(());
+        if self.take(builder, size, offset)? {
+            self.write(true)?;
         }
-        self.pending.push(part.to_bytes());
-        self.save(builder, size, offset, true).map(drop)
+        Ok(())
     }
 
     /// Save FILE (a part if `partial`, else the whole map).
@@ -205,40 +204,37 @@ impl Saver {
         offset: u64,
         partial: bool,
     ) -> io::Result<Header> {
-        let path = self.path.clone();
+        self.take(builder, size, offset)?;
+        self.write(partial)
+    }
+
+    /// Merge FILE and the pending parts into a new FILE.
+    fn write(&mut self, partial: bool) -> io::Result<Header> {
         let identity = Some(self.identity.clone());
-        let inputs = self.inputs(builder, size, offset)?;
-        let h = blkmap::merge_to_file(inputs, &path, identity, partial)?;
+        let h = blkmap::merge_to_file(self.inputs()?, &self.path, identity, partial)?;
         self.pending.clear();
-        self.exists = true;
         Ok(h)
     }
 
     /// The whole map's header (with the checksum), FILE left as it is.
     fn merged(&mut self, builder: &MapBuilder, size: u64, offset: u64) -> io::Result<Header> {
-        let inputs = self.inputs(builder, size, offset)?;
-        Ok(blkmap::merge(inputs, None, None, false)?)
+        self.take(builder, size, offset)?;
+        Ok(blkmap::merge(self.inputs()?, None, None, false)?)
     }
 }
 
 /// The record of the image `name` of `size` bytes a checkpoint keeps.
-fn identity(name: &OsStr, size: u64) -> io::Result<String> {
-    let side = match name.to_str().filter(|n| blkimage::nbd::is_url(n)) {
+fn identity(name: &OsStr, size: u64) -> io::Result<Side> {
+    Ok(match name.to_str().filter(|n| blkimage::nbd::is_url(n)) {
         Some(_) => Side::of_export("checkpoint".into(), size),
         None => Side::of_file("checkpoint".into(), &std::fs::metadata(name)?, size),
-    };
-    Ok(side.to_text())
+    })
 }
 
 /// Check the checkpoint at `path` belongs to this image, digest and block
 /// size: the bytes it covers from 0, or why not (an error that says how to
 /// start over).
-fn resume_point(
-    path: &Path,
-    src: &dyn Source,
-    opts: &MapOptions,
-    identity: &str,
-) -> io::Result<u64> {
+fn resume_point(path: &Path, src: &dyn Source, opts: &MapOptions, now: &Side) -> io::Result<u64> {
     let shown = path.display();
     let refuse = |why: String| {
         io::Error::new(
@@ -268,9 +264,7 @@ fn resume_point(
         .map_err(|_| ())
         .and_then(|t| Side::parse(t).map_err(|_| ()))
         .map_err(|_| refuse("a checkpoint whose record of its image is damaged".into()))?;
-    let now =
-        Side::parse(identity).map_err(|e| io::Error::other(format!("checkpoint record: {e}")))?;
-    if let Some(why) = then.changed_since(&now, "the checkpoint") {
+    if let Some(why) = then.changed_since(now, "the checkpoint") {
         return Err(refuse(format!(
             "not a checkpoint of this image as it is now: {why}"
         )));

@@ -96,15 +96,16 @@ pub fn map_range(
     let done = run_cancellable(py, &shown, move |cancel| {
         let input = blkimage::open(&name, &opts.open)?;
         let src = blktools::seekable(input, "map_range")?;
-        let range = span
+        let checked = span
             .resolve(src.size(), opts.block_size)
             .map(|(offset, len)| blkmap::Range { offset, len })
             .and_then(|r| {
                 blkmap::check_range(src.size(), opts.block_size, r).map_err(|e| e.to_string())?;
                 Ok(r)
             });
-        let Ok(range) = range else {
-            return Ok(range.map(|_| (0, 0)));
+        let range = match checked {
+            Ok(r) => r,
+            Err(why) => return Ok(Err(why)),
         };
         let opts = blktools::MapOptions { cancel, ..opts };
         let part = blktools::map_range(src, range, &opts, "")?;
