@@ -276,7 +276,7 @@ class NetCases:
                f"{human(big)} empty)")
         self.r()
         if not qemu_nbd:
-            self.r.problem("qemu-nbd missing (apt-get install qemu-utils): NBD case skipped")
+            self.r.problem("qemu-nbd missing (qemu-utils on Debian, qemu-img on Fedora): NBD case skipped")
             return
         holes = self.image("holes", size)
         empty = self.image("empty", big)

@@ -22,7 +22,7 @@ Environment:
 
 The qcow2 cases need qemu-img (images are converted from raw ones) and the
 mkimage binary of the workspace (target/release/mkimage); the nbd case needs
-qemu-nbd (qemu-utils).
+qemu-nbd (package qemu-utils on Debian and Ubuntu, qemu-img on Fedora and RHEL).
 
 Python 3 standard library only.
 """

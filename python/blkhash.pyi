@@ -66,7 +66,13 @@ class Hasher:
     def update(self, data: _Buffer) -> None:
         """Add the bytes of ``data`` (read in place from 1 MiB on, else copied), GIL released."""
     def zero(self, length: int) -> None:
-        """Add ``length`` bytes known to be zeros: nothing is read or allocated."""
+        """Add ``length`` bytes known to be zeros: nothing is read or allocated.
+
+        Ctrl-C stops it promptly (KeyboardInterrupt); the hasher then holds
+        part of the zeros and raises RuntimeError instead of a digest.
+        OverflowError, nothing added, past 2**64 - 1 bytes in all (also from
+        ``update()``).
+        """
     def digest(self) -> bytes:
         """The checksum; the first call finishes the hasher."""
     def hexdigest(self) -> str:
@@ -81,7 +87,14 @@ def new(
     block_size: int = 65536,
     threads: Optional[int] = None,
 ) -> Hasher:
-    """A new hasher for the digest ``name``; ValueError for bad arguments."""
+    """A new hasher for the digest ``name``; ValueError for bad arguments,
+    OSError (BlockingIOError, EAGAIN) if the system will not start its
+    worker threads.
+
+    It hashes the bytes given, exactly: for a file whose size is not a
+    multiple of 512 that is not ``checksum(path)``, which hashes it rounded
+    up to 512 with zeros, as QEMU (and blksum) see it.
+    """
 
 def checksum(
     image: Union[str, "os.PathLike[str]"],
@@ -101,8 +114,19 @@ def checksum(
 ) -> str:
     """The hex checksum of an image (path, NBD URL, or "-"), as blksum prints it.
 
+    A raw file's size is rounded up to a multiple of 512 with zeros, as QEMU
+    and blksum see it (standard input, ``"-"``, and ``new(data)`` hash the
+    exact bytes): such a file raises a ``UserWarning`` naming both sizes.
+
+    ``read_size``: bytes per read, a multiple of 4096 up to 256 MiB;
+    ``queue_depth``: reads queued ahead of the digest workers, 1 to 128.
+    Whatever both ask for, the reads in flight hold at most 256 MiB of
+    buffers (or one read, two when read ahead of the digest threads, when
+    a read is larger): the depths are cut to fit.
+
     Raises ValueError for a bad argument, OSError if the image cannot be
-    read, KeyboardInterrupt on Ctrl-C after the run stopped and cleaned up.
+    read (or its threads cannot start), KeyboardInterrupt on Ctrl-C after
+    the run stopped and cleaned up.
     """
 
 def map_range(

@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
-cargo build --release
+# Only what the demo runs: blksum (not the Python extension or the C library).
+cargo build --release -p blksum
 
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT

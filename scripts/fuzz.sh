@@ -1,26 +1,38 @@
 #!/usr/bin/env bash
 # Run each fuzz target for SECONDS (default 60): scripts/fuzz.sh [SECONDS]
-# Needs a nightly toolchain (rustup toolchain install nightly) and
-# cargo-fuzz (installed here if missing). Seeds come from qemu-img when it
-# is installed (scripts/setup.sh installs it). Crashes land in
-# fuzz/artifacts/TARGET/ and make this script fail.
+# Needs cargo-fuzz (installed here if missing) and a nightly toolchain, or
+# a stable one made to accept nightly flags (below). Seeds come from
+# qemu-img when it is installed (scripts/setup.sh installs it). Every target
+# runs; each gets one line here (executions, seconds, result) and its whole
+# libFuzzer output in target/fuzz-logs/TARGET.log. Crashes land in
+# fuzz/artifacts/TARGET/ and make this script fail once all targets ran.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
 seconds=${1:-60}
-targets=(qcow2 nbd_reply nbd_transmission nbd_handshake blkmap check_file state)
+targets=(qcow2 nbd_reply nbd_transmission nbd_handshake blkmap check_file state record)
 
-# cargo fuzz needs nightly flags (sanitizers); without a nightly toolchain,
-# let the stable compiler accept them.
+# cargo fuzz builds with nightly-only flags (-Zsanitizer=address and the
+# sanitizer coverage options libFuzzer needs): a nightly toolchain when one
+# is installed (rustup toolchain install nightly); on a machine with only a
+# stable one (rustup's default, what the test command can count on),
+# RUSTC_BOOTSTRAP=1 lets that stable compiler accept the flags. It is set
+# for this script's fuzz builds only (their own workspace and target
+# directory, fuzz/target), never for the builds that are shipped or tested.
 toolchain=(+nightly)
 if ! cargo +nightly --version >/dev/null 2>&1; then
     toolchain=()
     export RUSTC_BOOTSTRAP=1
 fi
+# cargo-fuzz is a cargo subcommand: it has to be installed where cargo
+# finds it (~/.cargo/bin, as any `cargo install`), at the versions of its
+# lock file.
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "fuzz: installing cargo-fuzz (cargo install --locked cargo-fuzz)" >&2
     cargo install --locked cargo-fuzz
 fi
+logs=$(cd .. && pwd)/target/fuzz-logs
+mkdir -p "$logs"
 
 # Small valid images as seeds (512-byte clusters keep them a few KiB).
 seeds() {
@@ -55,7 +67,10 @@ map_seeds() {
     local dir=$1 tmp blkmap=${CARGO_TARGET_DIR:-../target}/release/blkmap
     command -v qemu-img >/dev/null && command -v qemu-io >/dev/null || return 0
     if [ ! -x "$blkmap" ]; then
-        cargo build --release -p blktools -p blksum --manifest-path ../Cargo.toml
+        # A normal build (RUSTC_BOOTSTRAP would make the main workspace's
+        # next build compile its dependencies again).
+        env -u RUSTC_BOOTSTRAP cargo build --release -p blktools -p blksum \
+            --manifest-path ../Cargo.toml
     fi
     tmp=$(mktemp -d)
     qemu-img create -q -f qcow2 "$tmp/a.qcow2" 64k
@@ -117,6 +132,23 @@ with open(f"{sys.argv[1]}/seed-side", "w") as f:
 PY
 }
 
+# A checkpoint's record of its image: a qcow2 overlay and its backing
+# file (names with a space and a non-ASCII byte), and an NBD export.
+record_seeds() {
+    python3 - "$1" <<'PY'
+import hashlib, sys
+bodies = {
+    "files": "blkhash-input 1\nsize 1073741824\n"
+             "file file 2049 12 0 196616 1700000000.000000001 1700000000.000000002 /img/over%20lay.qcow2\n"
+             "file block 5 7 2049 0 1.000000000 2.000000000 /dev/%C3%A9\n",
+    "export": "blkhash-input 1\nsize 16777216\nnbd unix /run/nbd.sock plain disk\n",
+}
+for name, body in bodies.items():
+    with open(f"{sys.argv[1]}/seed-{name}", "w") as f:
+        f.write(body + "sha256 " + hashlib.sha256(body.encode()).hexdigest() + "\n")
+PY
+}
+
 # Valid handshakes for the nbd_handshake target (flags byte, then the
 # server's bytes): fixed newstyle with structured replies, base:allocation
 # and block sizes; without structured replies; NBD_OPT_GO unsupported
@@ -146,6 +178,7 @@ for name, data in seeds.items():
 PY
 }
 
+failures=()
 for t in "${targets[@]}"; do
     corpus=corpus/$t
     mkdir -p "$corpus"
@@ -155,6 +188,7 @@ for t in "${targets[@]}"; do
             nbd_transmission) reply_seeds "$corpus" ;;
             check_file) check_seeds "$corpus" ;;
             state) state_seeds "$corpus" ;;
+            record) record_seeds "$corpus" ;;
             nbd_handshake) handshake_seeds "$corpus" ;;
             *) seeds "$corpus" ;;
         esac
@@ -163,6 +197,29 @@ for t in "${targets[@]}"; do
             cp seeds/"$t"/* "$corpus"/
         fi
     fi
-    cargo "${toolchain[@]}" fuzz run -O "$t" "$corpus" -- \
-        -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10
+    log=$logs/$t.log
+    start=$SECONDS
+    if cargo "${toolchain[@]}" fuzz run -O "$t" "$corpus" -- \
+        -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
+        >"$log" 2>&1; then
+        result=ok
+    else
+        result="FAILED (exit $?)"
+        failures+=("$t")
+    fi
+    # libFuzzer's last words on a clean end: "Done N runs in S second(s)".
+    done_line=$(grep -E '^Done [0-9]+ runs in [0-9]+ second' "$log" | tail -n 1 || true)
+    runs=$(awk '{print $2}' <<<"$done_line")
+    secs=$(awk '{print $5}' <<<"$done_line")
+    printf 'fuzz: %-17s %10s runs in %4s s (%4d s with the build): %s\n' \
+        "$t" "${runs:-?}" "${secs:-?}" $((SECONDS - start)) "$result"
+    if [ "$result" != ok ]; then
+        # What went wrong (the crash, the build error), without the log's bulk.
+        tail -n 40 "$log" | sed "s/^/fuzz: $t: /"
+    fi
 done
+echo "fuzz: whole output in $logs/"
+if [ ${#failures[@]} -gt 0 ]; then
+    echo "fuzz: failed: ${failures[*]} (crash inputs in fuzz/artifacts/)" >&2
+    exit 1
+fi

@@ -5,8 +5,12 @@
 # PREFIX/bin: blksum, blkmap, blkdiff, blksync (stripped);
 # PREFIX/share/man/man1 and the shell completion directories: the
 # commands' manual pages and bash, zsh and fish completions;
-# LIBDIR (default PREFIX/lib): libblkhash.so.0 (its SONAME, as libblkhash
-# 0.11's) with the libblkhash.so link, libblkhash.a, pkgconfig/blkhash.pc;
+# LIBDIR: libblkhash.so.0 (its SONAME, as libblkhash 0.11's) with the
+# libblkhash.so link, libblkhash.a, pkgconfig/blkhash.pc. LIBDIR comes from
+# the environment, else it is the platform's: PREFIX/lib64 where the system
+# keeps its 64-bit libraries in /usr/lib64 (Fedora, RHEL, openSUSE), else
+# PREFIX/lib (Debian and Ubuntu, whose /usr/lib64 holds only the loader;
+# their multiarch PREFIX/lib/x86_64-linux-gnu is LIBDIR=... away);
 # PREFIX/include/blkhash.h; PREFIX/share/man/man3: blkhash(3),
 # blkhash-opts(3), blkhash-aio(3) and a page per function.
 # Run as root for a system prefix: ldconfig then refreshes the loader's cache.
@@ -14,7 +18,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 prefix=${1:-/usr/local}
-libdir=${LIBDIR:-$prefix/lib}
+if [ -d /usr/lib64 ] && [ ! -e /etc/debian_version ]; then
+    libdir=${LIBDIR:-$prefix/lib64}
+else
+    libdir=${LIBDIR:-$prefix/lib}
+fi
 includedir=$prefix/include
 mandir=$prefix/share/man
 release=${CARGO_TARGET_DIR:-target}/release

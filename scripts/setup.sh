@@ -6,14 +6,18 @@
 set -euo pipefail
 
 # The same tools under each family's package names: QEMU's qemu-img, qemu-io
-# and qemu-nbd; nbdkit with its basic plugins and filters; certtool for the
-# TLS tests; GNU time; a C compiler, pkg-config and valgrind for the C
-# library's tests; objdump, file and man for the install test; Python with
-# venv for the Python package.
-apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc pkg-config
-    valgrind binutils file man-db tmux)
-dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc pkgconf-pkg-config
-    valgrind binutils file man-db tmux)
+# and qemu-nbd (qemu-utils on Debian, qemu-img on Fedora); nbdkit with its
+# basic plugins and filters; certtool for the TLS tests; GNU time; a C
+# compiler, pkg-config and valgrind for the C library's tests, and the static
+# C library (libc.a: libc6-dev, glibc-static) for the static link of
+# scripts/test-install.sh; objdump, file and man for the install test and
+# the manual page tests; Python with venv for the Python package; tmux for
+# blksum/tests/progress.rs, which runs blksum -p in a real terminal to see
+# its progress bar drawn and cleared.
+apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc libc6-dev
+    pkg-config valgrind binutils file man-db tmux)
+dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc glibc-static
+    pkgconf-pkg-config valgrind binutils file man-db tmux)
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -30,6 +34,28 @@ if command -v apt-get >/dev/null; then
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
     fi
 elif command -v dnf >/dev/null; then
+    # RHEL and its rebuilds (CentOS Stream, AlmaLinux, Rocky) ship nbdkit in
+    # EPEL, not in their own repositories (Fedora does): enable EPEL first,
+    # with its epel-release package (in CentOS Stream's and the rebuilds'
+    # extras), or on RHEL proper from the Fedora project. EPEL's packages
+    # and glibc-static need CRB (CodeReady Builder), which epel-release's
+    # crb command enables.
+    os_id=$(. /etc/os-release 2>/dev/null && echo "${ID:-} ${ID_LIKE:-}")
+    version=$(. /etc/os-release 2>/dev/null && echo "${VERSION_ID%%.*}")
+    # RHEL says ID=rhel, its rebuilds name rhel or centos in ID_LIKE; Fedora
+    # says neither.
+    case " $os_id " in
+        *" rhel "* | *" centos "*)
+            if ! rpm -q epel-release >/dev/null 2>&1; then
+                $sudo dnf install -y -q epel-release ||
+                    $sudo dnf install -y -q \
+                        "https://dl.fedoraproject.org/pub/epel/epel-release-latest-$version.noarch.rpm"
+            fi
+            if command -v crb >/dev/null; then
+                $sudo crb enable
+            fi
+            ;;
+    esac
     for p in "${dnf_packages[@]}"; do
         rpm -q "$p" >/dev/null 2>&1 || missing+=("$p")
     done

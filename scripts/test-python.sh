@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 
 venv=$(mktemp -d "${TMPDIR:-/tmp}/blkhash-venv.XXXXXX")
 trap 'rm -rf "$venv"' EXIT
+# Readable by all: the thread-limit tests (test_limits.py) run its Python as
+# a user of its own, since RLIMIT_NPROC does not bind root.
+chmod 755 "$venv"
 
 python3 -m venv "$venv"
 # blake3: the tests' model of the construction for that digest (not in hashlib).

@@ -1,27 +1,60 @@
 #!/usr/bin/env bash
-# Run every test: formatting, lints, unit, property, vector and command tests.
-set -euo pipefail
+# Run every test: formatting, lints, unit, property, vector, command, C and
+# Python tests.
+#
+# Every step runs even when an earlier one fails (one failing Rust test must
+# not hide the Python suite); the run ends with a summary, each step with
+# PASS or FAIL and its duration, whose last line is exactly "N passed, N
+# failed" (CI reads it), and exits 1 if any step failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/setup.sh
+summary=()
+passed=0
+failed=0
 
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --release -- -D warnings
+# step NAME COMMAND...: run COMMAND (its output as it comes), record the result.
+step() {
+    local name=$1 start=$SECONDS rc
+    shift
+    echo "==> $name"
+    "$@"
+    rc=$?
+    local took=$((SECONDS - start))
+    local t
+    t=$(printf '%dm%02ds' $((took / 60)) $((took % 60)))
+    if [ "$rc" -eq 0 ]; then
+        passed=$((passed + 1))
+        summary+=("$(printf 'PASS  %8s  %s' "$t" "$name")")
+    else
+        failed=$((failed + 1))
+        summary+=("$(printf 'FAIL  %8s  %s (exit %d)' "$t" "$name" "$rc")")
+    fi
+    echo "==> $name: $([ "$rc" -eq 0 ] && echo PASS || echo "FAIL (exit $rc)") in $t"
+}
+
+step "setup (scripts/setup.sh)" scripts/setup.sh
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo clippy" cargo clippy --workspace --all-targets --release -- -D warnings
 # The API documentation builds without a warning (a broken link, a private item).
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-# A short fuzzing run of every parser of untrusted bytes.
-scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
-
+step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+# A short fuzzing run of every parser of untrusted bytes: a line per target
+# here, libFuzzer's whole output in target/fuzz-logs/.
+step "fuzz (scripts/fuzz.sh)" scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 # libblkhash.so and .a, which the C tests link (cargo test builds only the rlib).
-cargo build --workspace --release
+step "cargo build" cargo build --workspace --release
 # Every test binary runs, and every failure is reported, not only the first.
 # A hung test fails the run after 40 minutes instead of stalling CI (libtest
 # names a test running for over 60 s, which points at the hang).
-timeout --kill-after=30 2400 cargo test --workspace --release --no-fail-fast
-
+step "cargo test" timeout --kill-after=30 2400 cargo test --workspace --release --no-fail-fast
 # scripts/install.sh into a scratch prefix: the commands, the C library
 # through pkg-config, the manual pages.
-scripts/test-install.sh
-
+step "install (scripts/test-install.sh)" scripts/test-install.sh
 # The Python package, built and installed as a user would, and its tests.
-scripts/test-python.sh
+step "python (scripts/test-python.sh)" scripts/test-python.sh
+
+echo
+echo "==> summary"
+printf '%s\n' "${summary[@]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

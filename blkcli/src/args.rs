@@ -18,13 +18,13 @@ pub const DEFAULT_QUEUE_DEPTH: u16 = 16;
 /// How the commands read and hash their inputs.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct InputArgs {
-    /// Digest, by its OpenSSL name (see blksum --list-digests); blkdiff and
-    /// blksync take a saved map's [default: sha256].
+    /// Digest, by its OpenSSL name (blksum --list-digests lists them)
+    /// [default: sha256, or a saved map's where one is read].
     #[arg(short, long, value_name = "NAME", value_parser = digest_parser(), hide_possible_values = true)]
     pub digest: Option<Algorithm>,
 
-    /// Block size: a multiple of 512 from 512 to 64m (suffixes k, m); blkdiff
-    /// and blksync take a saved map's [default: 64k].
+    /// Block size: a multiple of 512 from 512 to 64m (suffixes k, m)
+    /// [default: 64k, or a saved map's where one is read].
     #[arg(long, value_name = "SIZE", value_parser = parse_block_size)]
     pub block_size: Option<usize>,
 
@@ -33,12 +33,16 @@ pub struct InputArgs {
     #[arg(short, long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS as i64))]
     pub threads: Option<u16>,
 
-    /// Image format: raw (the bytes as they are), qcow2, or one QEMU reads
-    /// through a private qemu-nbd: vmdk, vdi, vhdx, vpc, qed, parallels, dmg,
-    /// qcow, bochs, cloop, luks (with --secret-file) [default: probed from
-    /// the magic bytes: qcow2 if the file starts with the qcow2 magic and
-    /// version 2 or later, one of the others by its signature, else raw].
-    /// Standard input, pipes and NBD URLs are always raw.
+    /// Image format: raw (the bytes whatever they hold, the size rounded up
+    /// to a multiple of 512 with zeros as QEMU does: a 1000-byte file is
+    /// hashed as 1024 bytes, which is said on standard error), qcow2, or one
+    /// QEMU reads through a private qemu-nbd: vmdk, vdi, vhdx, vpc, qed,
+    /// parallels, dmg, qcow, bochs, cloop, luks (with --secret-file)
+    /// [default: probed from the magic bytes: qcow2 if the file starts with
+    /// the qcow2 magic and version 2 or later, one of the others by its
+    /// signature, else raw]. Standard input, pipes and NBD URLs are always
+    /// raw, their exact bytes (so `blksum < FILE` differs from `blksum FILE`
+    /// when the size is not a multiple of 512).
     #[arg(short, long, value_name = "FORMAT", value_parser = format_parser(), hide_possible_values = true)]
     pub format: Option<Format>,
 
@@ -83,16 +87,21 @@ pub struct InputArgs {
     pub tls_certificates: Option<PathBuf>,
 
     /// Bytes per read (suffixes k, m), rounded up to whole blocks [default: 1m].
+    /// Whatever the depths, the reads in flight hold at most 256 MiB (one
+    /// read, two with --io-depth, when a read is larger): depths are cut to fit.
     #[arg(long, value_name = "SIZE", value_parser = parse_read_size)]
     pub read_size: Option<usize>,
 
-    /// Reads and digest jobs queued ahead of the digest workers [default: 16].
+    /// Reads and digest jobs queued ahead of the digest workers [default: 16];
+    /// reads on the digest threads (--io-depth 0) at most 256 MiB / read size.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=128))]
     pub queue_depth: Option<u16>,
 
     /// Reads in flight at once, on reading threads apart from the digest
     /// threads (fio's iodepth); 0 runs each read on a digest thread
-    /// [default: 16 for files and devices read with direct I/O, else 0].
+    /// [default: 16 for files and devices read with direct I/O, else 0]. At
+    /// most 256 MiB / (2 × read size): each read may have a second buffer
+    /// waiting for a digest thread (2 with --read-size 64m).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=256))]
     pub io_depth: Option<u16>,
 }

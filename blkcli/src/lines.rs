@@ -75,8 +75,14 @@ fn unescape(s: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// A block size as the tag writes it: `4k`, `1m`, or bytes.
-fn size_word(n: usize) -> String {
+/// A block size as the tag writes it and `--block-size` takes it: `4k`,
+/// `1m`, or bytes.
+///
+/// ```
+/// assert_eq!(blkcli::lines::size_word(1 << 20), "1m");
+/// assert_eq!(blkcli::lines::size_word(1536), "1536");
+/// ```
+pub fn size_word(n: usize) -> String {
     if n.is_multiple_of(1 << 20) {
         format!("{}m", n >> 20)
     } else if n.is_multiple_of(1024) {

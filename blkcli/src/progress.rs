@@ -6,7 +6,10 @@
 //!   their input ends.
 //! - With standard error not a terminal: a line `blksum: NAME: N%` at each
 //!   tenth (`blksum: NAME: 30%`, with the command's name), so a log shows
-//!   the run moving.
+//!   the run moving, and `blksum: NAME: 100%` once the input is hashed
+//!   ([`InputProgress::finish`]; never for one that failed): the tenths
+//!   count bytes handed to the digest workers, which reach the size before
+//!   the last ones are digested and the image is checked.
 //! - `--progress=FD`: lines `N/100` on that descriptor as the whole run's
 //!   percentage grows, as nbdcopy's `--progress=FD` writes them, for
 //!   programs that drive blksum. Inputs weigh the same; with `--check`
@@ -81,10 +84,10 @@ pub struct ShowArgs {
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct ProgressArgs {
     /// Show progress: on a terminal, a bar per input on standard error
-    /// (bytes, rate, time left); otherwise a line at each tenth. With =FD,
-    /// lines "N/100" on file descriptor FD instead, as nbdcopy writes them,
-    /// for programs (the whole run's percentage; with blksum --check, each
-    /// image's).
+    /// (bytes, rate, time left); otherwise a line at each tenth, and 100%
+    /// once the input is hashed. With =FD, lines "N/100" on file descriptor
+    /// FD instead, as nbdcopy writes them, for programs (the whole run's
+    /// percentage; with blksum --check, each image's).
     #[arg(short, long, value_name = "FD", num_args = 0..=1, require_equals = true)]
     pub progress: Option<Option<i32>>,
 }
@@ -207,10 +210,22 @@ impl InputProgress<'_> {
         if let Some(size) = self.size.filter(|&s| s > 0) {
             self.report_fd(self.done as f64 / size as f64);
             let tenth = self.done.saturating_mul(10) / size;
+            // 100% waits for `finish`: the bytes are passed on, not yet
+            // digested or checked.
             if self.run.lines && tenth > self.tenth && tenth < 10 {
                 self.tenth = tenth;
                 eprintln!("{}: {}: {}%", self.run.command, self.name, tenth * 10);
             }
+        }
+    }
+
+    /// The input was hashed: with `-p` and no terminal, its `100%` line
+    /// (also for a stream or an empty image, which had no tenths), so that
+    /// every input that succeeds ends its log at 100%.
+    pub fn finish(&mut self) {
+        if self.run.lines && self.tenth < 10 {
+            self.tenth = 10;
+            eprintln!("{}: {}: 100%", self.run.command, self.name);
         }
     }
 

@@ -130,10 +130,20 @@ pub fn parse_span(s: &str) -> Result<Span, String> {
 
 /// A timeout in seconds (fractions allowed), more than 0 and at most 10^6.
 pub fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    parse_seconds(s, "a timeout")
+}
+
+/// A time between checkpoint saves in seconds (fractions allowed), more
+/// than 0 and at most 10^6.
+pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    parse_seconds(s, "the time between saves")
+}
+
+fn parse_seconds(s: &str, what: &str) -> Result<std::time::Duration, String> {
     match s.parse::<f64>() {
         Ok(t) if t > 0.0 && t <= 1e6 => Ok(std::time::Duration::from_secs_f64(t)),
         _ => Err(format!(
-            "timeout must be seconds from 0 to 1000000, not '{s}'"
+            "{what} is seconds, more than 0 and at most 1000000 (fractions allowed), not '{s}'"
         )),
     }
 }
@@ -148,6 +158,10 @@ pub fn reason(e: &io::Error) -> String {
         return format!("{e}: give it with --secret-file FILE");
     }
     let s = e.to_string();
+    if e.kind() == io::ErrorKind::ResourceBusy && s.starts_with("in use") {
+        // The library knows the lock, the command its option.
+        return format!("{s}; -U (--force-share) reads it anyway");
+    }
     match s.rsplit_once(" (os error ") {
         Some((msg, _)) => msg.to_string(),
         None => s,

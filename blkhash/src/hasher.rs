@@ -41,11 +41,18 @@ pub struct Hasher(Engine<Vec<u8>>);
 
 impl Hasher {
     /// A hasher with the defaults: SHA-256, 64 KiB blocks, one worker per core.
+    ///
+    /// # Panics
+    ///
+    /// If a worker thread cannot be started (the system's limit on threads
+    /// was reached), as `std::thread::spawn` does;
+    /// [`with_options`](Hasher::with_options) returns that as an error.
     pub fn new() -> Self {
-        Hasher::with_options(Options::new()).expect("the default options are valid")
+        Hasher::with_options(Options::new()).unwrap_or_else(|e| panic!("blkhash: {e}"))
     }
 
-    /// A hasher with `opts`, or why they are invalid.
+    /// A hasher with `opts`, or why they are invalid or its worker threads
+    /// could not start ([`OptionsError::ThreadStart`]).
     ///
     /// ```
     /// use blkhash::{Algorithm, Hasher, Options};
@@ -80,7 +87,8 @@ impl fmt::Debug for Hasher {
 }
 
 /// A hasher is a writer: `io::copy(&mut file, &mut hasher)` hashes a file
-/// (every byte read; the image commands skip holes instead).
+/// (every byte read; the image commands skip holes instead). Past 2^64 - 1
+/// bytes a write fails with `InvalidInput` instead of panicking.
 ///
 /// ```
 /// use blkhash::Hasher;
@@ -90,6 +98,12 @@ impl fmt::Debug for Hasher {
 /// ```
 impl io::Write for Hasher {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if !self.0.fits(buf.len() as u64) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a blkhash checksum covers at most 2^64 - 1 bytes",
+            ));
+        }
         self.0.update(buf);
         Ok(buf.len())
     }

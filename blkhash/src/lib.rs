@@ -97,12 +97,22 @@ macro_rules! engine_methods {
 
         /// Add bytes, copied into internal buffers. Whole blocks of zeros are
         /// found here and not copied: they cost a scan, not a digest.
+        ///
+        /// # Panics
+        ///
+        /// If the total would pass 2^64 - 1 bytes, the most a checksum
+        /// records (its length is a le64); nothing is added then. Check
+        /// with [`len`](Self::len) first where a caller controls the length.
         pub fn update(&mut self, data: impl AsRef<[u8]>) {
             self.0.update(data.as_ref());
         }
 
         /// Add `len` bytes that read as zeros. Full zero blocks are neither
         /// allocated nor digested: their digest is a constant.
+        ///
+        /// # Panics
+        ///
+        /// If the total would pass 2^64 - 1 bytes, as [`update`](Self::update).
         pub fn update_zeros(&mut self, len: u64) {
             self.0.update_zeros(len);
         }
@@ -122,8 +132,8 @@ pub use algorithm::{ALGORITHMS, Algorithm, Streaming, UnknownAlgorithm};
 pub use checksum::{Checksum, ParseChecksumError, to_hex};
 pub use hasher::Hasher;
 pub use options::{
-    DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE, Options, OptionsError,
-    default_threads,
+    DEFAULT_BLOCK_SIZE, IN_FLIGHT_BUDGET, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE, Options,
+    OptionsError, default_threads, depth_within_budget,
 };
 pub use order::BlockEvent;
 pub use pipeline::Pipeline;
@@ -131,7 +141,8 @@ pub use pool::Fill;
 pub use zero::is_zero;
 
 /// The checksum of `data` with the defaults (SHA-256, 64 KiB blocks, one
-/// worker per core), in one call.
+/// worker per core), in one call. Panics if its workers cannot start, as
+/// [`Hasher::new`].
 ///
 /// ```
 /// let c = blkhash::hash(b"hello");

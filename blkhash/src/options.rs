@@ -3,6 +3,7 @@
 use crate::algorithm::Algorithm;
 use crate::pool::JobDone;
 use std::fmt;
+use std::io;
 
 /// Smallest block size accepted (the reference's limit).
 pub const MIN_BLOCK_SIZE: usize = 512;
@@ -17,13 +18,44 @@ pub const DEFAULT_BLOCK_SIZE: usize = 64 << 10;
 /// queued, and memory stays at a few MiB.
 pub(crate) const DEFAULT_QUEUE_DEPTH: usize = 16;
 
-/// Invalid hasher options.
+/// Bytes of reads a hasher and the readers in front of it keep in flight
+/// at most: reads queued or running, and read buffers waiting for a
+/// digest worker. Past a few reads in flight a device is busy, and deeper
+/// queues of large reads only cost memory (`--io-depth 256 --read-size
+/// 64m` asked for 32 GiB), so depths are cut to fit; the defaults (16
+/// reads of 1 MiB) are far below it.
+pub const IN_FLIGHT_BUDGET: usize = 256 << 20;
+
+/// How many of `depth` things of `bytes` each fit in [`IN_FLIGHT_BUDGET`]:
+/// `depth` cut to fit, but at least 1 (a single read larger than the
+/// budget still runs).
+///
+/// ```
+/// use blkhash::depth_within_budget;
+/// assert_eq!(depth_within_budget(16, 1 << 20), 16);
+/// assert_eq!(depth_within_budget(256, 64 << 20), 4);
+/// assert_eq!(depth_within_budget(8, 512 << 20), 1);
+/// ```
+pub fn depth_within_budget(depth: usize, bytes: usize) -> usize {
+    depth.min(IN_FLIGHT_BUDGET / bytes.max(1)).max(1)
+}
+
+/// Why a hasher could not be made: invalid options, or a worker thread
+/// the system would not start.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OptionsError {
     /// A block size out of range or not a multiple of 512.
     BlockSize(usize),
     /// A thread count out of range.
     Threads(usize),
+    /// A digest worker thread could not be started: the system's limit on
+    /// threads (RLIMIT_NPROC, a pids cgroup) or memory was reached. The
+    /// workers already started are stopped.
+    ThreadStart {
+        /// The OS error number (EAGAIN, typically), if there was one.
+        errno: Option<i32>,
+    },
 }
 
 impl fmt::Display for OptionsError {
@@ -36,11 +68,33 @@ impl fmt::Display for OptionsError {
             OptionsError::Threads(n) => {
                 write!(f, "invalid thread count {n}: must be 1 to {MAX_THREADS}")
             }
+            OptionsError::ThreadStart { errno: Some(e) } => write!(
+                f,
+                "cannot start a digest thread: {}",
+                io::Error::from_raw_os_error(*e)
+            ),
+            OptionsError::ThreadStart { errno: None } => {
+                write!(f, "cannot start a digest thread")
+            }
         }
     }
 }
 
 impl std::error::Error for OptionsError {}
+
+/// Invalid options are `InvalidInput`; a thread that could not start keeps
+/// the kind of its OS error (`WouldBlock` for EAGAIN), so callers can tell
+/// a system limit from a mistake.
+impl From<OptionsError> for io::Error {
+    fn from(e: OptionsError) -> io::Error {
+        let kind = match e {
+            OptionsError::ThreadStart { errno: Some(n) } => io::Error::from_raw_os_error(n).kind(),
+            OptionsError::ThreadStart { errno: None } => io::ErrorKind::Other,
+            _ => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, e)
+    }
+}
 
 /// How to hash: digest, block size and worker threads, set builder-style
 /// and read back from the [`Hasher`](crate::Hasher) they make.

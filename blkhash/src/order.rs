@@ -3,7 +3,7 @@
 
 use crate::algorithm::{Algorithm, Streaming};
 use crate::checksum::Checksum;
-use crate::options::{DEFAULT_QUEUE_DEPTH, Options, OptionsError};
+use crate::options::{DEFAULT_QUEUE_DEPTH, Options, OptionsError, depth_within_budget};
 use crate::pool::{Done, Fill, Job, JobBuf, Pool};
 use crate::zero::is_zero;
 use std::collections::{HashMap, VecDeque};
@@ -104,13 +104,19 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
         let zero_run = zero_digest.repeat(zero_run_blocks);
         let staging_cap = (STAGING_SIZE / bs).max(1) * bs;
         let max_in_flight = opts.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH).max(2);
+        let pool =
+            Pool::new(opts.threads, alg, bs, zero_digest.clone(), opts.job_done).map_err(|e| {
+                OptionsError::ThreadStart {
+                    errno: e.raw_os_error(),
+                }
+            })?;
         Ok(Engine {
             alg,
             threads: opts.threads,
             zero_run_blocks: zero_run_blocks as u64,
             block_size: bs,
             out_len,
-            pool: Pool::new(opts.threads, alg, bs, zero_digest.clone(), opts.job_done),
+            pool,
             zero_digest,
             zero_run,
             outer: alg.streaming(),
@@ -150,6 +156,22 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
         self.total_len
     }
 
+    /// True if `more` bytes can be added: the checksum records the length
+    /// as a le64, so a hash covers at most 2^64 - 1 bytes.
+    pub(crate) fn fits(&self, more: u64) -> bool {
+        self.total_len.checked_add(more).is_some()
+    }
+
+    /// Panic, before anything changes, unless `more` bytes fit (see
+    /// [`fits`](Engine::fits)): a wrapped length would be a wrong checksum.
+    fn check_len(&self, more: u64) {
+        assert!(
+            self.fits(more),
+            "blkhash: a checksum covers at most 2^64 - 1 bytes: {} given, {more} more",
+            self.total_len
+        );
+    }
+
     pub(crate) fn set_observer(&mut self, f: impl FnMut(BlockEvent<'_>) + Send + 'static) {
         self.observer = Some(Box::new(f));
     }
@@ -157,6 +179,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
     /// Copy bytes into staging. Whole blocks of zeros are found here and not
     /// copied: they cost a scan, not a digest.
     pub(crate) fn update(&mut self, mut data: &[u8]) {
+        self.check_len(data.len() as u64);
         let bs = self.block_size;
         while !data.is_empty() {
             let partial = self.staging.len() % bs;
@@ -192,6 +215,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
     /// `len` bytes that read as zeros: full zero blocks are neither
     /// allocated nor digested, their digest is a constant.
     pub(crate) fn update_zeros(&mut self, mut len: u64) {
+        self.check_len(len);
         let bs = self.block_size as u64;
         let partial = (self.staging.len() as u64) % bs;
         if partial != 0 {
@@ -220,6 +244,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
     pub(crate) fn submit(&mut self, buf: B) {
         let data = buf.as_ref();
         let len = data.len();
+        self.check_len(len as u64);
         let bs = self.block_size;
         let mut start = 0;
         let partial = self.staging.len() % bs;
@@ -262,6 +287,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
     /// `len` bytes that `fill` produces on a worker, into the worker's own
     /// buffer; after a failed fill nothing joins the checksum.
     pub(crate) fn submit_with(&mut self, len: usize, fill: Fill) -> io::Result<()> {
+        self.check_len(len as u64);
         self.check_failure()?;
         if len == 0 {
             return Ok(());
@@ -329,11 +355,18 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
     }
 
     fn send(&mut self, buf: JobBuf<B>, start: usize, end: usize) {
-        if self.in_flight >= self.max_in_flight {
+        // A fill's bytes are read into a worker's buffer: as many fills in
+        // flight as fit in the budget, whatever the queue depth and read
+        // size (other jobs' buffers are the caller's to bound).
+        let max = match buf {
+            JobBuf::Fill(_) => depth_within_budget(self.max_in_flight, end - start),
+            _ => self.max_in_flight,
+        };
+        if self.in_flight >= max {
             // Wait until half the queue is done, not just one job: the caller
             // then wakes once per several jobs instead of once per job, which
             // matters when the workers keep every core busy.
-            while self.in_flight > self.max_in_flight / 2 {
+            while self.in_flight > max / 2 {
                 self.collect(true);
             }
         }

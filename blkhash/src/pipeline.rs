@@ -34,7 +34,8 @@ use std::io;
 pub struct Pipeline<B = Vec<u8>>(Engine<B>);
 
 impl<B: AsRef<[u8]> + Send + 'static> Pipeline<B> {
-    /// A pipeline with `opts`, or why they are invalid.
+    /// A pipeline with `opts`, or why they are invalid or its worker
+    /// threads could not start ([`OptionsError::ThreadStart`]).
     pub fn new(opts: Options) -> Result<Self, OptionsError> {
         Engine::new(opts).map(Pipeline)
     }
@@ -45,6 +46,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Pipeline<B> {
     /// straddles a block boundary left by an earlier call). It comes back from
     /// [`reclaim`](Pipeline::reclaim) or [`reclaim_wait`](Pipeline::reclaim_wait)
     /// once its blocks are digested. Waits while the queue is full.
+    /// Panics past 2^64 - 1 bytes in all, as [`update`](Pipeline::update).
     pub fn submit(&mut self, buf: B) {
         self.0.submit(buf);
     }
@@ -66,7 +68,8 @@ impl<B: AsRef<[u8]> + Send + 'static> Pipeline<B> {
     /// any order; their bytes join the checksum in call order.
     ///
     /// If a fill fails, nothing after it counts: this call, or
-    /// [`finalize`](Pipeline::finalize), returns the error.
+    /// [`finalize`](Pipeline::finalize), returns the error. Panics past
+    /// 2^64 - 1 bytes in all, as [`update`](Pipeline::update).
     ///
     /// ```
     /// use blkhash::{Options, Pipeline};

@@ -4,6 +4,7 @@
 //! and the hasher puts results back in order.
 
 use crate::algorithm::Algorithm;
+use crate::options::IN_FLIGHT_BUDGET;
 use crate::zero::is_zero;
 use crossbeam_channel::{Receiver, Sender};
 use std::fmt;
@@ -64,26 +65,32 @@ impl<B: AsRef<[u8]> + Send + 'static> Pool<B> {
         block_size: usize,
         zero_digest: Vec<u8>,
         job_done: Option<JobDone>,
-    ) -> Self {
+    ) -> io::Result<Self> {
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job<B>>();
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
-        let threads = (0..threads)
-            .map(|i| {
-                let jobs = jobs_rx.clone();
-                let done = done_tx.clone();
-                let zero_digest = zero_digest.clone();
-                let job_done = job_done.clone();
-                std::thread::Builder::new()
-                    .name(format!("blkhash-{i}"))
-                    .spawn(move || worker(jobs, done, job_done, alg, block_size, &zero_digest))
-                    .expect("cannot start a blkhash worker thread")
-            })
-            .collect();
-        Pool {
+        let mut pool = Pool {
             jobs: Some(jobs_tx),
             done: done_rx,
-            threads,
+            threads: Vec::with_capacity(threads),
+        };
+        // Each worker keeps its fill buffer for the next job if all of them
+        // together fit in the budget (1 MiB reads: up to 256 workers), else
+        // frees it after each job: then only the fills in flight hold one.
+        let keep = IN_FLIGHT_BUDGET / threads.max(1);
+        for i in 0..threads {
+            let jobs = jobs_rx.clone();
+            let done = done_tx.clone();
+            let zero_digest = zero_digest.clone();
+            let job_done = job_done.clone();
+            // A thread the system will not start (a limit on threads or
+            // memory) is the caller's error to report; returning drops the
+            // pool, which stops and joins the workers already started.
+            let t = std::thread::Builder::new()
+                .name(format!("blkhash-{i}"))
+                .spawn(move || worker(jobs, done, job_done, alg, block_size, &zero_digest, keep))?;
+            pool.threads.push(t);
         }
+        Ok(pool)
     }
 
     pub fn send(&self, job: Job<B>) {
@@ -113,6 +120,7 @@ fn worker<B: AsRef<[u8]>>(
     alg: Algorithm,
     block_size: usize,
     zero_digest: &[u8],
+    keep: usize,
 ) {
     let mut scratch = Scratch::default();
     for Job {
@@ -129,7 +137,9 @@ fn worker<B: AsRef<[u8]>>(
         let work = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match buf {
             JobBuf::Fill(fill) => {
                 let data = scratch.get(end - start);
-                (None, fill(data).map(|()| digest(data)))
+                let r = (None, fill(data).map(|()| digest(data)));
+                scratch.trim(keep);
+                r
             }
             JobBuf::Internal(v) => {
                 let r = digest(&v[start..end]);
@@ -228,5 +238,12 @@ impl Scratch {
         }
         let off = self.mem.as_ptr().align_offset(Self::ALIGN);
         &mut self.mem[off..off + len]
+    }
+
+    /// Free the buffer if it holds more than `keep` bytes of data.
+    fn trim(&mut self, keep: usize) {
+        if self.mem.len() > keep + Self::ALIGN {
+            self.mem = Vec::new();
+        }
     }
 }

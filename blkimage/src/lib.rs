@@ -32,7 +32,7 @@ pub use reader::{
     DEFAULT_IO_DEPTH, Fill, InputRead, Sink, Stats, interrupted, io_depth_for, read_image,
     read_input, read_stream,
 };
-pub use source::{Extent, ExtentKind, Source};
+pub use source::{Extent, ExtentKind, Rounded, Source};
 pub use window::Window;
 
 use std::fs::File;
@@ -125,6 +125,15 @@ impl Input {
             Input::Stream(_) => None,
         }
     }
+
+    /// The file's size, if the guest size was rounded up from it (a raw
+    /// file whose length is not a multiple of 512: see [`Source::rounded`]).
+    pub fn rounded(&self) -> Option<Rounded> {
+        match self {
+            Input::Image(s) => s.rounded(),
+            Input::Stream(_) => None,
+        }
+    }
 }
 
 /// Open `name`: `-` is standard input; an NBD URL (`nbd://`, `nbd+unix://`,
@@ -162,6 +171,15 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
         let f = File::open(path)?;
         grow_pipe(&f);
         return stream(Box::new(f));
+    }
+    // A file of /proc or /sys: its size says nothing of its content
+    // (/proc/cpuinfo is 0 bytes long), so it is read as a stream, its
+    // bytes as they come, as sha256sum reads it.
+    if ft.is_file() {
+        let f = File::open(path)?;
+        if qcow2::pseudo_file_system(&f)?.is_some() {
+            return stream(Box::new(f));
+        }
     }
     let file = RawFile::open(path, !opts.cache)?;
     file.lock(opts.force_share)?;

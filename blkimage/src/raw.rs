@@ -14,6 +14,8 @@ use std::path::Path;
 /// A raw file or block device.
 pub struct RawFile {
     file: File,
+    /// The name it was opened by (for [`Source::files`]).
+    path: std::path::PathBuf,
     /// A second, buffered handle for reads direct I/O cannot do (unaligned
     /// ones, at the end of the file); `None` when `file` is buffered.
     buffered: Option<File>,
@@ -22,6 +24,17 @@ pub struct RawFile {
     /// Block devices and file systems without SEEK_DATA are all data.
     seek_data: bool,
     is_block: bool,
+}
+
+/// The magic number of the file system `fd` lives on (`statfs`'s `f_type`).
+pub(crate) fn fs_type(fd: &impl AsRawFd) -> io::Result<i64> {
+    // SAFETY: fstatfs fills the zeroed struct on a valid descriptor.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)]
+    Ok(st.f_type as i64)
 }
 
 fn lseek(file: &File, offset: u64, whence: i32) -> io::Result<u64> {
@@ -69,7 +82,7 @@ fn in_use(what: String) -> io::Error {
         io::ErrorKind::ResourceBusy,
         format!(
             "in use: {what} (another process, such as a VM or a writable qemu-nbd, \
-             has the image open; force-share reads it anyway)"
+             has the image open)"
         ),
     )
 }
@@ -115,6 +128,7 @@ impl RawFile {
         }
         Ok(RawFile {
             file,
+            path: path.to_path_buf(),
             buffered,
             file_size,
             size: file_size.next_multiple_of(512),
@@ -195,13 +209,7 @@ impl RawFile {
     /// The magic number of the file system the file lives on (`statfs`'s
     /// `f_type`).
     pub fn fs_type(&self) -> io::Result<i64> {
-        // SAFETY: fstatfs fills the zeroed struct on a valid descriptor.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstatfs(self.file.as_raw_fd(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        #[allow(clippy::unnecessary_cast)]
-        Ok(st.f_type as i64)
+        fs_type(&self.file)
     }
 
     /// True if reads bypass the page cache.
@@ -267,12 +275,23 @@ impl Source for RawFile {
         "raw"
     }
 
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        vec![self.path.clone()]
+    }
+
     fn is_direct(&self) -> bool {
         RawFile::is_direct(self)
     }
 
     fn size(&self) -> u64 {
         self.size
+    }
+
+    fn rounded(&self) -> Option<crate::Rounded> {
+        (self.size != self.file_size).then_some(crate::Rounded {
+            file_size: self.file_size,
+            size: self.size,
+        })
     }
 
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {

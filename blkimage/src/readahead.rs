@@ -14,7 +14,9 @@
 //!
 //! Memory: at most `2 × depth` buffers of the read size are allocated (the
 //! reads in flight, and as many waiting in the hasher's queue or being
-//! digested), on top of what the hasher itself holds.
+//! digested), on top of what the hasher itself holds; the depth is cut so
+//! that they fit in [`blkhash::IN_FLIGHT_BUDGET`] (256 MiB), whatever depth
+//! and read size are asked for.
 
 use crate::buffer::AlignedBuf;
 use crate::reader::{Fill, Sink};
@@ -58,14 +60,19 @@ pub struct ReadAhead<'sink> {
 }
 
 impl<'sink> ReadAhead<'sink> {
-    /// Reading threads (`depth`, at least 1) spawned in `scope`, in front of
-    /// `inner`.
+    /// Reading threads spawned in `scope`, in front of `inner`, for reads
+    /// of at most `read_size` bytes: `depth` of them, cut to what fits in
+    /// [`blkhash::IN_FLIGHT_BUDGET`] (each read in flight may have a second
+    /// buffer waiting in the hasher), at least 1. A thread the system will
+    /// not start (its limit on threads) is an error, the threads started
+    /// stopped.
     pub fn new<'scope, 'env>(
         scope: &'scope Scope<'scope, 'env>,
         inner: &'sink mut dyn Sink,
         depth: usize,
+        read_size: usize,
     ) -> io::Result<Self> {
-        let depth = depth.max(1);
+        let depth = blkhash::depth_within_budget(depth, 2 * read_size);
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let stop = Arc::new(AtomicBool::new(false));
@@ -91,6 +98,9 @@ impl<'sink> ReadAhead<'sink> {
                         // The receiver is gone if the run already failed.
                         let _ = job.done.send(r);
                     }
+                })
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot start a reading thread: {e}"))
                 })?;
         }
         Ok(ReadAhead {

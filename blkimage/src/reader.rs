@@ -88,8 +88,9 @@ pub const DEFAULT_IO_DEPTH: usize = 16;
 /// Read all of `src` into `sink`, `read_size` bytes per read, `io_depth`
 /// reads in flight on reading threads of their own (`Some(0)`: on the
 /// sink's; `None`: [`DEFAULT_IO_DEPTH`] if `src` reads with direct I/O,
-/// else on the sink's). `progress` gets the bytes passed on since its last
-/// call.
+/// else on the sink's), as many as fit in [`blkhash::IN_FLIGHT_BUDGET`]
+/// (see [`ReadAhead::new`]). `progress` gets the bytes passed on since its
+/// last call.
 ///
 /// The sink may still be running reads when this returns: once it has
 /// finished them, call [`Source::finish`] before trusting the result.
@@ -106,7 +107,7 @@ pub fn read_image(
         return walk(src, sink, read_size, cancel, progress);
     }
     std::thread::scope(|scope| {
-        let mut ahead = ReadAhead::new(scope, sink, depth)?;
+        let mut ahead = ReadAhead::new(scope, sink, depth, read_size)?;
         let stats = walk(src, &mut ahead, read_size, cancel, progress)?;
         ahead.flush()?;
         Ok(stats)
@@ -114,7 +115,8 @@ pub fn read_image(
 }
 
 /// The reads in flight for `src`: `asked`, else [`DEFAULT_IO_DEPTH`] if it
-/// reads with direct I/O, else 0 (reads on the sink's threads).
+/// reads with direct I/O, else 0 (reads on the sink's threads); before
+/// [`ReadAhead::new`] cuts it to the memory budget for the read size.
 pub fn io_depth_for(src: &dyn Source, asked: Option<usize>) -> usize {
     asked.unwrap_or(if src.is_direct() { DEFAULT_IO_DEPTH } else { 0 })
 }
@@ -178,6 +180,9 @@ pub struct InputRead {
     pub stats: Stats,
     /// The image's format, or "stream".
     pub format: String,
+    /// The file's size, if the guest size was rounded up from it
+    /// ([`Source::rounded`]): for the command to say so.
+    pub rounded: Option<crate::Rounded>,
     image: Option<Arc<dyn Source>>,
 }
 
@@ -207,12 +212,14 @@ pub fn read_input(
             Ok(InputRead {
                 stats,
                 format: src.format().to_string(),
+                rounded: src.rounded(),
                 image: Some(src),
             })
         }
         crate::Input::Stream(mut r) => Ok(InputRead {
             stats: read_stream(&mut r, sink, read_size, cancel, progress)?,
             format: "stream".to_string(),
+            rounded: None,
             image: None,
         }),
     }

@@ -38,6 +38,32 @@ impl Extent {
     }
 }
 
+/// A raw file's size rounded up to whole 512-byte sectors, as QEMU sees
+/// it (see [`Source::rounded`]).
+///
+/// ```
+/// let r = blkimage::Rounded { file_size: 1000, size: 1024 };
+/// assert!(r.to_string().starts_with("1000 bytes, hashed as 1024 ("));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rounded {
+    /// The file's length in bytes.
+    pub file_size: u64,
+    /// The guest size: `file_size` rounded up to a multiple of 512.
+    pub size: u64,
+}
+
+impl std::fmt::Display for Rounded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bytes, hashed as {} (a raw image's size is rounded up to a multiple of 512, \
+             as QEMU does; standard input is hashed as it is)",
+            self.file_size, self.size
+        )
+    }
+}
+
 /// A random-access image: its guest-visible size, a map of its ranges, and
 /// their bytes. Reads may come from several threads at once.
 pub trait Source: Send + Sync {
@@ -64,5 +90,24 @@ pub trait Source: Send + Sync {
     /// untrustworthy (a file that shrank while we read it).
     fn finish(&self) -> io::Result<()> {
         Ok(())
+    }
+
+    /// The file's own size when the guest size was rounded up from it: a
+    /// raw file whose length is not a multiple of 512 reads as QEMU reads
+    /// it, its tail zeros up to the next multiple, so its checksum is not
+    /// that of its bytes as they are (standard input's is). `None` for
+    /// every other source. The commands say so once per input.
+    fn rounded(&self) -> Option<Rounded> {
+        None
+    }
+
+    /// Every file whose bytes this source reads, in the order it opened
+    /// them: the image, its external data file, its backing chain; for an
+    /// image QEMU serves, every regular file or block device qemu-nbd has
+    /// open (vmdk extents included). What a record of the image must cover
+    /// to tell that the guest content changed. None for a network export or
+    /// bytes in memory.
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        Vec::new()
     }
 }

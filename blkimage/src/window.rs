@@ -82,4 +82,8 @@ impl Source for Window {
     fn finish(&self) -> io::Result<()> {
         self.inner.finish()
     }
+
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        self.inner.files()
+    }
 }

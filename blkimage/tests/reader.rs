@@ -214,7 +214,8 @@ fn open_kinds() {
 /// A source of `size` bytes: data where `data(offset)` says, each 8-byte
 /// word its offset; reads take a pseudo-random few milliseconds, so they
 /// finish out of order; reads at or past `bad_from` fail with EIO; after
-/// `cancel_after` reads, `cancel` is set (a Ctrl-C mid-run).
+/// `cancel_after` reads, `cancel` is set (a Ctrl-C mid-run); until
+/// `gather` reads were in flight at once, each read waits for the others.
 struct Slow {
     size: u64,
     chunk: u64,
@@ -224,6 +225,8 @@ struct Slow {
     most_in_flight: std::sync::atomic::AtomicU64,
     cancel_after: u64,
     cancel: Arc<AtomicBool>,
+    gather: u64,
+    gave_up: AtomicBool,
 }
 
 impl Slow {
@@ -237,6 +240,8 @@ impl Slow {
             most_in_flight: Default::default(),
             cancel_after: u64::MAX,
             cancel: Arc::default(),
+            gather: 0,
+            gave_up: AtomicBool::new(false),
         }
     }
     /// Every other `chunk` is data, the rest holes.
@@ -284,6 +289,16 @@ impl Source for Slow {
         }
         let now = self.in_flight.fetch_add(1, SeqCst) + 1;
         self.most_in_flight.fetch_max(now, SeqCst);
+        // Reads the reader has in flight together meet here, however the
+        // threads are scheduled on a loaded machine; a reader that never
+        // has `gather` at once is waited for 10 s, once.
+        let start = std::time::Instant::now();
+        while self.most_in_flight.load(SeqCst) < self.gather && !self.gave_up.load(SeqCst) {
+            if start.elapsed() > std::time::Duration::from_secs(10) {
+                self.gave_up.store(true, SeqCst);
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
         // 0-3 ms, varying by offset: later reads often finish first.
         let ms = (offset.wrapping_mul(2654435761) >> 20) % 4;
         std::thread::sleep(std::time::Duration::from_millis(ms));
@@ -302,7 +317,11 @@ impl Source for Slow {
 #[test]
 fn many_reads_in_flight_come_in_order_and_holes_are_never_read() {
     for depth in [1, 2, 8, 32] {
-        let src = Arc::new(Slow::new(48 << 20));
+        let mut src = Slow::new(48 << 20);
+        if depth >= 8 {
+            src.gather = 4;
+        }
+        let src = Arc::new(src);
         let want = src.expected();
         // 256 KiB reads: four per data chunk.
         let (sink, stats) =

@@ -341,9 +341,23 @@ impl Map {
     /// Save the map at `path` atomically: written to a temporary file in the
     /// same directory, flushed to disk, renamed over `path`, and the
     /// directory flushed. `path` is the old file or the new one, never a
-    /// part of one.
+    /// part of one. It must be a map, an empty file or a missing one, not a
+    /// link, a directory or a device ([`crate::guard`]): anything else is
+    /// refused and left as it was.
     pub fn save(&self, path: impl AsRef<Path>) -> io::Result<()> {
-        write_atomic(path.as_ref(), |w| self.write_to(w))
+        self.save_guarded(path, &[])
+    }
+
+    /// [`save`](Map::save), refused also when `path` is one of `inputs`
+    /// (the image the map is of, by any of its names).
+    pub fn save_guarded(
+        &self,
+        path: impl AsRef<Path>,
+        inputs: &[crate::guard::Input<'_>],
+    ) -> io::Result<()> {
+        let path = path.as_ref();
+        crate::guard::check_outputs(&[crate::guard::Output::map(path)], inputs)?;
+        write_atomic(path, |w| self.write_to(w))
     }
 }
 

@@ -44,6 +44,7 @@
 mod builder;
 mod diff;
 mod format;
+pub mod guard;
 mod merge;
 mod part;
 
@@ -53,7 +54,10 @@ pub use format::{
     Header, MAGIC, MAX_IDENTITY, MapReader, Piece, VERSION, check_range, is_map,
     remove_stale_temps, write_atomic,
 };
-pub use merge::{Input, Named, Output, merge, merge_files, merge_to_file};
+pub use merge::{
+    Input, Named, Output, merge, merge_files, merge_files_until, merge_to_file,
+    merge_to_file_until, merge_until,
+};
 pub use part::Part;
 
 use blkhash::{Algorithm, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, to_hex};
@@ -282,12 +286,30 @@ impl Outer {
         self.digest.update(digests);
     }
 
-    pub(crate) fn zeros(&mut self, mut count: u64) {
+    pub(crate) fn zeros(&mut self, count: u64) {
+        let never = std::sync::atomic::AtomicBool::new(false);
+        let _ = self.zeros_until(count, &never);
+    }
+
+    /// [`Outer::zeros`], stopped with an "interrupted" error once `cancel`
+    /// is set (checked once per batch, about a millisecond).
+    pub(crate) fn zeros_until(
+        &mut self,
+        mut count: u64,
+        cancel: &std::sync::atomic::AtomicBool,
+    ) -> Result<(), MapError> {
         while count > 0 {
+            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(MapError::Io(io::Error::new(
+                    io::ErrorKind::Interrupted,
+                    "interrupted",
+                )));
+            }
             let k = count.min(Outer::BATCH as u64);
             self.digest.update(&self.zeros[..k as usize * self.len]);
             count -= k;
         }
+        Ok(())
     }
 
     /// The checksum of an image of `size` bytes.

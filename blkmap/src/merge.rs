@@ -8,6 +8,7 @@ use blkhash::Algorithm;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 
 /// What a merge reads a part from: it reads each part twice (see
 /// [`merge`]), so it must seek. Files and `Cursor`s are.
@@ -42,6 +43,25 @@ pub fn merge(
     out: Option<&mut dyn Output>,
     identity: Option<Vec<u8>>,
     allow_partial: bool,
+) -> Result<Header, MapError> {
+    merge_until(
+        inputs,
+        out,
+        identity,
+        allow_partial,
+        &AtomicBool::new(false),
+    )
+}
+
+/// [`merge`], stopped with an [`io::ErrorKind::Interrupted`] error soon
+/// after `cancel` is set: a part may claim an image of up to 2^64 bytes of
+/// zeros, whose checksum takes one digest per block to compute.
+pub fn merge_until(
+    inputs: Vec<Named<'_>>,
+    out: Option<&mut dyn Output>,
+    identity: Option<Vec<u8>>,
+    allow_partial: bool,
+    cancel: &AtomicBool,
 ) -> Result<Header, MapError> {
     let mut parts = Vec::with_capacity(inputs.len());
     for (name, r) in inputs {
@@ -139,7 +159,7 @@ pub fn merge(
             match piece {
                 Piece::Zeros(n) => {
                     if let Some(o) = &mut outer {
-                        o.zeros(n);
+                        o.zeros_until(n, cancel)?;
                     }
                     if let Some(w) = &mut writer {
                         w.zeros(n)?;
@@ -188,18 +208,30 @@ fn describe(h: &Header) -> String {
 
 /// [`merge`] the part files `parts` into the map `out` (written
 /// atomically, as [`Map::save`](crate::Map::save) does), or, without
-/// `out`, only compute the checksum.
+/// `out`, only compute the checksum. `out` must be a map, an empty file or
+/// a missing one, and none of the parts ([`crate::guard`]): anything else
+/// is refused before a part is read.
 pub fn merge_files(parts: &[impl AsRef<Path>], out: Option<&Path>) -> Result<Header, MapError> {
-    merge_paths(parts, out, None, false)
+    merge_files_until(parts, out, &AtomicBool::new(false))
 }
 
-/// [`merge_files`] with [`merge`]'s `identity` and `allow_partial`.
-fn merge_paths(
+/// [`merge_files`], stopped soon after `cancel` is set (as [`merge_until`]);
+/// `out` is then left as it was, and no temporary file stays behind.
+pub fn merge_files_until(
     parts: &[impl AsRef<Path>],
     out: Option<&Path>,
-    identity: Option<Vec<u8>>,
-    allow_partial: bool,
+    cancel: &AtomicBool,
 ) -> Result<Header, MapError> {
+    if let Some(out) = out {
+        let inputs: Vec<_> = parts
+            .iter()
+            .map(|p| crate::guard::Input {
+                name: p.as_ref().as_os_str(),
+                role: "a part",
+            })
+            .collect();
+        crate::guard::check_outputs(&[crate::guard::Output::map(out)], &inputs)?;
+    }
     let mut inputs: Vec<Named<'static>> = Vec::with_capacity(parts.len());
     for p in parts {
         let p = p.as_ref();
@@ -208,8 +240,8 @@ fn merge_paths(
         inputs.push((name, Box::new(BufReader::new(f))));
     }
     match out {
-        Some(out) => merge_to_file(inputs, out, identity, allow_partial),
-        None => merge(inputs, None, identity, allow_partial),
+        Some(out) => merge_to_file_until(inputs, out, None, false, cancel),
+        None => merge_until(inputs, None, None, false, cancel),
     }
 }
 
@@ -217,17 +249,37 @@ fn merge_paths(
 /// [`Map::save`](crate::Map::save) does): `out` is the old file or the
 /// new one, never a part of one, and is left as it was on an error. An
 /// input may be `out` itself, opened before: it is read whole before the
-/// new file replaces it.
+/// new file replaces it. `out` is checked as a map output
+/// ([`crate::guard`]: a map, an empty file or a missing one, not a link or
+/// a device) first; the caller checks it against the inputs.
 pub fn merge_to_file(
     inputs: Vec<Named<'_>>,
     out: &Path,
     identity: Option<Vec<u8>>,
     allow_partial: bool,
 ) -> Result<Header, MapError> {
+    merge_to_file_until(
+        inputs,
+        out,
+        identity,
+        allow_partial,
+        &AtomicBool::new(false),
+    )
+}
+
+/// [`merge_to_file`], stopped soon after `cancel` is set.
+pub fn merge_to_file_until(
+    inputs: Vec<Named<'_>>,
+    out: &Path,
+    identity: Option<Vec<u8>>,
+    allow_partial: bool,
+    cancel: &AtomicBool,
+) -> Result<Header, MapError> {
+    crate::guard::check_outputs(&[crate::guard::Output::map(out)], &[])?;
     let mut result = None;
     let written = write_atomic(out, |w| {
         w.flush()?;
-        match merge(inputs, Some(w.get_mut()), identity, allow_partial) {
+        match merge_until(inputs, Some(w.get_mut()), identity, allow_partial, cancel) {
             Ok(h) => {
                 result = Some(Ok(h));
                 Ok(())

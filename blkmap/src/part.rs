@@ -135,9 +135,22 @@ impl Part {
         v
     }
 
-    /// Save the part at `path` atomically (as [`Map::save`](crate::Map::save)).
+    /// Save the part at `path` atomically, refused where a map would be (as
+    /// [`Map::save`](crate::Map::save)).
     pub fn save(&self, path: impl AsRef<Path>) -> io::Result<()> {
-        write_atomic(path.as_ref(), |w| self.write_to(w))
+        self.save_guarded(path, &[])
+    }
+
+    /// [`save`](Part::save), refused also when `path` is one of `inputs`
+    /// (as [`Map::save_guarded`](crate::Map::save_guarded)).
+    pub fn save_guarded(
+        &self,
+        path: impl AsRef<Path>,
+        inputs: &[crate::guard::Input<'_>],
+    ) -> io::Result<()> {
+        let path = path.as_ref();
+        crate::guard::check_outputs(&[crate::guard::Output::map(path)], inputs)?;
+        write_atomic(path, |w| self.write_to(w))
     }
 
     /// Read a part, or a complete map as the part that covers everything

@@ -7,7 +7,7 @@
 //! offending line, without reading the rest.
 
 use blkcli::lines::{self, Entry, MAX_LINE};
-use blkhash::{Algorithm, Checksum};
+use blkhash::{ALGORITHMS, Algorithm, Checksum, DEFAULT_BLOCK_SIZE};
 use std::ffi::OsStr;
 use std::io::{self, BufRead, Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -36,9 +36,133 @@ struct Tally {
     malformed: usize,
     unreadable: usize,
     mismatched: usize,
-    /// Mismatches on plain `HEX  NAME` lines, which do not say how they were made.
-    untagged_mismatched: usize,
     verified: usize,
+    /// Plain `HEX  NAME` lines, which do not say how they were made: those
+    /// whose image was hashed, and of them those that did not match.
+    untagged_verified: usize,
+    untagged_mismatched: usize,
+    /// Plain lines whose length does not fit the digest they are checked with.
+    unfit: usize,
+    /// The hex length of the first plain line that did not match or fit.
+    failed_len: Option<usize>,
+    /// The digests and block sizes the tagged lines name: how the file was made.
+    tags: Vec<(Algorithm, usize)>,
+    /// The tag of the first line in the BSD form of other tools
+    /// (`SHA256 (NAME) = HEX`, as `sha256sum --tag` writes it).
+    foreign_tag: Option<String>,
+}
+
+/// The tag of a line in the BSD form other tools write, `TAG (NAME) = HEX`
+/// (`sha256sum --tag`, `cksum`), which blksum does not read.
+fn foreign_tag(line: &[u8]) -> Option<String> {
+    let line = std::str::from_utf8(line).ok()?;
+    let (tag, rest) = line.split_once(" (")?;
+    let (_, hex) = rest.rsplit_once(") = ")?;
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    let is_hex = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_hexdigit());
+    (!tag.is_empty() && tag.chars().all(word) && is_hex(hex)).then(|| tag.to_string())
+}
+
+/// The digests whose checksums are `len` hex digits, by name.
+fn digests_of_len(len: usize) -> Vec<Algorithm> {
+    ALGORITHMS
+        .iter()
+        .copied()
+        .filter(|a| a.output_len() > 0 && 2 * a.output_len() == len)
+        .collect()
+}
+
+/// Names as English lists them: "a", "a and b", "a, b and c".
+fn and_list(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
+/// The command that checks `list` with `alg` and `block_size`.
+fn check_command(list: &str, alg: Algorithm, block_size: usize) -> String {
+    match block_size == DEFAULT_BLOCK_SIZE {
+        true => format!("blksum -c -d {alg} {list}"),
+        false => format!(
+            "blksum -c -d {alg} --block-size {} {list}",
+            lines::size_word(block_size)
+        ),
+    }
+}
+
+/// What would check plain lines of `len` hex digits that did not verify
+/// with `used` (digest, block size): the options of the file's tagged
+/// lines when one names a digest of that length (then they are known),
+/// else the digests of that length, with an example.
+fn options_hint(
+    list: &str,
+    len: usize,
+    used: (Algorithm, usize),
+    tags: &[(Algorithm, usize)],
+) -> String {
+    let of_len = |a: Algorithm| 2 * a.output_len() == len;
+    if let Some(&(alg, bs)) = tags.iter().find(|&&(a, b)| of_len(a) && (a, b) != used) {
+        return format!(
+            "its tagged lines were made with -d {alg} and blocks of {}: `{}` checks the \
+             untagged ones if they were made so too",
+            lines::size_word(bs),
+            check_command(list, alg, bs)
+        );
+    }
+    let fits = digests_of_len(len);
+    if fits.is_empty() {
+        return format!(
+            "the checksums are {len} hex digits, which no blkhash digest writes: a list \
+             made by another tool?"
+        );
+    }
+    let names: Vec<&str> = fits.iter().map(|a| a.name()).collect();
+    let example = if fits.contains(&Algorithm::Blake3) && used.0 != Algorithm::Blake3 {
+        Algorithm::Blake3
+    } else {
+        fits.iter()
+            .copied()
+            .find(|&a| a != used.0)
+            .unwrap_or(used.0)
+    };
+    let made = if fits.contains(&used.0) {
+        // The digest fits: the block size may be what differs.
+        let example_bs = if used.1 == 1 << 20 { 4096 } else { 1 << 20 };
+        format!(
+            "made with another --digest or --block-size? (`{}` checks them if they were made so)",
+            check_command(list, example, example_bs)
+        )
+    } else {
+        format!(
+            "not {}: made with another --digest? (`{}` checks them if they were made so, with \
+             --block-size too if their blocks were not of {})",
+            used.0,
+            check_command(list, example, used.1),
+            lines::size_word(used.1)
+        )
+    };
+    format!(
+        "the checksums are {len} hex digits, as {} write{} them, {made} Or checksums of \
+         another construction (a list made by sha256sum, b3sum or another tool): blksum checks \
+         blkhash checksums, as blksum writes them",
+        and_list(&names),
+        if names.len() == 1 { "s" } else { "" },
+    )
+}
+
+/// Why lines in the BSD form of other tools (tag `tag`) do not check.
+fn foreign_hint(tag: &str) -> String {
+    let ours = match tag.to_ascii_lowercase().parse::<Algorithm>() {
+        Ok(a) => format!("blkhash/{a}"),
+        Err(_) => "blkhash/DIGEST".to_string(),
+    };
+    format!(
+        "lines such as '{tag} (NAME) = HEX' are the BSD-style lines of sha256sum --tag or \
+         cksum, checksums of another construction (check them with sha256sum -c or cksum -c); \
+         blksum --tag writes '{ours} (NAME) = HEX', checked with no options"
+    )
 }
 
 /// The name as check output shows it (its bytes): escaped, with a leading
@@ -118,19 +242,40 @@ pub fn check_file(
             block_size,
         }) = entry
         else {
+            if tally.foreign_tag.is_none() {
+                tally.foreign_tag = foreign_tag(&buf);
+            }
             malformed(&mut tally, "improperly formatted blkhash checksum line")?;
             continue;
         };
         let alg = algorithm.unwrap_or(opts.algorithm);
         if hex.len() != 2 * alg.output_len() {
-            malformed(&mut tally, &format!("checksum length does not fit {alg}"))?;
+            // Only plain lines: a tagged line's length is checked as it is parsed.
+            tally.unfit += 1;
+            tally.failed_len.get_or_insert(hex.len());
+            let fits: Vec<&str> = digests_of_len(hex.len()).iter().map(|a| a.name()).collect();
+            let why = match fits.is_empty() {
+                true => format!("checksum length does not fit {alg}"),
+                false => format!(
+                    "checksum length does not fit {alg} ({} hex digits: {})",
+                    hex.len(),
+                    and_list(&fits)
+                ),
+            };
+            malformed(&mut tally, &why)?;
             continue;
         }
         any_line = true;
         let bs = block_size.unwrap_or(opts.block_size);
+        if let (Some(a), Some(b)) = (algorithm, block_size)
+            && !tally.tags.contains(&(a, b))
+        {
+            tally.tags.push((a, b));
+        }
         match compute(&name, alg, bs) {
             Ok(sum) if Checksum::from_hex(alg, &hex).is_ok_and(|want| want == sum) => {
                 tally.verified += 1;
+                tally.untagged_verified += usize::from(algorithm.is_none());
                 if !opts.quiet && !opts.status {
                     say(out, &name, "OK")?;
                 }
@@ -138,7 +283,11 @@ pub fn check_file(
             Ok(_) => {
                 tally.verified += 1;
                 tally.mismatched += 1;
-                tally.untagged_mismatched += usize::from(algorithm.is_none());
+                if algorithm.is_none() {
+                    tally.untagged_verified += 1;
+                    tally.untagged_mismatched += 1;
+                    tally.failed_len.get_or_insert(hex.len());
+                }
                 if !opts.status {
                     say(out, &name, "FAILED")?;
                 }
@@ -157,11 +306,26 @@ pub fn check_file(
         out.flush()?;
     }
 
+    let used = (opts.algorithm, opts.block_size);
+    let hints = |err: &mut dyn Write, tally: &Tally, failed: &str| -> io::Result<()> {
+        if opts.status {
+            return Ok(());
+        }
+        if let Some(len) = tally.failed_len {
+            let hint = options_hint(list_name, len, used, &tally.tags);
+            writeln!(err, "blksum: {list_name}: {failed}{hint}")?;
+        }
+        if let Some(tag) = &tally.foreign_tag {
+            writeln!(err, "blksum: {list_name}: {}", foreign_hint(tag))?;
+        }
+        Ok(())
+    };
     if !any_line {
         writeln!(
             err,
             "blksum: {list_name}: no properly formatted checksum lines found"
         )?;
+        hints(err, &tally, "")?;
         return Ok(false);
     }
     if !opts.status {
@@ -181,20 +345,26 @@ pub fn check_file(
             );
             writeln!(err, "blksum: WARNING: {what} did NOT match")?;
         }
-        // Every image read and none matched, on lines that do not say how
-        // they were made: most likely a list from sha256sum or another tool.
-        if tally.mismatched == tally.verified
-            && tally.untagged_mismatched == tally.mismatched
-            && tally.mismatched > 0
-        {
-            writeln!(
-                err,
-                "blksum: {list_name}: no listed image matched: these may be checksums of another \
-                 construction (a list made by sha256sum, b3sum or another tool); blksum checks \
-                 blkhash checksums, as blksum writes them"
-            )?;
-        }
     }
+    // Every image of a plain line (which does not say how it was made) read
+    // and none matched, or no plain line fit the digest: made with other
+    // options, or by another tool; say which options would check them.
+    let all_failed = tally.untagged_mismatched > 0
+        && tally.untagged_mismatched == tally.untagged_verified
+        || tally.unfit > 0 && tally.untagged_verified == 0;
+    let failed = match (
+        tally.verified == tally.mismatched,
+        tally.untagged_mismatched > 0,
+    ) {
+        (true, true) => "no listed image matched: ",
+        (false, true) => "no image of an untagged line matched: ",
+        (_, false) => "",
+    };
+    let tally = Tally {
+        failed_len: tally.failed_len.filter(|_| all_failed),
+        ..tally
+    };
+    hints(err, &tally, failed)?;
     if opts.ignore_missing && tally.verified == 0 && tally.unreadable == 0 {
         writeln!(err, "blksum: {list_name}: no file was verified")?;
         return Ok(false);
@@ -311,7 +481,10 @@ mod tests {
         assert_eq!(out, "a.img: FAILED\nb.img: FAILED\n");
         assert!(
             err.contains(
-                "sums: no listed image matched: these may be checksums of another construction"
+                "sums: no listed image matched: the checksums are 64 hex digits, as sha256, \
+                 sha512-256, sha3-256, blake2s256, sm3, shake256 and blake3 write them, made \
+                 with another --digest or --block-size? (`blksum -c -d blake3 --block-size 1m \
+                 sums` checks them if they were made so) Or checksums of another construction"
             ),
             "{err}"
         );
@@ -322,6 +495,119 @@ mod tests {
         let tagged = lines::format_line(&"0".repeat(64), "a.img", Some((Algorithm::Sha256, 65536)));
         let (_, _, err) = run(&format!("{tagged}\n"), &opts());
         assert!(!err.contains("another construction"), "{err}");
+    }
+
+    /// `names`' plain lines as blksum writes them with `alg` and `bs`.
+    fn plain_list(names: &[&str], alg: Algorithm, bs: usize) -> String {
+        names
+            .iter()
+            .map(|n| format!("{}  {n}\n", sum(n, alg, bs)))
+            .collect()
+    }
+
+    #[test]
+    fn a_list_made_with_other_options_names_them() {
+        // Made with -d blake3 --block-size 1m, checked without: the same
+        // length as sha256's, so the lines are read and nothing matches.
+        let list = plain_list(&["a.img", "b.img"], Algorithm::Blake3, 1 << 20);
+        let (ok, _, err) = run(&list, &opts());
+        assert!(!ok);
+        assert!(err.contains("64 hex digits, as sha256, "), "{err}");
+        assert!(
+            err.contains("`blksum -c -d blake3 --block-size 1m sums`"),
+            "{err}"
+        );
+        // Checked with them, it verifies.
+        let made = CheckOptions {
+            algorithm: Algorithm::Blake3,
+            block_size: 1 << 20,
+            ..opts()
+        };
+        assert!(run(&list, &made).0);
+
+        // Made with sha512: no line fits sha256, and the digests that
+        // write 128 hex digits are named, on each line with --warn too.
+        let list = plain_list(&["a.img"], Algorithm::Sha512, 65536);
+        let (ok, _, err) = run(&list, &opts());
+        assert!(!ok);
+        assert!(
+            err.contains("sums: no properly formatted checksum lines found\n"),
+            "{err}"
+        );
+        assert!(
+            err.contains(
+                "sums: the checksums are 128 hex digits, as sha512, sha3-512 and blake2b512 \
+                 write them, not sha256: made with another --digest? (`blksum -c -d sha512 \
+                 sums` checks them if they were made so, with --block-size too if their blocks \
+                 were not of 64k)"
+            ),
+            "{err}"
+        );
+        let warn = CheckOptions {
+            warn: true,
+            ..opts()
+        };
+        let (_, _, err) = run(&list, &warn);
+        assert!(
+            err.contains(
+                "sums: 1: checksum length does not fit sha256 (128 hex digits: sha512, \
+                 sha3-512 and blake2b512)"
+            ),
+            "{err}"
+        );
+        // --status: nothing but what sha256sum says too.
+        let status = CheckOptions {
+            status: true,
+            ..opts()
+        };
+        let (_, _, err) = run(&list, &status);
+        assert_eq!(
+            err,
+            "blksum: sums: no properly formatted checksum lines found\n"
+        );
+    }
+
+    #[test]
+    fn a_tagged_line_gives_the_exact_options_for_the_plain_ones() {
+        let (alg, bs) = (Algorithm::Blake3, 1 << 20);
+        let tagged = lines::format_line(&sum("a.img", alg, bs), "a.img", Some((alg, bs)));
+        let list = format!("{tagged}\n{}", plain_list(&["b.img"], alg, bs));
+        let (ok, out, err) = run(&list, &opts());
+        assert!(!ok);
+        assert_eq!(out, "a.img: OK\nb.img: FAILED\n");
+        assert!(
+            err.contains(
+                "sums: no image of an untagged line matched: its tagged lines were made with \
+                 -d blake3 and blocks of 1m: `blksum -c -d blake3 --block-size 1m sums` checks \
+                 the untagged ones if they were made so too"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bsd_lines_of_other_tools_are_named() {
+        let hex = "ab".repeat(32);
+        let (ok, _, err) = run(&format!("SHA256 (a.img) = {hex}\n"), &opts());
+        assert!(!ok);
+        assert!(
+            err.contains(
+                "sums: lines such as 'SHA256 (NAME) = HEX' are the BSD-style lines of \
+                 sha256sum --tag or cksum"
+            ),
+            "{err}"
+        );
+        assert!(
+            err.contains("blksum --tag writes 'blkhash/sha256 (NAME) = HEX'"),
+            "{err}"
+        );
+        assert_eq!(
+            foreign_tag(b"BLAKE2b (x (1)) = 00ff"),
+            Some("BLAKE2b".into())
+        );
+        for not in [&b"a (b) = xyz"[..], b"a b (c) = 00", b" (c) = 00", b"ab  c"] {
+            assert_eq!(foreign_tag(not), None, "{:?}", String::from_utf8_lossy(not));
+        }
     }
 
     #[test]

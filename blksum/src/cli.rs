@@ -62,16 +62,18 @@ pub struct Args {
     /// Save progress in FILE every few seconds, and continue from it when
     /// it exists: a run stopped in any way (Ctrl-C, a crash, a lost
     /// connection, a reboot) resumes where it was. FILE is checked against
-    /// the image first (a file's device, inode, size and times; an NBD
-    /// export's size; a few sampled blocks) and removed on success. It is a
+    /// the image first (every file the image reads, backing and data files
+    /// included: device, inode, size and times; an NBD export's address,
+    /// name and size; a few sampled data blocks) and removed on success; a
+    /// second run on the same FILE fails at once. It is a
     /// part of the image's block map (blkmap's format), replaced atomically
     /// at each save. One image; not standard input.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["check", "jobs"])]
     pub checkpoint: Option<std::path::PathBuf>,
 
     /// Seconds between saves of --checkpoint (fractions allowed; a save
-    /// that takes long spaces the next ones).
-    #[arg(long, value_name = "SECONDS", requires = "checkpoint", value_parser = blkcli::units::parse_timeout)]
+    /// that takes long spaces the next ones) [default: 5].
+    #[arg(long, value_name = "SECONDS", requires = "checkpoint", value_parser = blkcli::units::parse_interval)]
     pub checkpoint_interval: Option<std::time::Duration>,
 
     /// On success, leave the image's whole block map in the --checkpoint

@@ -21,6 +21,9 @@ pub struct Report {
     pub stats: Stats,
     /// Bytes a checkpoint covered when the run started.
     pub resumed_at: u64,
+    /// The file's size, if the guest size was rounded up from it (a raw
+    /// file whose length is not a multiple of 512): said on standard error.
+    pub rounded: Option<blkimage::Rounded>,
 }
 
 /// Everything needed to hash inputs, shared by all of them.
@@ -43,8 +46,11 @@ impl Hashing {
     pub fn checksum(&self, name: &OsStr, alg: Algorithm, block_size: usize) -> io::Result<Report> {
         let shown = name.to_string_lossy();
         let input = blkimage::open(name, &self.open)?;
+        let rounded = input.rounded();
         if let Some(ck) = &self.checkpoint {
-            return self.resumable(name, input, alg, block_size, ck);
+            let mut report = self.resumable(name, input, alg, block_size, ck)?;
+            report.rounded = rounded;
+            return Ok(report);
         }
         let opts = Options::new()
             .algorithm(alg)
@@ -66,6 +72,7 @@ impl Hashing {
         let checksum = sink.finalize()?;
         // Only now are all reads done: is the image still what we read?
         read.finish()?;
+        shown_progress.finish();
         Ok(Report {
             format: read.format,
             size: read.stats.total(),
@@ -73,6 +80,7 @@ impl Hashing {
             checksum,
             stats: read.stats,
             resumed_at: 0,
+            rounded,
         })
     }
 
@@ -98,6 +106,7 @@ impl Hashing {
         };
         let mut shown = self.progress.start(&name.to_string_lossy(), input.size());
         let r = blktools::checkpoint::hash(name, input, &opts, ck, &mut |n| shown.inc(n))?;
+        shown.finish();
         Ok(Report {
             format: r.format,
             size: r.size,
@@ -106,6 +115,7 @@ impl Hashing {
                 .map_err(io::Error::other)?,
             stats: r.stats,
             resumed_at: r.resumed_at,
+            rounded: None,
         })
     }
 }

@@ -99,9 +99,16 @@ fn checkpoint(
     let Some(path) = &args.checkpoint else {
         return Ok(None);
     };
-    if files.len() != 1 || files[0] == "-" {
+    if files.len() != 1 {
+        return Err(format!(
+            "--checkpoint takes one image, not {} (give each its own checkpoint, one run each)",
+            files.len()
+        ));
+    }
+    if files[0] == "-" {
         return Err(
-            "--checkpoint takes one image, not standard input (a pipe cannot be resumed)".into(),
+            "--checkpoint takes one image that can seek, not standard input (a pipe cannot be resumed)"
+                .into(),
         );
     }
     let out = blkcli::guard::Output {
@@ -120,6 +127,7 @@ fn checkpoint(
             .checkpoint_interval
             .unwrap_or(blktools::checkpoint::DEFAULT_INTERVAL),
         keep: args.keep_checkpoint,
+        warn: |msg| eprintln!("blksum: {msg}"),
     }))
 }
 
@@ -133,6 +141,14 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
         let lossy = name.to_string_lossy();
         if args.json {
             json.push(report::input(&lossy, &result));
+        }
+        if let Ok(Report {
+            rounded: Some(r), ..
+        }) = &result
+        {
+            hashing
+                .progress
+                .suspend(|| eprintln!("blksum: {lossy}: {r}"));
         }
         match result {
             Ok(r) if !args.json => {
@@ -207,20 +223,24 @@ fn in_order<T: Send>(
     work: impl Fn(&OsStr) -> T + Sync,
     emit: &mut dyn FnMut(&OsStr, T) -> Result<(), Stop>,
 ) -> Result<(), Stop> {
-    if jobs <= 1 {
+    let one_by_one = |emit: &mut dyn FnMut(&OsStr, T) -> Result<(), Stop>| {
         for name in items {
             emit(name, work(name))?;
         }
-        return Ok(());
+        Ok(())
+    };
+    if jobs <= 1 {
+        return one_by_one(emit);
     }
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel();
+        let mut started = 0;
         for _ in 0..jobs.min(items.len()) {
             let tx = tx.clone();
             let (next, stop, work) = (&next, &stop, &work);
-            s.spawn(move || {
+            let spawned = std::thread::Builder::new().spawn_scoped(s, move || {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= items.len() || stop.load(Ordering::Relaxed) {
@@ -231,8 +251,17 @@ fn in_order<T: Send>(
                     }
                 }
             });
+            // At the system's limit on threads, the threads started take
+            // every input; with none, this thread does.
+            if spawned.is_err() {
+                break;
+            }
+            started += 1;
         }
         drop(tx);
+        if started == 0 {
+            return one_by_one(emit);
+        }
         let mut waiting = BTreeMap::new();
         let mut first = 0;
         for (i, result) in rx {
@@ -276,8 +305,19 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
                 }
             }
         };
-        let mut compute =
-            |name: &OsStr, alg, bs| hashing.checksum(name, alg, bs).map(|r| r.checksum);
+        // The size note is no failure: --quiet (failures only) and
+        // --status (nothing) leave it out.
+        let mut compute = |name: &OsStr, alg, bs| {
+            hashing.checksum(name, alg, bs).map(|r| {
+                if let Some(n) = r.rounded.filter(|_| !args.quiet && !args.status) {
+                    let lossy = name.to_string_lossy();
+                    hashing
+                        .progress
+                        .suspend(|| eprintln!("blksum: {lossy}: {n}"));
+                }
+                r.checksum
+            })
+        };
         let result = check::check_file(
             list,
             &mut BufReader::new(input),

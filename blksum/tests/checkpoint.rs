@@ -4,10 +4,16 @@
 //! Ctrl-C keeps the progress; a FILE of another image, digest or block
 //! size, a changed image, or a damaged or foreign FILE is refused, saying
 //! why and how to start over.
+//!
+//! Runs are stopped at points the test sees them reach (a save on disk, a
+//! save's temporary file, a percentage on `--progress=3`), never after a
+//! sleep: the same points are hit on a fast machine and on a loaded one.
 
 mod common;
 
+use common::progress::{PROGRESS_LIMIT, spawn_with_progress};
 use common::*;
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -23,19 +29,61 @@ fn spawn(args: &[&str]) -> Child {
         .unwrap()
 }
 
-/// Kill `child` with SIGKILL after `after`, unless it ended first: whether
-/// it was killed.
-fn kill_after(mut child: Child, after: Duration) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < after {
+/// Poll `child` until `now()` holds, then kill it with SIGKILL. A run that
+/// ends by itself first (done, or failed) fails the test with its error
+/// output, and so does one that never gets to `now()`.
+fn kill_when(mut child: Child, mut now: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PROGRESS_LIMIT;
+    while !now() {
         if child.try_wait().unwrap().is_some() {
-            return false;
+            break;
         }
-        std::thread::sleep(Duration::from_millis(1));
+        assert!(
+            Instant::now() < deadline,
+            "the run never reached its kill point"
+        );
+        std::thread::sleep(Duration::from_micros(200));
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    true
+    // A run that ended is not signalled (std knows it reaped it): its
+    // status tells.
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGKILL),
+        "the run ended by itself ({}) before it was killed: {}",
+        out.status,
+        stderr(&out)
+    );
+}
+
+/// Bytes the checkpoint `ck` covers (0 while there is none).
+fn covered(ck: &Path) -> u64 {
+    match std::fs::File::open(ck) {
+        Ok(f) => {
+            blkmap::MapReader::new(f)
+                .unwrap_or_else(|e| panic!("{}: {e}", ck.display()))
+                .header()
+                .range
+                .len
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => panic!("{}: {e}", ck.display()),
+    }
+}
+
+/// Whether process `pid` has a save of the checkpoint `ck` in flight: its
+/// temporary file (`.NAME.tmp-PID-N`, next to `ck`) exists.
+fn saving(ck: &Path, pid: u32) -> bool {
+    let prefix = format!(".{}.tmp-{pid}-", ck.file_name().unwrap().to_str().unwrap());
+    std::fs::read_dir(ck.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .any(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
 }
 
 /// The checksum on a successful run's output.
@@ -94,20 +142,21 @@ fn killed_ten_times_over_nbd_ends_right_having_read_the_image_about_once() {
         "0.01",
         &srv.url,
     ];
-    let mut rng = Rng(0x5eed_1234_abcd);
-    let mut killed = 0;
     let mut progress = Vec::new();
+    let mut at = 0;
     for _ in 0..10 {
-        let after = Duration::from_millis(200 + rng.below(400));
-        killed += kill_after(spawn(&args), after) as u32;
-        let covered = blkmap::MapReader::new(std::fs::File::open(&ck).unwrap())
-            .map(|r| r.header().range.len)
-            .unwrap_or(0);
-        progress.push(covered);
+        // Killed once a save of its own is on disk (the checkpoint covers
+        // more than when it started): each run moves the checkpoint on,
+        // and the 2 GiB are far from hashed by 10 such runs, however fast
+        // the machine. What it read after that save is read again.
+        kill_when(spawn(&args), || covered(&ck) > at);
+        at = covered(&ck);
+        progress.push(at);
     }
-    assert_eq!(killed, 10, "every run was killed before it ended");
-    assert!(progress.windows(2).all(|w| w[0] <= w[1]), "{progress:?}");
-    assert!(progress[9] > 0, "the runs made progress: {progress:?}");
+    assert!(
+        progress[0] > 0 && progress.windows(2).all(|w| w[0] < w[1]),
+        "every run made progress: {progress:?}"
+    );
     let out = run(&args, None);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), format!("{want}  {}\n", srv.url));
@@ -145,7 +194,8 @@ fn sigkill_at_any_moment_leaves_a_checkpoint_the_next_run_finishes() {
     );
     let want = sum_of(&["--block-size", "4k", img.to_str().unwrap()]);
     let ck = dir.path().join("ck");
-    // Saves as often as they can: kills land in saves too.
+    // Saves as often as they can (a save takes at most about a tenth of
+    // the time): kills land in saves too.
     let args = [
         "--block-size",
         "4k",
@@ -156,11 +206,40 @@ fn sigkill_at_any_moment_leaves_a_checkpoint_the_next_run_finishes() {
         img.to_str().unwrap(),
     ];
     let mut rng = Rng(99);
-    let mut killed = 0;
-    for _ in 0..25 {
-        killed += kill_after(spawn(&args), Duration::from_millis(rng.below(60))) as u32;
+    // 25 runs killed at points of three kinds, then, until one run was
+    // killed in the middle of a save, more aimed at saves. Every kill
+    // comes before 35% is passed on to the digest workers: the rest, 30
+    // MiB of data to read and hash, cannot be done before the kill lands,
+    // so no run ends by itself.
+    let (mut runs, mut in_save) = (0, 0);
+    while runs < 25 || (in_save == 0 && runs < 100) {
+        let (child, mut progress) = spawn_with_progress(
+            blksum()
+                .args(args)
+                .arg("--progress=3")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+        );
+        let pid = child.id();
+        match if runs < 25 { rng.below(3) } else { 1 } {
+            // At once: starting, opening the image, checking the checkpoint.
+            0 => kill_when(child, || true),
+            // In a save: its temporary file is there.
+            1 => kill_when(child, || {
+                saving(&ck, pid) || progress.poll().is_some_and(|p| p >= 35)
+            }),
+            // Hashing, at a random percentage (at once if the checkpoint
+            // already covers it).
+            _ => {
+                let at = rng.below(35) as u32;
+                kill_when(child, || progress.poll().is_some_and(|p| p >= at))
+            }
+        }
+        in_save += saving(&ck, pid) as u32;
+        runs += 1;
     }
-    assert!(killed >= 20, "only {killed} of 25 runs were killed");
+    assert!(in_save > 0, "none of {runs} runs was killed while saving");
+    eprintln!("{runs} runs killed, {in_save} of them in a save");
     let out = run(&args, None);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).split_whitespace().next(), Some(want.as_str()));
@@ -200,8 +279,16 @@ fn ctrl_c_keeps_the_progress_and_keep_checkpoint_leaves_the_map() {
         "60",
         &srv.url,
     ];
-    let child = spawn(&args);
-    std::thread::sleep(Duration::from_millis(700));
+    let (child, mut progress) = spawn_with_progress(
+        blksum()
+            .args(args)
+            .arg("--progress=3")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    // Ctrl-C once 1% is passed on to the digest workers (handlers are
+    // installed, and there is something to save), however long that takes.
+    assert!(progress.wait_for(1), "the run ended before 1%");
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
@@ -318,8 +405,9 @@ fn a_checkpoint_of_something_else_is_refused_saying_why() {
     );
     assert_eq!(std::fs::read(&text).unwrap(), b"my notes");
 
-    // An export is known by its size and sampled blocks: another export
-    // of the same size fails the samples.
+    // An export is known by its address, name, size and sampled data
+    // blocks: other data of the same size at the same address fails the
+    // samples (another address is refused as such: checkpoint_record.rs).
     let sock = d.join("nbd.sock");
     let a = nbdkit(Listen::Unix(&sock), &["random", "size=16M", "seed=1"]);
     let nck = d.join("nck");
@@ -327,8 +415,7 @@ fn a_checkpoint_of_something_else_is_refused_saying_why() {
     let out = run(&["--checkpoint", nck_s, "--keep-checkpoint", &a.url], None);
     assert!(out.status.success(), "{}", stderr(&out));
     drop(a);
-    let sock2 = d.join("nbd2.sock");
-    let b = nbdkit(Listen::Unix(&sock2), &["random", "size=16M", "seed=2"]);
+    let b = nbdkit(Listen::Unix(&sock), &["random", "size=16M", "seed=2"]);
     let out = run(&["--checkpoint", nck_s, &b.url], None);
     assert_eq!(out.status.code(), Some(1));
     assert!(

@@ -245,11 +245,24 @@ fn interrupt_stops_promptly_without_a_checksum() {
             .unwrap();
         let mut stdin = child.stdin.take().unwrap();
         // An endless stream of data: only the signal ends the run.
+        let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = written.clone();
         let writer = std::thread::spawn(move || {
             let chunk = vec![0x5au8; 1 << 20];
-            while stdin.write_all(&chunk).is_ok() {}
+            while stdin.write_all(&chunk).is_ok() {
+                count.fetch_add(1 << 20, std::sync::atomic::Ordering::SeqCst);
+            }
         });
-        std::thread::sleep(Duration::from_millis(300));
+        // The signal comes once blksum is hashing (it took more than a pipe
+        // holds, 1 MiB at most), not after a sleep a slow start outlasts.
+        let start = Instant::now();
+        while written.load(std::sync::atomic::Ordering::SeqCst) < 8 << 20 {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "blksum read nothing"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         // SAFETY: signalling our own child.
         unsafe { libc::kill(child.id() as i32, sig) };
         let start = Instant::now();

@@ -6,8 +6,10 @@
 
 mod common;
 
+use common::progress::spawn_with_progress;
 use common::qemu::*;
 use common::*;
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -191,38 +193,41 @@ fn readers_share_and_writers_wait_while_blksum_reads() {
     let mut reader = Command::new("qemu-io")
         .args(["-r", "-f", "qcow2", p(&img)])
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Its answer to a read says it has the image open (and locked).
+    reader
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(b"read 0 512\n")
+        .unwrap();
+    let mut said = String::new();
+    let mut answers = BufReader::new(reader.stdout.take().unwrap());
+    while !said.contains("read 512/512 bytes") {
+        let n = answers.read_line(&mut said).unwrap();
+        assert!(n > 0, "qemu-io -r ended: {said}");
+    }
     let out = run_timeout(&["-d", "null", p(&img)], None, LIMIT);
     assert!(out.status.success(), "{}", stderr(&out));
     drop(reader.stdin.take());
     reader.wait().unwrap();
-    // While blksum reads (slowly: small reads, one at a time on its one
-    // digest thread), a writer
-    // cannot open the image.
-    let mut child = blksum()
-        .args([
-            "--read-size",
-            "4k",
-            "--queue-depth",
-            "1",
-            "--io-depth",
-            "0",
-            "-t",
-            "1",
-            "-d",
-            "sha512",
-        ])
-        .arg(&img)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // While blksum reads (stopped with SIGSTOP once it is under way, so
+    // that it cannot end first, however fast the machine; a stopped process
+    // keeps its files and their locks), a writer cannot open the image.
+    let (mut child, mut progress) = spawn_with_progress(
+        blksum()
+            .args(["--progress=3", "-d", "sha512"])
+            .arg(&img)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    assert!(progress.wait_for(1), "blksum ended before 1%");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
     assert!(
         child.try_wait().unwrap().is_none(),
         "blksum ended too soon to test"

@@ -239,21 +239,30 @@ fn a_server_killed_mid_transfer_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let img = image(dir.path(), "a.raw", "64m:r");
     let sock = dir.path().join("k.sock");
+    let log = dir.path().join("log");
     let mut srv = nbdkit(
         Listen::Unix(&sock),
         &[
+            "--filter=log",
             "--filter=delay",
             "file",
             img.to_str().unwrap(),
-            // Each read takes a second, so the transfer cannot end before
-            // the kill at 0.7 s, however fast the machine.
+            &format!("logfile={}", log.display()),
+            // Each read takes a second: the server is killed while the
+            // first read it logged waits for its reply.
             "rdelay=1",
         ],
     );
     let url = srv.url.clone();
     let pid = srv.pid();
     let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(700));
+        // Killed once a read request came (the log filter logs it as it
+        // comes, before the delay), not after a time a slow start outlasts.
+        let start = Instant::now();
+        while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains(" Read id=")) {
+            assert!(start.elapsed() < Duration::from_secs(60), "no read request");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         // SAFETY: plain syscall.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     });

@@ -5,6 +5,7 @@
 mod common;
 
 use common::nbd::{processes_with, temp_leftovers};
+use common::progress::spawn_with_progress;
 use common::qemu::{qemu_img, run_timeout};
 use common::*;
 use std::path::{Path, PathBuf};
@@ -146,7 +147,11 @@ fn errors_and_missing_qemu_nbd() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("qemu-utils"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("install qemu-utils (Debian, Ubuntu) or qemu-img (Fedora, RHEL)"),
+        "{}",
+        stderr(&out)
+    );
     // An unknown format name is a usage error that lists the known ones.
     let out = run_timeout(&["-f", "nope", vmdk.to_str().unwrap()], None, LIMIT);
     assert_eq!(out.status.code(), Some(2));
@@ -165,33 +170,28 @@ fn sigterm_stops_qemu_nbd_and_removes_its_directory() {
     let vdi = dir.path().join("big.vdi");
     convert(&raw, &vdi, &["-O", "vdi"]);
     std::fs::remove_file(&raw).unwrap();
-    // Small reads, one at a time: slow enough to be stopped midway.
-    let child = blksum()
-        .args([
-            "--read-size",
-            "4k",
-            "--queue-depth",
-            "1",
-            "-t",
-            "1",
-            "-d",
-            "sha512",
-        ])
-        .arg(&vdi)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while processes_with(&format!("qemu-nbd.*{}", dir.path().display())).is_empty() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "qemu-nbd did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    std::thread::sleep(Duration::from_millis(300));
+    // Small reads, one at a time: slow, so that 99% are left to do when
+    // the signal comes at 1% (qemu-nbd up and serving), however fast or
+    // loaded the machine.
+    let (child, mut progress) = spawn_with_progress(
+        blksum()
+            .args([
+                "--progress=3",
+                "--read-size",
+                "4k",
+                "--queue-depth",
+                "1",
+                "-t",
+                "1",
+                "-d",
+                "sha512",
+            ])
+            .arg(&vdi)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    assert!(progress.wait_for(1), "blksum ended before 1%");
     // SAFETY: plain syscall.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
@@ -488,28 +488,26 @@ fn private_directory_is_0700_and_no_kill_leaves_it() {
     let vdi = d.join("big.vdi");
     convert(&big, &vdi, &["-O", "vdi"]);
     std::fs::remove_file(&big).unwrap();
-    let mut child = spawn(
-        &vdi,
-        &[
-            "--read-size",
-            "4k",
-            "--queue-depth",
-            "1",
-            "-t",
-            "1",
-            "-d",
-            "sha512",
-        ],
+    // Killed at 1%: connected, hashing, 99% to go.
+    let (mut child, mut progress) = spawn_with_progress(
+        blksum()
+            .args([
+                "--progress=3",
+                "--read-size",
+                "4k",
+                "--queue-depth",
+                "1",
+                "-t",
+                "1",
+                "-d",
+                "sha512",
+            ])
+            .arg(&vdi)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
     );
-    let start = Instant::now();
-    while processes_with(&format!("qemu-nbd.*{}", d.display())).is_empty() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "qemu-nbd did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    assert!(progress.wait_for(1), "blksum ended before 1%");
     assert!(
         child.try_wait().unwrap().is_none(),
         "blksum ended too soon to test"

@@ -141,10 +141,78 @@ fn without_a_terminal_a_line_per_tenth() {
     let out = run(&["-p", "--read-size", "256k", img.to_str().unwrap()], None);
     assert!(out.status.success());
     let err = stderr(&out);
-    let want: Vec<String> = (1..10)
+    let want: Vec<String> = (1..=10)
         .map(|t| format!("blksum: {}: {}%", img.display(), t * 10))
         .collect();
     assert_eq!(err.lines().collect::<Vec<_>>(), want, "{err}");
+}
+
+/// The percentages of `name`'s progress lines in `err`.
+fn percents(err: &str, name: &str) -> Vec<u32> {
+    let prefix = format!("blksum: {name}: ");
+    err.lines()
+        .filter_map(|l| l.strip_prefix(&prefix)?.strip_suffix('%'))
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn without_a_terminal_every_input_that_succeeds_ends_at_100() {
+    if !require(&["qemu-img", "qemu-nbd"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Data first, then a long run of holes: the last tenths come in one step.
+    let raw = image(d, "a.raw", "2m:r 6m:-");
+    let qcow2 = d.join("a.qcow2");
+    common::qemu::qemu_img(&[
+        "convert",
+        "-f",
+        "raw",
+        "-O",
+        "qcow2",
+        raw.to_str().unwrap(),
+        qcow2.to_str().unwrap(),
+    ]);
+    let sock = d.join("nbd.sock");
+    let server = common::nbd::qemu_nbd(&qcow2, "qcow2", Listen::Unix(&sock), None);
+    for name in [raw.to_str().unwrap(), qcow2.to_str().unwrap(), &server.url] {
+        let out = run(&["-p", "--read-size", "256k", name], None);
+        let err = stderr(&out);
+        assert!(out.status.success(), "{name}: {err}");
+        let seen = percents(&err, name);
+        assert_eq!(seen.last(), Some(&100), "{name}: {err}");
+        assert!(
+            seen.windows(2).all(|w| w[0] < w[1]),
+            "{name}: rising: {err}"
+        );
+        assert_eq!(
+            err.lines().count(),
+            seen.len(),
+            "{name}: only progress: {err}"
+        );
+    }
+    // A stream (size unknown, no tenths) and an empty file end at 100% too.
+    let out = run(&["-p"], Some(&raw));
+    assert_eq!(stderr(&out), "blksum: -: 100%\n");
+    let empty = image(d, "empty", "");
+    let out = run(&["-p", empty.to_str().unwrap()], None);
+    assert_eq!(stderr(&out), format!("blksum: {}: 100%\n", empty.display()));
+}
+
+#[test]
+fn without_a_terminal_an_input_that_fails_never_says_100() {
+    // A server that answers the first read with garbage: blksum fails
+    // after the reads were handed out.
+    let server = common::hostile::Hostile::start(
+        vec![7; 4 << 20],
+        common::hostile::Misbehave::BadReplyMagic,
+    );
+    let out = run(&["-p", &server.url], None);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("100%"), "{err}");
 }
 
 #[test]

@@ -1,17 +1,25 @@
 //! The first SIGINT or SIGTERM stops any run, even one blocked in a read
 //! that never returns, with the documented message and status.
+//!
+//! The signal is sent once the test has seen the run reach the read that
+//! blocks (the server accepted its connection; it opened the FIFO), not
+//! after a sleep: a signal before the handlers are installed would end a
+//! slow-starting run by the default action instead.
 
 mod common;
 
 use common::*;
 use std::net::TcpListener;
+use std::os::unix::fs::OpenOptionsExt;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-/// Send `sig` to `child` once it has run `after`, and wait for it: its
-/// exit status, stderr, and how long it took to exit after the signal.
-fn signal_after(mut child: Child, sig: i32, after: Duration) -> (Option<i32>, String, Duration) {
-    std::thread::sleep(after);
+/// How long a run may take to reach the blocking read (a hang beyond it).
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+/// Send `sig` to `child`, still running, and wait for it: its exit status,
+/// stderr, and how long it took to exit after the signal.
+fn signal(mut child: Child, sig: i32) -> (Option<i32>, String, Duration) {
     assert!(
         child.try_wait().unwrap().is_none(),
         "exited before the signal"
@@ -53,16 +61,23 @@ fn one_signal_stops_a_run_blocked_on_a_silent_server() {
     // Accepts and never says a word (no --timeout).
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("nbd://127.0.0.1:{}", listener.local_addr().unwrap().port());
-    // Connections are kept open (and the listener too) until the test ends.
+    // Connections are kept open (and the listener too) until the test ends;
+    // each accepted one is announced.
+    let (accepted, connected) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut held = Vec::new();
         while let Ok((c, _)) = listener.accept() {
             held.push(c);
+            let _ = accepted.send(());
         }
     });
     for (sig, status) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
         let child = spawn(&[&url]);
-        let (code, err, took) = signal_after(child, sig, Duration::from_millis(500));
+        // Connected: waiting for a greeting that never comes.
+        connected
+            .recv_timeout(START_LIMIT)
+            .expect("blksum connects to the server");
+        let (code, err, took) = signal(child, sig);
         assert_eq!(code, Some(status), "{err}");
         assert!(err.contains("blksum: interrupted"), "{err}");
         assert!(took < Duration::from_secs(5), "took {took:?}");
@@ -81,7 +96,27 @@ fn one_signal_stops_a_check_list_that_is_a_fifo() {
             .success()
     );
     let child = spawn(&["-c", fifo.to_str().unwrap()]);
-    let (code, err, took) = signal_after(child, libc::SIGTERM, Duration::from_millis(300));
+    // A writer that never writes. Opening for writing without blocking
+    // fails (ENXIO) until blksum has the FIFO open for reading; then it
+    // reads, and waits for lines that never come.
+    let start = Instant::now();
+    let _writer = loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+        {
+            Ok(w) => break w,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
+            Err(e) => panic!("{}: {e}", fifo.display()),
+        }
+        assert!(
+            start.elapsed() < START_LIMIT,
+            "blksum never opened the FIFO"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (code, err, took) = signal(child, libc::SIGTERM);
     assert_eq!(code, Some(143), "{err}");
     assert!(err.contains("interrupted"), "{err}");
     assert!(took < Duration::from_secs(5), "took {took:?}");

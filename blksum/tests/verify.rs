@@ -247,6 +247,29 @@ fn json_document() {
     assert_eq!(inputs[1]["error"], "No such file or directory");
     assert_eq!(inputs[2]["format"], "stream");
     assert_eq!(inputs[2]["data-bytes"], 4 << 20);
+    // Keys in the README's order: the document's, then each input's.
+    let text = stdout(&out);
+    let mut at = 0;
+    for key in [
+        "schema",
+        "version",
+        "inputs",
+        "name",
+        "format",
+        "virtual-size",
+        "digest",
+        "block-size",
+        "checksum",
+        "data-bytes",
+        "zero-bytes",
+        "unallocated-bytes",
+    ] {
+        let quoted = format!("\"{key}\"");
+        match text[at..].find(&quoted) {
+            Some(i) => at += i + quoted.len(),
+            None => panic!("{key} not after byte {at}: {text}"),
+        }
+    }
 }
 
 #[test]
@@ -289,6 +312,22 @@ fn man_page_and_completions() {
     for section in [".SH \"EXIT STATUS\"", ".SH EXAMPLES"] {
         assert!(stdout(&out).contains(section), "no {section}");
     }
+    // As man shows it: no roff warnings, FILE repeats, options take values,
+    // no Markdown backticks.
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("blksum.1");
+    std::fs::write(&page, &out.stdout).unwrap();
+    let man = Command::new("man")
+        .args(["--warnings", "-l"])
+        .arg(&page)
+        .env("MANWIDTH", "80")
+        .output()
+        .expect("man runs (scripts/setup.sh installs man-db)");
+    let text = String::from_utf8_lossy(&man.stdout);
+    assert_eq!(String::from_utf8_lossy(&man.stderr), "");
+    assert!(text.contains(" [FILE]...\n"), "{text}");
+    assert!(text.contains("[-d|--digest NAME]"), "{text}");
+    assert!(!text.contains('`'), "{text}");
     for shell in ["bash", "zsh", "fish"] {
         let out = run(&["--completions", shell], None);
         assert!(out.status.success(), "{shell}");
@@ -363,4 +402,40 @@ fn zero_ends_lines_with_nul_and_does_not_escape_as_sha256sum() {
     );
     // As sha256sum: not when verifying.
     assert_eq!(run(&["-z", "-c", pp], None).status.code(), Some(2));
+}
+
+#[test]
+fn a_list_made_with_other_options_says_which_would_check_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.img", "1m:r 1m:-");
+    let p = img.to_str().unwrap();
+    let sums = sums_file(dir.path(), &["-d", "blake3", "--block-size", "1m", p]);
+    let s = sums.to_str().unwrap();
+    let out = run(&["-c", s], None);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{s}: no listed image matched: the checksums are 64 hex digits, as sha256, "
+        )),
+        "{err}"
+    );
+    let hint =
+        format!("(`blksum -c -d blake3 --block-size 1m {s}` checks them if they were made so)");
+    assert!(err.contains(&hint), "{err}");
+    let out = run(&["-c", "-d", "blake3", "--block-size", "1m", s], None);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // Of another length: the digests that write it are named.
+    let sums = sums_file(dir.path(), &["-d", "sha512", p]);
+    let s = sums.to_str().unwrap();
+    let out = run(&["-c", s], None);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{s}: the checksums are 128 hex digits, as sha512, sha3-512 and blake2b512 write them, not sha256"
+        )),
+        "{err}"
+    );
 }

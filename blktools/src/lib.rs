@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod record;
 pub mod state;
 pub mod sync;
 
@@ -112,6 +113,9 @@ pub struct Mapped {
     pub map: Map,
     /// "raw", "qcow2", ... for images, "stream" for pipes, "map" for a saved map.
     pub format: String,
+    /// The file's size, if the guest size was rounded up from it (a raw
+    /// file whose length is not a multiple of 512): for the command to say.
+    pub rounded: Option<blkimage::Rounded>,
 }
 
 impl Mapped {
@@ -171,24 +175,38 @@ fn map_shown(
     cancel: &AtomicBool,
     name: &str,
 ) -> io::Result<Mapped> {
-    let (sink, builder, read) = hash_shown(input, opts, cancel, name)?;
+    let (sink, builder, read, shown) = hash_shown(input, opts, cancel, name)?;
     let map = builder.finalize(sink)?;
     // Only now are all reads done: is the image still what we read?
     read.finish()?;
+    if let Some(mut shown) = shown {
+        shown.finish();
+    }
     Ok(Mapped {
         map,
         format: read.format,
+        rounded: read.rounded,
     })
 }
 
+/// What [`hash_shown`] leaves to finish: the hasher, the map builder, the
+/// input read, and its progress (finished once all is checked).
+type Hashed<'a> = (
+    Pipeline<AlignedBuf>,
+    MapBuilder,
+    blkimage::InputRead,
+    Option<blkcli::progress::InputProgress<'a>>,
+);
+
 /// Read `input` into a hasher with a map builder, showing progress under
-/// `name` when `opts` asks; the caller finalizes them, then the input.
-fn hash_shown(
+/// `name` when `opts` asks; the caller finalizes them, then the input, then
+/// the progress.
+fn hash_shown<'a>(
     input: Input,
-    opts: &MapOptions,
+    opts: &'a MapOptions,
     cancel: &AtomicBool,
     name: &str,
-) -> io::Result<(Pipeline<AlignedBuf>, MapBuilder, blkimage::InputRead)> {
+) -> io::Result<Hashed<'a>> {
     let (mut sink, builder) = hasher(opts)?;
     let read_size = opts.read_size.next_multiple_of(opts.block_size);
     let size = input.size();
@@ -210,7 +228,7 @@ fn hash_shown(
         cancel,
         &mut progress,
     )?;
-    Ok((sink, builder, read))
+    Ok((sink, builder, read, shown))
 }
 
 /// The image of `input` as a source that can be read in ranges; a stream
@@ -253,9 +271,12 @@ pub fn map_range(
     blkmap::check_range(size, opts.block_size, range)?;
     let window = blkimage::Window::new(src, range.offset, range.len)?;
     let input = Input::Image(Box::new(window));
-    let (sink, builder, read) = hash_shown(input, opts, &opts.cancel, name)?;
+    let (sink, builder, read, shown) = hash_shown(input, opts, &opts.cancel, name)?;
     let part = builder.finalize_part(sink, size, range.offset)?;
     read.finish()?;
+    if let Some(mut shown) = shown {
+        shown.finish();
+    }
     Ok(part)
 }
 
@@ -288,6 +309,7 @@ pub fn map_stdin(opts: &MapOptions, detect_map: bool) -> io::Result<Mapped> {
         return Ok(Mapped {
             map: Map::read(io::BufReader::with_capacity(1 << 20, rest))?,
             format: "map".to_string(),
+            rounded: None,
         });
     }
     map_shown(Input::Stream(Box::new(rest)), opts, &opts.cancel, "-")

@@ -262,6 +262,17 @@ fn holes_and_written_zeros_are_the_same() {
     assert_eq!(run(BLKDIFF, &[s(&m), s(&zeros)]).code, 0);
 }
 
+/// `words` appear in `text` in this order.
+fn in_order(text: &str, words: &[&str]) {
+    let mut at = 0;
+    for w in words {
+        match text[at..].find(w) {
+            Some(i) => at += i + w.len(),
+            None => panic!("{w} not after byte {at} in {text}"),
+        }
+    }
+}
+
 #[test]
 fn different_sizes_differ_in_the_tail() {
     let Some(dir) = scratch() else { return };
@@ -285,6 +296,29 @@ fn different_sizes_differ_in_the_tail() {
     assert_eq!(doc["tail"]["only-in"], "a");
     assert_eq!(doc["differing-bytes"], 2097152);
     assert_eq!(doc["schema"], 1);
+    // Sizes as blksum's --json spells them (and `size`, kept for schema 1).
+    assert_eq!(doc["a"]["virtual-size"], 6 * MIB);
+    assert_eq!(doc["b"]["virtual-size"], 4 * MIB);
+    assert_eq!(doc["a"]["size"], 6 * MIB);
+    // Keys in the order blktools/README.md shows them.
+    in_order(
+        &r.stdout,
+        &[
+            "\"schema\"",
+            "\"a\"",
+            "\"name\"",
+            "\"format\"",
+            "\"virtual-size\"",
+            "\"checksum\"",
+            "\"b\"",
+            "\"digest\"",
+            "\"block-size\"",
+            "\"same\"",
+            "\"ranges\"",
+            "\"tail\"",
+            "\"differing-bytes\"",
+        ],
+    );
     let same = run(BLKDIFF, &[s(&b), s(&a), "--output", "json"]);
     assert_eq!(same.stdout, r.stdout, "--output json is --json");
 
@@ -420,10 +454,31 @@ fn blkmap_and_blkdiff_show_progress_as_blksum() {
         &["-p", "--read-size", "256k", s(&a), s(&d.join("a.map"))],
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let want: Vec<String> = (1..10)
+    let want: Vec<String> = (1..=10)
         .map(|t| format!("blkmap: {}: {}%", s(&a), t * 10))
         .collect();
     assert_eq!(r.stderr.lines().collect::<Vec<_>>(), want);
+    // A range, and each of blkdiff's two images: they end at 100% too.
+    let r = run(
+        BLKMAP,
+        &["-p", "--range", "1/2", s(&b), s(&d.join("b.part"))],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stderr.lines().last(),
+        Some(format!("blkmap: {}: 100%", s(&b)).as_str())
+    );
+    let r = run(BLKDIFF, &["-p", s(&a), s(&b)]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    for img in [&a, &b] {
+        let done = format!("blkdiff: {}: 100%", s(img));
+        assert_eq!(
+            r.stderr.lines().filter(|l| *l == done).count(),
+            1,
+            "{}",
+            r.stderr
+        );
+    }
     // --progress=FD: the run's percentage, both images weighing the same.
     let fd_file = d.join("progress");
     let status = Command::new("sh")

@@ -3,6 +3,11 @@
 //! behind is DST's map (it never claims a block not written), and the next
 //! run brings DST to SRC's content (checked with qemu-img compare and
 //! blksum).
+//!
+//! The moments are points of the run the test sees it reach, a random
+//! number of bytes read (its `rchar` in /proc/PID/io: SRC's data, mostly),
+//! never a time after its start: the same points, and every run stopped
+//! before it ends, on a fast machine and on a loaded one.
 
 mod common;
 
@@ -56,34 +61,91 @@ fn spawn(args: &[&str]) -> Child {
         .unwrap()
 }
 
-/// Send `sig` after `delay`; the exit code, or None if the run had ended
-/// before (the signal came too late to test anything), and how long it
-/// took to stop once signalled.
-fn signal_after(mut child: Child, delay: Duration, sig: i32) -> Option<(i32, Duration)> {
-    std::thread::sleep(delay);
-    if child.try_wait().unwrap().is_some() {
-        return None;
+/// Bytes process `pid` has read so far: the `rchar` of /proc/PID/io,
+/// every read and pread (SRC's, DST's, the state's).
+fn bytes_read(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar: "))?
+        .parse()
+        .ok()
+}
+
+/// Whether process `pid` has a child (blksync's private qemu-nbd): a
+/// process whose parent it is, in /proc/*/stat.
+fn has_child(pid: u32) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read_to_string(e.path().join("stat")).is_ok_and(|stat| {
+            // "PID (COMM) STATE PPID ...": COMM may hold spaces, not ")".
+            stat.rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split(' ').nth(1))
+                .is_some_and(|ppid| ppid == pid.to_string())
+        })
+    })
+}
+
+/// Send `sig` once the run has read `bytes`: its exit code, and how long it
+/// took to stop once signalled. Every run reads all of SRC's data, and
+/// `bytes` is at most half of it: a run that ends before the signal (or
+/// never gets there) fails the test, with its error output.
+fn signal_at(child: Child, bytes: u64, sig: i32) -> (i32, Duration) {
+    signal_when(child, sig, &format!("byte {bytes}"), |pid| {
+        bytes_read(pid).is_some_and(|n| n >= bytes)
+    })
+}
+
+/// Send `sig` once `now(pid)` holds (`what`, for the message), as
+/// [`signal_at`] does.
+fn signal_when(
+    mut child: Child,
+    sig: i32,
+    what: &str,
+    mut now: impl FnMut(u32) -> bool,
+) -> (i32, Duration) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut ended = false;
+    while !now(child.id()) {
+        if child.try_wait().unwrap().is_some() {
+            // Reaped: its pid may be another process's by now.
+            ended = true;
+            break;
+        }
+        assert!(Instant::now() < deadline, "the run never got to {what}");
+        std::thread::sleep(Duration::from_millis(1));
     }
     let t = Instant::now();
-    // SAFETY: kill on the pid of our own child, not yet reaped.
-    unsafe { libc::kill(child.id() as i32, sig) };
-    let status = child.wait_with_output().unwrap().status;
-    if status.success() {
-        // It ended between the check and the signal.
-        return None;
+    if !ended {
+        // SAFETY: kill on the pid of our own child, not yet reaped.
+        unsafe { libc::kill(child.id() as i32, sig) };
     }
+    let out = child.wait_with_output().unwrap();
+    let took = t.elapsed();
     use std::os::unix::process::ExitStatusExt;
+    let status = out.status;
     let code = status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap());
-    Some((code, t.elapsed()))
+    assert!(
+        code == 128 + sig,
+        "the run was not stopped by the signal at {what} ({status}): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (code, took)
 }
 
 /// Change SRC (a 32 MiB qcow2 image) at random places, data of `pattern`
-/// and written zeros, then run blksync with `args` and SIGKILL it after a
-/// random part of `span` microseconds: true if it was killed (false if it
-/// ended first).
-fn change_then_kill(rng: &mut Rng, src: &Path, pattern: u64, args: &[&str], span: u64) -> bool {
+/// and written zeros, then run blksync with `args` and SIGKILL it once it
+/// has read a random number of bytes below `span`, or, one time in three
+/// with `served` (blksync serves DST with a qemu-nbd of its own), once it
+/// has started that server (while it starts, or just after).
+fn change_then_kill(
+    rng: &mut Rng,
+    src: &Path,
+    pattern: u64,
+    args: &[&str],
+    span: u64,
+    served: bool,
+) {
     let off = rng.below(30) * MIB;
     let cmds = [
         format!(
@@ -94,13 +156,10 @@ fn change_then_kill(rng: &mut Rng, src: &Path, pattern: u64, args: &[&str], span
     ];
     let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
     write(src, "qcow2", &cmds);
-    let delay = Duration::from_micros(rng.below(span));
-    match signal_after(spawn(args), delay, libc::SIGKILL) {
-        Some((code, _)) => {
-            assert_eq!(code, 128 + libc::SIGKILL);
-            true
-        }
-        None => false,
+    if served && rng.below(3) == 0 {
+        signal_when(spawn(args), libc::SIGKILL, "starting qemu-nbd", has_child);
+    } else {
+        signal_at(spawn(args), rng.below(span), libc::SIGKILL);
     }
 }
 
@@ -141,23 +200,11 @@ fn killed_at_random_points_then_rerun() {
     let d = dir.path();
     let size = 64 * MIB;
     let src = src_qcow2(d, size, &["write -P 0x11 0 40M", "write -P 0x12 48M 8M"]);
-    // How long a first copy takes here, to spread the kills over it.
-    let t = Instant::now();
-    // (--checksum: it hashes SRC while copying, as the killed runs with a
-    // state do; a plain copy is faster.)
-    let probe = run(
-        BLKSYNC,
-        &[s(&src), s(&d.join("probe.raw")), "-t", "1", "--checksum"],
-    );
-    assert_eq!(probe.code, 0, "{}", probe.stderr);
-    let span = (t.elapsed().as_micros() as u64 * 5 / 4).max(1000);
-    let deadline = Instant::now() + Duration::from_secs(120);
+    // Kills spread over the first half of the 48 MiB of SRC's data that
+    // every run reads.
+    let span = 24 * MIB;
     let mut killed = 0;
     for seed in [1u64, 2, 3, 4, 5] {
-        if Instant::now() > deadline {
-            eprintln!("time bound reached after {killed} kills");
-            break;
-        }
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let dst = d.join(format!("dst{seed}.raw"));
         let state = d.join(format!("dst{seed}.map"));
@@ -176,11 +223,8 @@ fn killed_at_random_points_then_rerun() {
             ];
             let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
             write(&src, "qcow2", &cmds);
-            let delay = Duration::from_micros(rng.below(span));
-            if let Some((code, _)) = signal_after(spawn(&args), delay, libc::SIGKILL) {
-                assert_eq!(code, 128 + libc::SIGKILL);
-                killed += 1;
-            }
+            signal_at(spawn(&args), rng.below(span), libc::SIGKILL);
+            killed += 1;
             state_is_truthful(d, &dst, &state);
         }
         finish_and_check(d, &src, &dst, &state);
@@ -206,20 +250,14 @@ fn killed_at_random_points_nbd_dst() {
     let Some(mut server) = qemu_nbd(d, &dst, &[]) else {
         return;
     };
-    let t = Instant::now();
-    let probe = run(
-        BLKSYNC,
-        &[s(&src), s(&d.join("probe.raw")), "-t", "1", "--checksum"],
-    );
-    assert_eq!(probe.code, 0, "{}", probe.stderr);
-    let span = (t.elapsed().as_micros() as u64 * 3 / 2).max(1000);
+    // Kills spread over the first half of SRC's 24 MiB of data.
+    let span = 12 * MIB;
     let mut rng = Rng(0x5eed);
     let mut killed = 0;
     for round in 0..8u64 {
         let args = [s(&src), &server.url, "--state", s(&state), "-t", "1"];
-        if change_then_kill(&mut rng, &src, 0x20 + round, &args, span) {
-            killed += 1;
-        }
+        change_then_kill(&mut rng, &src, 0x20 + round, &args, span, false);
+        killed += 1;
         if round % 2 == 1 {
             drop(server); // SIGKILL: unflushed writes are lost
             server = qemu_nbd(d, &dst, &[]).unwrap();
@@ -306,20 +344,20 @@ fn killed_at_random_points_served_image_dst() {
     let (src, dst, state) =
         qcow2_src_dst(d, size, &["write -P 0x11 0 20M", "write -P 0x12 24M 4M"]);
     let args = [s(&src), s(&dst), "--state", s(&state), "-t", "1"];
-    let t = Instant::now();
-    let probe = blksync().args(args).output().unwrap();
+    // A first copy to the end, then kills spread over the first half of
+    // SRC's 24 MiB of data.
+    let first = blksync().args(args).output().unwrap();
     assert!(
-        probe.status.success(),
+        first.status.success(),
         "{}",
-        String::from_utf8_lossy(&probe.stderr)
+        String::from_utf8_lossy(&first.stderr)
     );
-    let span = (t.elapsed().as_micros() as u64 * 3 / 2).max(1000);
+    let span = 12 * MIB;
     let mut rng = Rng(0xd57);
     let mut killed = 0;
     for round in 0..6u64 {
-        if change_then_kill(&mut rng, &src, 0x40 + round, &args, span) {
-            killed += 1;
-        }
+        change_then_kill(&mut rng, &src, 0x40 + round, &args, span, true);
+        killed += 1;
         served_run_cleaned_up(&args, &dst, &tmp);
         let check = run("qemu-img", &["check", s(&dst)]);
         assert_eq!(
@@ -362,28 +400,20 @@ fn sigint_and_sigterm_stop_promptly() {
     let dst = d.join("dst.raw");
     let state = d.join("dst.map");
     let args = [s(&src), s(&dst), "--state", s(&state), "-t", "1"];
-    let mut tested = 0;
+    // Signalled once 64 MiB of the 512 are read: well under way (its
+    // handlers long installed), far from done.
     for (sig, want) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
-        match signal_after(spawn(&args), Duration::from_millis(150), sig) {
-            Some((code, took)) => {
-                assert_eq!(code, want, "first copy, signal {sig}");
-                assert!(took < Duration::from_secs(3), "took {took:?} to stop");
-                tested += 1;
-            }
-            None => eprintln!("first copy ended before signal {sig}: not tested"),
-        }
+        let (code, took) = signal_at(spawn(&args), 64 * MIB, sig);
+        assert_eq!(code, want, "first copy, signal {sig}");
+        // The grace period (2 s) bounds a stop that the flag does not make.
+        assert!(took < Duration::from_secs(3), "took {took:?} to stop");
         state_is_truthful(d, &dst, &state);
     }
     finish_and_check(d, &src, &dst, &state);
     write(&src, "qcow2", &["write -P 0x32 100M 300M"]);
-    match signal_after(spawn(&args), Duration::from_millis(150), libc::SIGTERM) {
-        Some((code, _)) => {
-            assert_eq!(code, 143, "update");
-            tested += 1;
-        }
-        None => eprintln!("update ended before SIGTERM: not tested"),
-    }
+    let (code, took) = signal_at(spawn(&args), 64 * MIB, libc::SIGTERM);
+    assert_eq!(code, 143, "update");
+    assert!(took < Duration::from_secs(3), "took {took:?} to stop");
     state_is_truthful(d, &dst, &state);
     finish_and_check(d, &src, &dst, &state);
-    eprintln!("{tested} signalled runs tested");
 }

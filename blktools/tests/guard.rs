@@ -135,11 +135,13 @@ fn outputs_never_replace_inputs() {
     std::fs::write(&empty, b"").unwrap();
     sh(BLKMAP, &[s(&a), s(&empty)]);
     assert!(Map::load(&empty).is_ok());
-    // A state, its side record and lock file next to it, and a rerun.
+    // A state and its side record next to it, and a rerun; the lock file
+    // is gone once the run ends.
     let state = d.join("d.map");
     sh(BLKSYNC, &[s(&a), s(&dst), "--state", s(&state)]);
     sh(BLKSYNC, &[s(&a), s(&dst), "--state", s(&state)]);
-    assert!(d.join("d.map.dst").exists() && d.join("d.map.lock").exists());
+    assert!(d.join("d.map.dst").exists());
+    assert!(!d.join("d.map.lock").exists());
     check_state(d, &dst, &state);
 }
 
@@ -169,8 +171,10 @@ fn locked_by_another(p: &Path) -> bool {
 fn one_run_at_a_time_on_a_dst() {
     let Some(dir) = scratch() else { return };
     let d = dir.path();
-    // A slow SRC (each read delayed by its server) holds the first run long
-    // enough for the second to start while it writes.
+    // The first run, from a slow SRC (each read delayed by its server), is
+    // stopped (SIGSTOP: it keeps its locks) once it holds DST, until the
+    // second run has tried DST: it cannot end first, however the runs are
+    // scheduled.
     let sock = d.join("slow.sock");
     let Some(slow) = nbdkit(&sock, &["--filter=delay", "pattern", "16M", "rdelay=300ms"]) else {
         return;
@@ -197,12 +201,54 @@ fn one_run_at_a_time_on_a_dst() {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(first.id() as i32, libc::SIGSTOP) };
         let mut args = vec![s(&other), s(&dst), "--state", s(&state)];
         if wait {
             args.push("--wait");
         }
         let t = Instant::now();
-        let second = run(BLKSYNC, &args);
+        let second = if wait {
+            let second = Command::new(BLKSYNC)
+                .args(&args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            // It opened the state's lock file or DST (to lock it): its first
+            // try, which fails, follows at once; the pause lets it land while
+            // the first run is stopped (were it later, the test would only
+            // prove less, never fail).
+            let fd_dir = format!("/proc/{}/fd", second.id());
+            let held = [dst.clone(), d.join("dst.map.lock")].map(|p| p.canonicalize().ok());
+            let start = Instant::now();
+            while !std::fs::read_dir(&fd_dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| held.contains(&Some(l))))
+            {
+                assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "the second run never opened DST or the state's lock file"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            // SAFETY: as above.
+            unsafe { libc::kill(first.id() as i32, libc::SIGCONT) };
+            let out = second.wait_with_output().unwrap();
+            Out {
+                code: out.status.code().unwrap_or(-1),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            }
+        } else {
+            let out = run(BLKSYNC, &args);
+            // SAFETY: as above.
+            unsafe { libc::kill(first.id() as i32, libc::SIGCONT) };
+            out
+        };
         let first = first.wait_with_output().unwrap();
         assert!(
             first.status.success(),

@@ -68,3 +68,59 @@ fn one_letter_one_meaning_c_is_blksums_check_only() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unexpected argument '-c'"));
 }
+
+/// `page` as `man` formats it at 80 columns, and what `man --warnings`
+/// says of it (nothing for clean roff).
+fn man(page: &[u8]) -> (String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("page.1");
+    std::fs::write(&file, page).unwrap();
+    let out = Command::new("man")
+        .args(["--warnings", "-l"])
+        .arg(&file)
+        .env("MANWIDTH", "80")
+        .output()
+        .expect("man runs (scripts/setup.sh installs man-db)");
+    assert!(out.status.success());
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn man_pages_render_cleanly_and_document_every_subcommand() {
+    for (name, exe) in COMMANDS {
+        let page = run(exe, &["--man"]).stdout;
+        let (text, warnings) = man(&page);
+        assert_eq!(warnings, "", "{name}");
+        // Markdown's backticks are set in bold, not shown.
+        assert!(!text.contains('`'), "{name}: {text}");
+        let roff = String::from_utf8(page).unwrap();
+        let synopsis =
+            &roff[roff.find(".SH SYNOPSIS").unwrap()..roff.find(".SH DESCRIPTION").unwrap()];
+        // Options with their values, repeated arguments with "...".
+        assert!(
+            synopsis.contains("[\\fB\\-\\-block\\-size\\fR\\ \\fISIZE\\fR]"),
+            "{name}: {synopsis}"
+        );
+        assert!(
+            synopsis.contains("[\\fB\\-p\\fR|\\fB\\-\\-progress\\fR[=\\fIFD\\fR]]")
+                || name == "blksync",
+            "{name}: {synopsis}"
+        );
+    }
+    let (text, _) = man(&run(COMMANDS[0].1, &["--man"]).stdout);
+    for heading in ["BLKMAP MERGE", "BLKMAP CHECKSUM"] {
+        let at = text
+            .find(&format!("\n{heading}\n"))
+            .unwrap_or_else(|| panic!("no {heading}: {text}"));
+        assert!(text[at..].contains("--name NAME"), "{heading}: {text}");
+        assert!(text[at..].contains("--tag"), "{heading}: {text}");
+    }
+    assert!(
+        text.contains("blkmap merge [--name NAME] [--tag]"),
+        "{text}"
+    );
+    assert!(text.contains("OUT PART..."), "{text}");
+}

@@ -67,9 +67,25 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let n = data.len() - TRAILER;
-    let mut signed = data[..n].to_vec();
+    let signed = sign(&data[..n]);
+    check(&signed);
+    // Two parts, as `blkhash.merge()` and `blkmap merge` take them: the
+    // bytes cut where their last byte says, each half signed (a merge of
+    // untrusted parts refuses or merges; it never panics or hangs).
+    let cut = (HEADER + data[n - 1] as usize).min(n);
+    let (a, b) = (sign(&data[..cut]), sign(&data[cut..n]));
+    let parts: Vec<blkmap::Named<'_>> = vec![
+        ("a".into(), Box::new(std::io::Cursor::new(&a[..]))),
+        ("b".into(), Box::new(std::io::Cursor::new(&b[..]))),
+    ];
+    let _ = merge(parts, None, None, true);
+});
+
+/// `body` followed by its SHA-256, as a map's trailer is.
+fn sign(body: &[u8]) -> Vec<u8> {
+    let mut signed = body.to_vec();
     let mut d = [0u8; 32];
     Algorithm::Sha256.digest_into(&signed, &mut d);
     signed.extend_from_slice(&d);
-    check(&signed);
-});
+    signed
+}

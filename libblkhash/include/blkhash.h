@@ -46,7 +46,12 @@ struct blkhash_completion {
  * A new hash with the default options: sha256, 64 KiB blocks, 4 threads,
  * no async API. Free it with blkhash_free().
  *
- * Returns NULL and sets errno on failure.
+ * fork(): the hash's worker threads do not exist in a child process. A
+ * hash made before fork() must be used in only one of the processes, the
+ * parent; a child that needs a hash makes its own (see blkhash(3), FORK).
+ *
+ * Returns NULL and sets errno on failure: EAGAIN when the worker threads
+ * cannot be started (the limit on threads, RLIMIT_NPROC, was reached).
  */
 struct blkhash *blkhash_new(void);
 
@@ -56,7 +61,8 @@ struct blkhash *blkhash_new(void);
  * of the result: other values give other digests.
  *
  * Returns NULL and sets errno on failure: EINVAL for a digest name this
- * library does not know, or NULL opts.
+ * library does not know, or NULL opts; EAGAIN when the worker threads
+ * cannot be started. The same fork() rule as blkhash_new().
  */
 struct blkhash *blkhash_new_opts(const struct blkhash_opts *opts);
 
@@ -67,8 +73,8 @@ struct blkhash *blkhash_new_opts(const struct blkhash_opts *opts);
  * block size are fastest.
  *
  * Returns 0, or an errno value (EINVAL for a NULL buf with a non-zero len,
- * or a call after blkhash_final()). After an error every later call fails
- * with it.
+ * a call after blkhash_final(), or a total past 2^64 - 1 bytes). After an
+ * error every later call fails with it.
  */
 int blkhash_update(struct blkhash *h, const void *buf, size_t len);
 
@@ -77,8 +83,9 @@ int blkhash_update(struct blkhash *h, const void *buf, size_t len);
  * or zero cluster of an image) without reading or digesting anything for
  * whole blocks. Much faster than passing zeros to blkhash_update().
  *
- * Returns 0, or an errno value. After an error every later call fails
- * with it.
+ * Returns 0, or an errno value (EINVAL for a total past 2^64 - 1 bytes, the
+ * most a hash's length field records). After an error every later call
+ * fails with it.
  */
 int blkhash_zero(struct blkhash *h, size_t len);
 
@@ -95,7 +102,8 @@ int blkhash_zero(struct blkhash *h, size_t len);
  * Returns 0 when the update was started, else an errno value: ENOTSUP
  * without a queue depth, EAGAIN when queue depth updates are already in
  * flight (not an error of the hash: collect completions, then retry),
- * EINVAL for a NULL buf with a non-zero len.
+ * EINVAL for a NULL buf with a non-zero len or a total past 2^64 - 1
+ * bytes.
  */
 int blkhash_aio_update(struct blkhash *h, const void *buf, size_t len,
                        void *user_data);

@@ -143,7 +143,7 @@ pub unsafe extern "C" fn blkhash_aio_update(
             len,
             user_data,
         };
-        h.hasher()?.submit(b);
+        h.hasher_for(len)?.submit(b);
         if let Some(aio) = h.aio.as_mut() {
             aio.inflight += 1;
         }

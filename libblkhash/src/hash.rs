@@ -5,8 +5,8 @@ use crate::aio::{Aio, CallerBuf, Event, MAX_HASHER_QUEUE, blkhash_completion};
 use crate::digests::algorithm;
 use crate::options::{DEFAULT_BLOCK_SIZE, DEFAULT_DIGEST, DEFAULT_THREADS, blkhash_opts};
 use crate::{BLKHASH_MAX_MD_SIZE, PANIC_ERRNO, guard, set_errno};
-use construction::{Options, Pipeline};
-use libc::{EINVAL, EIO, c_int, c_uint, c_void, size_t};
+use construction::{Options, OptionsError, Pipeline};
+use libc::{EAGAIN, EINVAL, EIO, c_int, c_uint, c_void, size_t};
 use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -30,7 +30,7 @@ pub extern "C" fn blkhash_new() -> *mut blkhash {
 }
 
 /// A hash with the given options; NULL and errno (EINVAL for an unknown
-/// digest or NULL options) on error.
+/// digest or NULL options, EAGAIN when a thread cannot start) on error.
 ///
 /// # Safety
 ///
@@ -68,7 +68,12 @@ fn new_hash(name: &CStr, block_size: u32, threads: u8, queue_depth: c_uint) -> *
                 ready: VecDeque::new(),
             });
         }
-        let hasher = Pipeline::new(opts).map_err(|_| EINVAL)?;
+        // A worker that cannot start is the system's limit, EAGAIN as
+        // pthread_create says (blkhash.3); anything else is the options'.
+        let hasher = Pipeline::new(opts).map_err(|e| match e {
+            OptionsError::ThreadStart { errno } => errno.unwrap_or(EAGAIN),
+            _ => EINVAL,
+        })?;
         Ok(Box::into_raw(Box::new(blkhash {
             hasher: Some(hasher),
             out_len: alg.output_len(),
@@ -115,9 +120,23 @@ impl blkhash {
     pub(crate) fn hasher(&mut self) -> Result<&mut Pipeline<CallerBuf>, c_int> {
         self.hasher.as_mut().ok_or(EINVAL)
     }
+
+    /// The hasher, if `len` more bytes fit in the length a checksum records
+    /// (a le64: at most 2^64 - 1 bytes in all); else EINVAL, which
+    /// [`call`](Self::call) makes sticky: a checksum that missed the bytes
+    /// refused must not be produced, even for a caller that ignores the
+    /// error (0.11 wrapped the length instead).
+    pub(crate) fn hasher_for(&mut self, len: usize) -> Result<&mut Pipeline<CallerBuf>, c_int> {
+        let h = self.hasher()?;
+        match h.len().checked_add(len as u64) {
+            Some(_) => Ok(h),
+            None => Err(EINVAL),
+        }
+    }
 }
 
-/// Hash `len` bytes at `buf` (copied; whole zero blocks detected).
+/// Hash `len` bytes at `buf` (copied; whole zero blocks detected); EINVAL
+/// past 2^64 - 1 bytes in all.
 ///
 /// # Safety
 ///
@@ -135,13 +154,14 @@ pub unsafe extern "C" fn blkhash_update(h: *mut blkhash, buf: *const c_void, len
         }
         // SAFETY: valid for len bytes by the caller's contract.
         let data = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
-        h.hasher()?.update(data);
+        h.hasher_for(len)?.update(data);
         h.collect_completions();
         Ok(())
     })
 }
 
-/// Hash `len` zero bytes without reading or digesting them.
+/// Hash `len` zero bytes without reading or digesting them; EINVAL past
+/// 2^64 - 1 bytes in all.
 ///
 /// # Safety
 ///
@@ -151,7 +171,7 @@ pub unsafe extern "C" fn blkhash_zero(h: *mut blkhash, len: size_t) -> c_int {
     // SAFETY: a live hash by the caller's contract.
     let h = unsafe { &mut *h };
     h.call(|h| {
-        h.hasher()?.update_zeros(len as u64);
+        h.hasher_for(len)?.update_zeros(len as u64);
         h.collect_completions();
         Ok(())
     })

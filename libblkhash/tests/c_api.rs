@@ -388,3 +388,46 @@ fn valgrind_finds_no_error_or_leak() {
         );
     }
 }
+
+/// Under a thread limit (RLIMIT_NPROC of 3 tasks: the program and 2
+/// threads, as a user of its own since root ignores the limit),
+/// `blkhash_new` and `blkhash_new_opts` return NULL with errno EAGAIN, as
+/// blkhash.3 says, and write nothing to standard error (no panic message).
+#[test]
+fn threads_that_cannot_start_are_eagain() {
+    let exe = compile("limits");
+    // The scratch directory is the tempfile's, open to its owner only.
+    for dir in [scratch().path(), &scratch().lib()] {
+        let mut perms = std::fs::metadata(dir).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(dir, perms).unwrap();
+    }
+    let Some(mut cmd) = testkit::tools::thread_limited(&exe, 64_101, 3) else {
+        return;
+    };
+    let out = cmd
+        .arg("threads")
+        .env("LD_LIBRARY_PATH", scratch().lib())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.contains("limits threads: ok"),
+        "{}\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stderr.is_empty(), "{stderr}");
+}
+
+/// A total past 2^64 - 1 bytes (`blkhash_update(h, buf, 1)` then
+/// `blkhash_zero(h, SIZE_MAX)`) is EINVAL and fails the hash, never a
+/// wrapped length.
+#[test]
+fn length_past_two_to_the_64_is_einval() {
+    let exe = compile("limits");
+    let out = run(program(&exe).arg("length"));
+    assert!(stdout(&out).contains("limits length: ok"));
+}

@@ -10,7 +10,7 @@ use crate::{check_block_size, check_threads, parse_digest};
 use blkhash::{Checksum, Options, Pipeline};
 use blkimage::{AlignedBuf, Format, OpenOptions};
 use crossbeam_channel::RecvTimeoutError;
-use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
 use std::io;
 use std::path::PathBuf;
@@ -26,7 +26,17 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 /// a qcow2 image read natively, another format QEMU reads through a private
 /// qemu-nbd), an NBD URL (``nbd://host/export``,
 /// ``nbd+unix:///export?socket=PATH``, ``nbds://`` for TLS), or ``"-"`` for
-/// standard input. The options are blksum's:
+/// standard input.
+///
+/// A raw file is hashed at the size QEMU gives it, rounded up to a multiple
+/// of 512 with zeros, as blksum and the reference hash it: the checksum of a
+/// 1000-byte file is that of its bytes and 24 zeros, not
+/// ``new(data).hexdigest()`` (nor that of ``"-"`` reading it, which hashes
+/// the exact bytes). Such a file raises a ``UserWarning`` naming both sizes,
+/// as blksum says it on standard error (``warnings.filterwarnings`` silences
+/// it or makes it an error).
+///
+/// The options are blksum's:
 ///
 /// - ``digest``: one of ``algorithms_available``;
 /// - ``block_size``: a multiple of 512 from 512 to 64 MiB;
@@ -42,6 +52,10 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 /// - ``tls_certificates``: the certificates directory for ``nbds://``;
 /// - ``read_size``: bytes per read, a multiple of 4096 up to 256 MiB;
 /// - ``queue_depth``: reads queued ahead of the digest workers, 1 to 128.
+///
+/// Whatever ``read_size`` and ``queue_depth`` ask for, the reads in flight
+/// hold at most 256 MiB of buffers (or one read, two when read ahead of
+/// the digest threads, when a read is larger): the depths are cut to fit.
 ///
 /// The GIL is released while hashing. Raises ValueError for a bad argument,
 /// OSError if the image cannot be read, with the reason blksum prints
@@ -114,7 +128,14 @@ pub fn checksum(
         read_size: (read_size as usize).next_multiple_of(block_size),
     };
 
-    run_cancellable(py, &name, move |cancel| job.run(&cancel)).map(|sum| sum.to_hex())
+    let (sum, rounded) = run_cancellable(py, &name, move |cancel| job.run(&cancel))?;
+    if let Some(r) = rounded {
+        // A path holds no NUL; a name that did would only lose the warning.
+        if let Ok(msg) = std::ffi::CString::new(format!("{name}: {r}")) {
+            PyErr::warn(py, py.get_type::<PyUserWarning>().as_any(), &msg, 1)?;
+        }
+    }
+    Ok(sum.to_hex())
 }
 
 /// A path or URL as blkimage takes it (UTF-8 here).
@@ -150,7 +171,7 @@ pub fn open_options(
         Some(t) if t > 0.0 && t <= 1e6 => Some(Duration::from_secs_f64(t)),
         Some(t) => {
             return Err(PyValueError::new_err(format!(
-                "timeout must be seconds from 0 to 1000000, not {t}"
+                "timeout is seconds, more than 0 and at most 1000000, not {t}"
             )));
         }
     };
@@ -189,7 +210,10 @@ pub fn run_cancellable<T: Send + 'static>(
             let _ = tx.send(());
             result
         })
-        .map_err(|e| PyOSError::new_err(format!("cannot start a thread: {e}")))?;
+        .map_err(|e| {
+            let e = io::Error::new(e.kind(), format!("cannot start a hashing thread: {e}"));
+            os_error(name, &e)
+        })?;
     let done = || py.detach(|| rx.recv_timeout(SIGNAL_POLL)) != Err(RecvTimeoutError::Timeout);
     while !done() {
         // Signal handlers run here (only on the main thread); one that
@@ -226,16 +250,17 @@ struct Job {
 
 impl Job {
     /// Open, read into a hasher, finish: what blksum does for one input.
-    fn run(self, cancel: &AtomicBool) -> io::Result<Checksum> {
+    /// The checksum, and the file's size if the guest size was rounded up
+    /// from it (a raw file whose size is not a multiple of 512).
+    fn run(self, cancel: &AtomicBool) -> io::Result<(Checksum, Option<blkimage::Rounded>)> {
         let input = blkimage::open(&self.name, &self.open)?;
-        let mut sink: Pipeline<AlignedBuf> =
-            Pipeline::new(self.hasher).map_err(io::Error::other)?;
+        let mut sink: Pipeline<AlignedBuf> = Pipeline::new(self.hasher)?;
         let read =
             blkimage::read_input(input, &mut sink, self.read_size, None, cancel, &mut |_| {})?;
         let sum = sink.finalize()?;
         // Only now are all reads done: is the image still what we read?
         read.finish()?;
-        Ok(sum)
+        Ok((sum, read.rounded))
     }
 }
 
@@ -247,6 +272,9 @@ pub fn os_error(name: &str, e: &io::Error) -> PyErr {
         .is_some_and(|inner| inner.is::<blkimage::nbd::PassphraseNeeded>())
     {
         return PyOSError::new_err(format!("{name}: {e}: give it with secret_file=PATH"));
+    }
+    if e.kind() == io::ErrorKind::ResourceBusy {
+        return PyOSError::new_err(format!("{name}: {e}; force_share=True reads it anyway"));
     }
     let reason = blkcli::units::reason(e);
     match e.raw_os_error() {

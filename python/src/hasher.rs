@@ -2,12 +2,15 @@
 
 use crate::buffer::{Exported, RawSlice};
 use crate::{check_block_size, check_threads, parse_digest};
-use blkhash::{Algorithm, Options, Pipeline};
-use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
+use blkhash::{Algorithm, Options, OptionsError, Pipeline};
+use pyo3::exceptions::{
+    PyNotImplementedError, PyOSError, PyOverflowError, PyRuntimeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Below this, `update` copies the bytes into the hasher's staging buffers
 /// keeping the GIL: releasing it would cost more than the copy.
@@ -20,12 +23,21 @@ const SMALL_UPDATE: usize = 64 << 10;
 /// copying speed on 2 threads).
 const IN_PLACE_MIN: usize = 1 << 20;
 const MIN_PIECE: usize = 256 << 10;
+/// `zero` adds its zeros in steps of as many blocks as have this many bytes
+/// of digests (a zero block costs its digest fed to the outer digest: 2 MiB
+/// of them take a millisecond or so)...
+const ZERO_STEP_DIGESTS: u64 = 2 << 20;
+/// ...and looks for signals (Ctrl-C) whenever this long has passed: a
+/// terabyte of zeros in small blocks takes minutes, 2**62 bytes days.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 enum State {
     /// Hashing.
     Open(Box<Pipeline<RawSlice>>),
     /// Finalized: the digest, kept so that `digest()` can be called again.
     Done(Vec<u8>),
+    /// A `zero()` was interrupted: it holds only part of those zeros.
+    Interrupted,
     /// An internal error (a panic) stopped it.
     Broken,
 }
@@ -39,7 +51,9 @@ enum State {
 ///
 /// Its digest is the blkhash checksum of the bytes given, the same as
 /// ``blkhash.checksum()`` of an image holding them, and as blksum and
-/// libblkhash 0.11 give.
+/// libblkhash 0.11 give. (A raw file's bytes are not the image
+/// ``checksum()`` hashes when its size is not a multiple of 512: the image
+/// is rounded up to 512 with zeros, as QEMU sees it.)
 ///
 /// Unlike a hashlib object, it cannot continue after ``digest()`` or
 /// ``hexdigest()`` (both can be called again and return the same value;
@@ -77,7 +91,7 @@ impl PyHasher {
             .algorithm(alg)
             .block_size(block_size)
             .threads(threads);
-        let hasher = Pipeline::new(opts).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let hasher = Pipeline::new(opts).map_err(options_error)?;
         let h = PyHasher {
             alg,
             block_size,
@@ -103,6 +117,7 @@ impl PyHasher {
         if bytes.len() < SMALL_UPDATE {
             // Uncontended: copy now, keeping the GIL (cheaper than releasing it).
             if let Ok(mut st) = self.state.try_lock() {
+                fits(&st, bytes.len() as u64)?;
                 return self.with_open(&mut st, |h| h.update(bytes.as_ref()));
             }
         }
@@ -110,6 +125,7 @@ impl PyHasher {
         // `exported` outlives this call: the workers read the bytes in place.
         py.detach(|| {
             let mut st = self.lock()?;
+            fits(&st, bytes.len() as u64)?;
             if bytes.len() < IN_PLACE_MIN {
                 self.with_open(&mut st, |h| h.update(bytes.as_ref()))
             } else {
@@ -120,11 +136,47 @@ impl PyHasher {
 
     /// Add ``length`` bytes of zeros, known to be zeros: nothing is
     /// allocated or read, and whole zero blocks cost no digest (a terabyte
-    /// takes seconds).
+    /// takes seconds with the default block size).
+    ///
+    /// Ctrl-C stops it (KeyboardInterrupt) within a fraction of a second;
+    /// the hasher then holds part of the zeros, so it raises RuntimeError
+    /// instead of giving a digest. Raises OverflowError, adding nothing,
+    /// past 2**64 - 1 bytes in all: a checksum records the length in 64
+    /// bits.
     fn zero(&self, py: Python<'_>, length: u64) -> PyResult<()> {
         py.detach(|| {
             let mut st = self.lock()?;
-            self.with_open(&mut st, |h| h.update_zeros(length))
+            fits(&st, length)?;
+            // In steps, with a look for signals between them: one call
+            // could otherwise run for days with Ctrl-C waiting. The GIL is
+            // taken only for that look; the state lock is held throughout,
+            // so no other call's bytes slip in between the steps (and no
+            // deadlock: nobody waits for that lock while holding the GIL).
+            let bs = self.block_size as u64;
+            let blocks = ZERO_STEP_DIGESTS / (self.alg.output_len() as u64).max(1);
+            let step = blocks.saturating_mul(bs);
+            // The first step also completes a block begun earlier: the
+            // others then start on block boundaries and cost no staging.
+            let mut head = match &*st {
+                State::Open(h) => (bs - h.len() % bs) % bs,
+                _ => 0,
+            };
+            let mut left = length;
+            let mut since = Instant::now();
+            while left > 0 {
+                let n = left.min(step.saturating_add(head));
+                head = 0;
+                self.with_open(&mut st, |h| h.update_zeros(n))?;
+                left -= n;
+                if left > 0 && since.elapsed() >= SIGNAL_POLL {
+                    if let Err(e) = Python::attach(|py| py.check_signals()) {
+                        *st = State::Interrupted;
+                        return Err(e);
+                    }
+                    since = Instant::now();
+                }
+            }
+            Ok(())
         })
     }
 
@@ -209,6 +261,7 @@ impl PyHasher {
                 "blkhash hasher already finished: its digest was taken, so no \
                  more data can be added (make a new hasher)",
             )),
+            State::Interrupted => Err(interrupted()),
             State::Broken => Err(broken()),
         }
     }
@@ -230,6 +283,10 @@ impl PyHasher {
                 *st = State::Done(d.clone());
                 Ok(d)
             }
+            State::Interrupted => {
+                *st = State::Interrupted;
+                Err(interrupted())
+            }
             State::Broken => Err(broken()),
         }
     }
@@ -237,6 +294,43 @@ impl PyHasher {
 
 fn broken() -> PyErr {
     PyRuntimeError::new_err("blkhash hasher stopped by an internal error")
+}
+
+fn interrupted() -> PyErr {
+    PyRuntimeError::new_err(
+        "blkhash hasher interrupted in zero(): it holds only part of those \
+         zeros, so its digest would be wrong (make a new hasher)",
+    )
+}
+
+/// ValueError for options out of range; OSError with the errno (EAGAIN:
+/// BlockingIOError) when the system would not start the worker threads,
+/// a limit on threads the caller may wait out.
+fn options_error(e: OptionsError) -> PyErr {
+    match e {
+        OptionsError::ThreadStart { errno: Some(n) } => {
+            let reason = blkcli::units::reason(&std::io::Error::from_raw_os_error(n));
+            PyOSError::new_err((n, format!("cannot start a digest thread: {reason}")))
+        }
+        OptionsError::ThreadStart { errno: None } => PyOSError::new_err(e.to_string()),
+        _ => PyValueError::new_err(e.to_string()),
+    }
+}
+
+/// OverflowError unless `more` bytes fit: a checksum records the length
+/// in 64 bits, so a hasher takes at most 2**64 - 1 bytes in all. Checked
+/// before anything is added, so the call is as if not made.
+fn fits(st: &State, more: u64) -> PyResult<()> {
+    match st {
+        State::Open(h) if h.len().checked_add(more).is_none() => {
+            Err(PyOverflowError::new_err(format!(
+                "a blkhash hasher takes at most 2**64 - 1 bytes in all: it has {}, \
+                 {more} more would pass that",
+                h.len()
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Hand `bytes` to the workers in place, in pieces of whole blocks (one per

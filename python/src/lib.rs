@@ -50,7 +50,9 @@ fn check_threads(n: Option<i64>) -> PyResult<usize> {
 /// ``algorithms_available``), cutting data into blocks of ``block_size``
 /// bytes (a multiple of 512 from 512 to 64 MiB) digested by ``threads``
 /// worker threads (default: one per core). ``data``, if given, is added
-/// first. Raises ValueError for an unknown digest or a bad size or count.
+/// first. Raises ValueError for an unknown digest or a bad size or count,
+/// OSError (BlockingIOError, EAGAIN) if the system will not start the
+/// worker threads (its limit on threads).
 #[pyfunction]
 #[pyo3(text_signature = "(name='sha256', data=None, *, block_size=65536, threads=None)")]
 #[pyo3(signature = (name = "sha256", data = None, *, block_size = blkhash::DEFAULT_BLOCK_SIZE as i64, threads = None))]

@@ -90,6 +90,14 @@ pub fn map_range(
             "map_range needs an image that can seek, not standard input",
         ));
     }
+    // Before anything is read: `out` must not replace what it would destroy
+    // (the map-writing function checks again as it writes).
+    let image_input = blkmap::guard::Input {
+        name: image.as_os_str(),
+        role: "the image",
+    };
+    blkmap::guard::check_outputs(&[blkmap::guard::Output::map(&out)], &[image_input])
+        .map_err(|e| refused(&e))?;
     let shown = name.clone();
     // A range that does not fit the image is a bad argument (ValueError),
     // known only once the image is open.
@@ -109,7 +117,11 @@ pub fn map_range(
         };
         let opts = blktools::MapOptions { cancel, ..opts };
         let part = blktools::map_range(src, range, &opts, "")?;
-        part.save(&out)?;
+        let image_input = blkmap::guard::Input {
+            name: image.as_os_str(),
+            role: "the image",
+        };
+        part.save_guarded(&out, &[image_input])?;
         Ok(Ok((range.offset, range.len)))
     })?;
     done.map_err(|why| PyValueError::new_err(format!("{shown}: {why}")))
@@ -131,7 +143,22 @@ pub fn merge(py: Python<'_>, parts: Vec<PathBuf>, out: Option<PathBuf>) -> PyRes
         .as_ref()
         .map(|o| o.display().to_string())
         .unwrap_or_else(|| "merge".into());
-    let result = py.detach(|| blkmap::merge_files(&parts, out.as_deref()));
+    if let Some(out) = &out {
+        let inputs: Vec<_> = parts
+            .iter()
+            .map(|p| blkmap::guard::Input {
+                name: p.as_os_str(),
+                role: "a part",
+            })
+            .collect();
+        blkmap::guard::check_outputs(&[blkmap::guard::Output::map(out)], &inputs)
+            .map_err(|e| refused(&e))?;
+    }
+    // On a thread of its own, so that Ctrl-C stops a merge of parts that
+    // claim a huge image of zeros (one digest per block to compute).
+    let result = run_cancellable(py, &shown, move |cancel| {
+        Ok(blkmap::merge_files_until(&parts, out.as_deref(), &cancel))
+    })?;
     match result {
         Ok(h) => Ok(blkhash::to_hex(h.checksum.as_deref().unwrap_or_default())),
         Err(MapError::Io(e)) => Err(os_error(&shown, &e)),
@@ -140,5 +167,17 @@ pub fn merge(py: Python<'_>, parts: Vec<PathBuf>, out: Option<PathBuf>) -> PyRes
             Err(os_error(&name, &e))
         }
         Err(e) => Err(PyValueError::new_err(e.to_string())),
+    }
+}
+
+/// An output the guard refused, as the OSError subclass Python code
+/// expects: the message names the output and why.
+fn refused(e: &std::io::Error) -> PyErr {
+    use pyo3::exceptions::{PyFileExistsError, PyIsADirectoryError, PyOSError};
+    let msg = e.to_string();
+    match e.kind() {
+        std::io::ErrorKind::AlreadyExists => PyFileExistsError::new_err(msg),
+        std::io::ErrorKind::IsADirectory => PyIsADirectoryError::new_err(msg),
+        _ => PyOSError::new_err(msg),
     }
 }

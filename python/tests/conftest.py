@@ -152,12 +152,30 @@ def images(tmp_path_factory):
     return get
 
 
+def pytest_configure(config):
+    # Many images here have sizes that are not multiples of 512 on purpose
+    # (the rounding is tested): checksum()'s UserWarning about it would fill
+    # the summary. test_checksum.py checks the warning itself (pytest.warns
+    # sees warnings whatever the filters).
+    config.addinivalue_line(
+        "filterwarnings", "ignore:.* bytes, hashed as .*rounded up:UserWarning")
+
+
+# Debian package names -> Fedora's, where they differ.
+FEDORA_PACKAGE = {"qemu-utils": "qemu-img"}
+
+
 def need(program, package):
+    """Skip unless `program` is installed; `package`: its Debian package."""
     if shutil.which(program) is None:
-        pytest.skip(f"{program} not installed (apt-get install {package})")
+        fedora = FEDORA_PACKAGE.get(package, package)
+        pytest.skip(f"{program} not installed ({package} on Debian, {fedora} on Fedora; "
+                    "scripts/setup.sh installs it)")
 
 
-def wait_for_socket(path, proc, timeout=10.0):
+def wait_for_socket(path, proc, timeout=60.0):
+    # The timeout catches a server that never listens; a loaded machine
+    # starting one slowly must not fail the test.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,28 @@ def test_path_kinds(raw):
     assert blkhash.checksum(raw, cache=True, threads=1, read_size=4096, queue_depth=1) == want
     assert blkhash.checksum(raw, format="raw") == want
     assert blkhash.checksum(raw, digest="sha1", block_size=4096) == model(padded(RECIPE), "sha1", 4096)
+
+
+def test_odd_size_is_rounded_up_with_a_warning(tmp_path):
+    """A raw file of 1000 bytes is hashed as QEMU (and blksum) see it, 1024
+    bytes, and a UserWarning says so, naming both sizes; new(data) hashes
+    the exact bytes."""
+    data = recipe_bytes("1000:r")
+    small = tmp_path / "small"
+    small.write_bytes(data)
+    with pytest.warns(UserWarning) as caught:
+        got = blkhash.checksum(small)
+    assert got == model(data + bytes(24))
+    assert got != blkhash.new("sha256", data).hexdigest()
+    assert [str(w.message) for w in caught] == [
+        f"{small}: 1000 bytes, hashed as 1024 (a raw image's size is rounded up to a "
+        "multiple of 512, as QEMU does; standard input is hashed as it is)"]
+    # A size QEMU need not round: no warning (an error here if there were one).
+    even = tmp_path / "even"
+    even.write_bytes(data[:512])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert blkhash.checksum(even) == model(data[:512])
 
 
 def test_same_as_blksum(raw):
@@ -188,6 +211,9 @@ SLOW_SCRIPT = textwrap.dedent("""
     # Ctrl-C is what is tested, so take it as an interactive Python does.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        # The test waits for this line (then for a sign of the run) rather
+        # than sleeping: a signal before the handler above would kill Python.
+        print("started", flush=True)
         # One thread, 512-byte blocks, a slow digest, small reads one at a
         # time: seconds per image on any machine.
         print(blkhash.checksum(sys.argv[1], digest="sha3-512", block_size=512,
@@ -198,14 +224,39 @@ SLOW_SCRIPT = textwrap.dedent("""
 """)
 
 
-def run_and_interrupt(image, tmp_path, wait_child=None):
+def wait_until(what, probe, timeout=60.0):
+    """Poll `probe()` until it returns something true: that value. The
+    timeout catches a hang, not a slow machine."""
+    deadline = time.monotonic() + timeout
+    while not (found := probe()):
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.01)
+    return found
+
+
+def start_slow(image, env=None):
+    """SLOW_SCRIPT on `image`, once it says it started the checksum."""
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SCRIPT, str(image)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line == "started\n", (line, proc.stderr.read() if not line else "")
+    return proc
+
+
+def logged_read(log):
+    """A probe: nbdkit's log filter logged a read request (the client is
+    waiting for its reply)."""
+    return lambda: log.exists() and " Read id=" in log.read_text()
+
+
+def run_and_interrupt(image, tmp_path, under_way):
+    """Interrupt SLOW_SCRIPT on `image` once `under_way(pid)` returns
+    something true (that value is returned, with the scratch TMPDIR)."""
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     env = dict(os.environ, TMPDIR=str(scratch))
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SCRIPT, str(image)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)
-    seen = wait_child(proc.pid) if wait_child else None
+    proc = start_slow(image, env)
+    seen = wait_until("sign of the run", lambda: under_way(proc.pid))
     assert proc.poll() is None, "finished before the interrupt: image too small"
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -230,8 +281,8 @@ def test_ctrl_c_stops_and_cleans_up(tmp_path):
     vmdk = tmp_path / "big.vmdk"
     subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "vmdk", big, vmdk], check=True)
     big.unlink()
-    scratch, children = run_and_interrupt(vmdk, tmp_path, wait_child=qemu_nbd_children)
-    assert children, "no qemu-nbd was running"
+    # Interrupted once its qemu-nbd runs.
+    scratch, children = run_and_interrupt(vmdk, tmp_path, qemu_nbd_children)
     for pid in children:
         assert not Path(f"/proc/{pid}").exists() or \
             "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3], \
@@ -243,9 +294,12 @@ def test_ctrl_c_slow_nbd_server(tmp_path, serve):
     """An NBD server that answers slowly (nbdkit's delay filter)."""
     need("nbdkit", "nbdkit")
     sock = tmp_path / "slow.sock"
-    serve(["nbdkit", "--foreground", "--unix", str(sock), "--filter=delay",
-           "--filter=noextents", "pattern", "size=1G", "rdelay=200ms"], sock)
-    run_and_interrupt(f"nbd+unix:///?socket={sock}", tmp_path)
+    log = tmp_path / "nbdkit.log"
+    serve(["nbdkit", "--foreground", "--unix", str(sock), "--filter=log", "--filter=delay",
+           "--filter=noextents", "pattern", "size=1G", "rdelay=200ms", f"logfile={log}"],
+          sock)
+    # Interrupted while a read waits for its reply.
+    run_and_interrupt(f"nbd+unix:///?socket={sock}", tmp_path, lambda _: logged_read(log)())
 
 
 def test_gil_released_while_hashing(tmp_path, serve):
@@ -256,7 +310,10 @@ def test_gil_released_while_hashing(tmp_path, serve):
            "--filter=noextents", "pattern", "size=16M", "rdelay=100ms"], sock)
     url = f"nbd+unix:///?socket={sock}"
     result = []
-    t = threading.Thread(target=lambda: result.append(blkhash.checksum(url, read_size=1 << 20)))
+    # One thread: one read in flight, 16 reads of 100 ms, whatever the
+    # number of cores.
+    t = threading.Thread(
+        target=lambda: result.append(blkhash.checksum(url, read_size=1 << 20, threads=1)))
     start = last = time.monotonic()
     t.start()
     gap = 0.0
@@ -277,12 +334,15 @@ def test_second_ctrl_c_returns_at_once(tmp_path, serve):
     stop, a second one raises at once (as blksum's second Ctrl-C exits)."""
     need("nbdkit", "nbdkit")
     sock = tmp_path / "stuck.sock"
-    serve(["nbdkit", "--foreground", "--unix", str(sock), "--filter=delay",
-           "pattern", "size=1G", "rdelay=60"], sock)
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SCRIPT, f"nbd+unix:///?socket={sock}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)
+    log = tmp_path / "nbdkit.log"
+    serve(["nbdkit", "--foreground", "--unix", str(sock), "--filter=log", "--filter=delay",
+           "pattern", "size=1G", "rdelay=60", f"logfile={log}"], sock)
+    proc = start_slow(f"nbd+unix:///?socket={sock}")
+    # The first Ctrl-C once a read is stuck (its reply 60 s away).
+    wait_until("read request", logged_read(log))
     proc.send_signal(signal.SIGINT)
+    # Still waiting for the run to stop a second later (a slower machine
+    # only makes that more so).
     time.sleep(1.0)
     assert proc.poll() is None, "returned before the stuck read ended"
     sent = time.monotonic()

@@ -4,8 +4,8 @@ import array
 import mmap
 import os
 import random
+import sys
 import threading
-import time
 
 import pytest
 
@@ -180,10 +180,17 @@ def test_bytearray_cannot_shrink_while_hashed():
         started.set()
         h.update(buf)  # slow: one thread, a slow digest
 
-    t = threading.Thread(target=work)
-    t.start()
-    started.wait()
-    time.sleep(0.1)
+    # With a switch interval longer than the test, the worker keeps the
+    # GIL from started.set() until update releases it, the buffer exported:
+    # this thread resumes only then, however the threads are scheduled.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        t = threading.Thread(target=work)
+        t.start()
+        started.wait()
+    finally:
+        sys.setswitchinterval(interval)
     with pytest.raises(BufferError):
         buf.clear()
     assert t.is_alive(), "the update finished too soon to tell"

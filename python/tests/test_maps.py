@@ -5,6 +5,7 @@ export, merges to checksum(); parts that do not make a map are refused."""
 import concurrent.futures
 import random
 import subprocess
+import time
 
 import pytest
 
@@ -122,3 +123,104 @@ def test_parts_that_do_not_make_a_map(images, tmp_path):
     with pytest.raises(ValueError, match="standard input"):
         blkhash.map_range("-", tmp_path / "c")
     assert not (tmp_path / "c").exists()
+
+
+def test_outputs_that_would_destroy_data_are_refused(images, tmp_path):
+    """map_range() and merge() refuse the outputs blkmap refuses, with its
+    words, and leave them as they were."""
+    import os
+    import stat
+    raw = images(RECIPE)
+    img = tmp_path / "img"
+    img.write_bytes(raw.read_bytes())
+    before = img.read_bytes()
+    with pytest.raises(FileExistsError, match=r"is the image \(.*img\): a block map would replace it"):
+        blkhash.map_range(img, img, part=(1, 2))
+    hard = tmp_path / "hard"
+    os.link(img, hard)
+    with pytest.raises(FileExistsError, match="is the image"):
+        blkhash.map_range(img, hard)
+    # A device node made here, so that a failure cannot break the machine's.
+    dev = tmp_path / "full"
+    os.mknod(dev, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    with pytest.raises(OSError, match="a character device: a block map is written only in place of a regular file"):
+        blkhash.map_range(img, dev)
+    assert stat.S_ISCHR(os.lstat(dev).st_mode)
+    with pytest.raises(IsADirectoryError, match="a directory"):
+        blkhash.map_range(img, tmp_path)
+    link = tmp_path / "link"
+    p1, p2 = tmp_path / "p1", tmp_path / "p2"
+    blkhash.map_range(img, p1, part=(1, 2))
+    blkhash.map_range(img, p2, part=(2, 2))
+    os.symlink(p1, link)
+    with pytest.raises(OSError, match="a symbolic link"):
+        blkhash.map_range(img, link, part=(1, 2))
+    with pytest.raises(OSError, match="/proc/self/fd/1: a symbolic link"):
+        blkhash.map_range(img, "/proc/self/fd/1")
+    assert os.path.islink(link)
+    # merge(): not over the image, another file, a device, a link, a part.
+    other = tmp_path / "notes.txt"
+    other.write_text("keep me\n")
+    with pytest.raises(FileExistsError, match="exists and is not a block map: not replaced"):
+        blkhash.merge([p1, p2], img)
+    with pytest.raises(FileExistsError, match="exists and is not a block map"):
+        blkhash.merge([p1, p2], other)
+    with pytest.raises(OSError, match="a character device"):
+        blkhash.merge([p1, p2], dev)
+    with pytest.raises(OSError, match="a symbolic link"):
+        blkhash.merge([p1, p2], link)
+    with pytest.raises(FileExistsError, match=r"is a part \(.*p1\): a block map would replace it"):
+        blkhash.merge([p1, p2], p1)
+    assert img.read_bytes() == before
+    assert other.read_text() == "keep me\n"
+    assert stat.S_ISCHR(os.lstat(dev).st_mode)
+    # What may be replaced: a map, an empty file, a missing name.
+    m = tmp_path / "m"
+    assert blkhash.merge([p1, p2], m) == blkhash.checksum(img)
+    assert blkhash.merge([p2, p1], m) == blkhash.checksum(img)
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    blkhash.map_range(img, empty, part=(1, 2))
+    assert blkhash.merge([empty, p2]) == blkhash.checksum(img)
+
+
+def huge_zero_part(path):
+    """A 105-byte part claiming all of an image of 2**64 - 64 KiB zeros:
+    its checksum is 2**48 zero-block digests to hash."""
+    import hashlib
+    import struct
+    size = 2**64 - 65536
+    body = (b"\x89BKM\r\n\x1a\n" + struct.pack("<II", 1, 1) + b"sha256".ljust(16, b"\0")
+            + struct.pack("<IIQ", 32, 65536, size) + struct.pack("<QQ", 0, size)
+            + b"Z" + struct.pack("<Q", size // 65536))
+    path.write_bytes(body + hashlib.sha256(body).digest())
+
+
+def test_ctrl_c_stops_a_merge_of_a_huge_zero_image(tmp_path):
+    import signal
+    import sys
+    part = tmp_path / "huge.part"
+    huge_zero_part(part)
+    out = tmp_path / "out.map"
+    code = ("import sys, blkhash\n"
+            "print('ready', flush=True)\n"
+            "try:\n"
+            f"    blkhash.merge([{str(part)!r}], {str(out)!r})\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', flush=True)\n"
+            "    sys.exit(3)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        # The merge starts right after "ready" and runs for hours: the pause
+        # makes it all but sure that the signal comes during the merge (one
+        # that came before it would pass too, so the pause costs no flake).
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 3
+        assert proc.stdout.read() == "interrupted\n"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["huge.part"]

@@ -48,7 +48,7 @@ def test_checksum_file(v, images):
 @pytest.mark.parametrize("v", QCOW2, ids=vid)
 def test_checksum_qcow2(v, images, tmp_path):
     if shutil.which("qemu-img") is None:
-        pytest.skip("qemu-img not installed (apt-get install qemu-utils)")
+        pytest.skip("qemu-img not installed (qemu-utils on Debian, qemu-img on Fedora)")
     qcow2 = tmp_path / "image.qcow2"
     subprocess.run(
         ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", *v["options"].split(),

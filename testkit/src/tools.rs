@@ -137,3 +137,35 @@ pub fn same_content(a: &Path, b: &Path) -> bool {
         .expect("qemu-img runs")
         .success()
 }
+
+/// A command that runs `prog` as user `uid` (no such user need exist)
+/// allowed `nproc` tasks, processes and threads together (RLIMIT_NPROC,
+/// through `setpriv` and `prlimit`), so that starting one more thread fails
+/// with EAGAIN as on a machine at its limit.
+///
+/// Root is exempt from RLIMIT_NPROC, hence another user; one that runs
+/// nothing else, so the count starts at this process alone. Give each test
+/// its own `uid`: tests running at once then never count against each
+/// other's limit. Changing user needs root: otherwise this says on standard
+/// error that the test is skipped and returns None. What the program reads
+/// must be readable by `uid` (a `tempfile` directory is not: chmod it).
+pub fn thread_limited(prog: impl AsRef<std::ffi::OsStr>, uid: u32, nproc: u32) -> Option<Command> {
+    // /proc/self belongs to the effective user.
+    let euid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
+    if euid != 0 {
+        eprintln!("not root: cannot run as a user of its own under a thread limit; test skipped");
+        return None;
+    }
+    assert!(
+        have("setpriv") && have("prlimit"),
+        "setpriv and prlimit (util-linux) are needed: scripts/setup.sh installs them"
+    );
+    let mut c = Command::new("setpriv");
+    c.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .arg("prlimit")
+        .arg(format!("--nproc={nproc}"))
+        .arg(prog.as_ref());
+    Some(c)
+}

@@ -172,8 +172,9 @@ impl Request<'_> {
 }
 
 impl Connection {
-    /// Start the transmission phase on a negotiated transport.
-    pub fn new(split: Split, export: Export, timeout: Option<Duration>) -> Connection {
+    /// Start the transmission phase on a negotiated transport; an error if
+    /// the system will not start its reader thread (its limit on threads).
+    pub fn new(split: Split, export: Export, timeout: Option<Duration>) -> io::Result<Connection> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 pending: HashMap::new(),
@@ -202,16 +203,18 @@ impl Connection {
                     drop(st);
                     shared.cond.notify_all();
                 })
-                .expect("spawn the NBD reader thread")
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot start an NBD reader thread: {e}"))
+                })?
         };
-        Connection {
+        Ok(Connection {
             export,
             writer: Mutex::new(split.writer),
             shutdown,
             shared,
             reader: Some(reader),
             cookie: AtomicU64::new(1),
-        }
+        })
     }
 
     /// Send `req` under a new cookie: wait for a place in flight, register
@@ -389,7 +392,7 @@ pub fn fuzz_replies(replies: &[u8], flags: u8) {
         preferred_block: 4096,
         max_payload: 1 << 20,
     };
-    let conn = Connection::new(split, export, None);
+    let conn = Connection::new(split, export, None).unwrap();
     let mut buf = vec![0u8; 4096];
     let data = vec![0x55u8; 4096];
     let mut tickets = Vec::new();

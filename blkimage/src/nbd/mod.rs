@@ -32,7 +32,7 @@ pub use connection::fuzz_replies;
 pub use handshake::fuzz_handshake;
 pub use qemu::{PassphraseNeeded, QemuExport, QemuTarget, probe_format};
 pub use source::{Nbd, NbdOptions};
-pub use url::{NbdUrl, is_url};
+pub use url::{Address, NbdUrl, is_url};
 
 use std::io;
 

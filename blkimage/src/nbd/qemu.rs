@@ -450,7 +450,10 @@ fn serve(
         if e.kind() == io::ErrorKind::NotFound {
             io::Error::new(
                 e.kind(),
-                format!("{format} images go through qemu-nbd: install qemu-utils"),
+                format!(
+                    "{format} images go through qemu-nbd, which is not installed: \
+                     install qemu-utils (Debian, Ubuntu) or qemu-img (Fedora, RHEL)"
+                ),
             )
         } else {
             io::Error::new(e.kind(), format!("cannot run qemu-nbd: {e}"))
@@ -542,4 +545,41 @@ impl Source for QemuExport {
     fn finish(&self) -> io::Result<()> {
         self.nbd.finish()
     }
+
+    /// What qemu-nbd has open: it opens every file of the image (extents,
+    /// backing files, data files) before it serves, and only QEMU knows
+    /// which they are for its many formats.
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        let private = self._server.dir.as_ref().map(|d| d.path());
+        open_files(self._server.child.id())
+            .into_iter()
+            .filter(|f| !private.is_some_and(|d| f.starts_with(d)))
+            .collect()
+    }
+}
+
+/// The regular files and block devices process `pid` has open, by
+/// descriptor number (files removed since, as its log, left out).
+fn open_files(pid: u32) -> Vec<std::path::PathBuf> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let mut fds: Vec<(u64, std::path::PathBuf)> = dir
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let fd: u64 = e.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            let ft = std::fs::metadata(&target).ok()?.file_type();
+            use std::os::unix::fs::FileTypeExt;
+            (ft.is_file() || ft.is_block_device()).then_some((fd, target))
+        })
+        .collect();
+    fds.sort();
+    let mut files: Vec<std::path::PathBuf> = Vec::new();
+    for (_, f) in fds {
+        if !files.contains(&f) {
+            files.push(f);
+        }
+    }
+    files
 }

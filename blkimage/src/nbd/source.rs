@@ -115,7 +115,7 @@ fn connect_one(
         };
         let export = negotiated.map_err(|e| tls.after_handshake(e))?;
         let split = super::tls::split(tls)?;
-        return Ok(Connection::new(split, export, opts.timeout));
+        return Connection::new(split, export, opts.timeout);
     }
     let export = handshake::negotiate(&mut timed, greeting, &url.export).map_err(|e| {
         if handshake::is_tls_required(&e) {
@@ -130,7 +130,7 @@ fn connect_one(
     })?;
     // The socket's read timeout back to the option's, for transmission.
     drop(timed);
-    Ok(Connection::new(Split::plain(sock)?, export, opts.timeout))
+    Connection::new(Split::plain(sock)?, export, opts.timeout)
 }
 
 impl Nbd {

@@ -11,7 +11,14 @@ pub const DEFAULT_PORT: u16 = 10809;
 /// Where the server listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
-    Tcp { host: String, port: u16 },
+    /// A TCP host (a name or an address) and port.
+    Tcp {
+        /// The host as the URL names it.
+        host: String,
+        /// The port (10809 unless the URL says).
+        port: u16,
+    },
+    /// A unix socket's path.
     Unix(PathBuf),
 }
 

@@ -51,11 +51,27 @@ const PSEUDO_FILE_SYSTEMS: &[(i64, &str)] = &[
     (0x6165_676c, "pstore"),
 ];
 
+/// The name of the pseudo file system (one of [`PSEUDO_FILE_SYSTEMS`])
+/// `file` lives on, if it does.
+pub(crate) fn pseudo_file_system(
+    file: &impl std::os::fd::AsRawFd,
+) -> io::Result<Option<&'static str>> {
+    let kind = crate::raw::fs_type(file)?;
+    Ok(PSEUDO_FILE_SYSTEMS
+        .iter()
+        .find(|(t, _)| *t == kind)
+        .map(|(_, name)| *name))
+}
+
 /// An error if `file` lives on one of [`PSEUDO_FILE_SYSTEMS`].
 fn refuse_pseudo_file(file: &RawFile) -> io::Result<()> {
     let kind = file.fs_type()?;
-    match PSEUDO_FILE_SYSTEMS.iter().find(|(t, _)| *t == kind) {
-        Some((_, name)) => Err(io::Error::new(
+    match PSEUDO_FILE_SYSTEMS
+        .iter()
+        .find(|(t, _)| *t == kind)
+        .map(|(_, n)| n)
+    {
+        Some(name) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("a {name} file, not a disk image"),
         )),

@@ -33,7 +33,7 @@ use mapping::{Map, Mapper};
 use std::io;
 use std::sync::Arc;
 
-pub(crate) use chain::open_file;
+pub(crate) use chain::{open_file, pseudo_file_system};
 
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("qcow2: {msg}"))
@@ -297,6 +297,17 @@ impl Source for Qcow2 {
             done += n as usize;
         }
         Ok(())
+    }
+
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        let mut v = self.file.files();
+        if let Some(d) = &self.data {
+            v.extend(d.files());
+        }
+        if let Some(b) = &self.backing {
+            v.extend(b.files());
+        }
+        v
     }
 
     fn finish(&self) -> io::Result<()> {

@@ -29,6 +29,11 @@ pub trait Storage: Send + Sync {
     fn is_direct(&self) -> bool {
         false
     }
+
+    /// The files the bytes are in (see [`Source::files`]).
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        Vec::new()
+    }
 }
 
 fn past_end(offset: u64, len: usize, size: u64) -> io::Error {
@@ -105,5 +110,9 @@ impl Storage for ImageFile {
 
     fn is_direct(&self) -> bool {
         self.raw.is_direct()
+    }
+
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        Source::files(&self.raw)
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod hostile;
 pub mod nbd;
+pub mod progress;
 pub mod qemu;
 
 use std::path::{Path, PathBuf};

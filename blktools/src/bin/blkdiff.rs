@@ -131,6 +131,7 @@ fn main() -> ExitCode {
                 *slot = Some(Mapped {
                     map,
                     format: "map".into(),
+                    rounded: None,
                 })
             }
             Ok(None) => {}
@@ -162,10 +163,20 @@ fn main() -> ExitCode {
             None => blktools::map_image(name, opts),
         }
     };
+    let ma = std::sync::Mutex::new(ma);
+    let side_a = || {
+        let m = ma.lock().unwrap_or_else(|p| p.into_inner()).take();
+        side(m, &args.a_path, &opts, detect[0])
+    };
     let (ra, rb) = std::thread::scope(|s| {
-        let ha = s.spawn(|| side(ma, &args.a_path, &opts, detect[0]));
+        // At the system's limit on threads, one after the other.
+        let ha = std::thread::Builder::new().spawn_scoped(s, side_a);
         let rb = side(mb, &args.b_path, &opts_b, detect[1]);
-        (ha.join().expect("hashing thread"), rb)
+        let ra = match ha {
+            Ok(h) => h.join().expect("hashing thread"),
+            Err(_) => side_a(),
+        };
+        (ra, rb)
     });
     let (a, b) = match (ra, rb) {
         (Ok(a), Ok(b)) => (a, b),
@@ -176,6 +187,13 @@ fn main() -> ExitCode {
         (Err(e), _) => return trouble(format!("{}: {}", args.a, reason(&e))),
         (_, Err(e)) => return trouble(format!("{}: {}", args.b, reason(&e))),
     };
+    // A raw file hashed at QEMU's size, not its own: said once per input
+    // (not with -q, which prints nothing).
+    for (m, name) in [(&a, &args.a), (&b, &args.b)] {
+        if let Some(r) = m.rounded.filter(|_| !args.quiet) {
+            eprintln!("blkdiff: {name}: {r}");
+        }
+    }
     // Standard input may have been a map of other parameters.
     for (m, name) in [(&a, &args.a), (&b, &args.b)] {
         if let Err(msg) = check_map(name, &m.map, algorithm, block_size) {
@@ -251,11 +269,14 @@ fn print_json(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> io::Result<()> {
         json!({
             "name": name,
             "format": m.format,
+            "virtual-size": m.map.size(),
+            // blkdiff's first spelling, kept while the schema is 1.
             "size": m.map.size(),
             "checksum": m.map.checksum_hex(),
         })
     };
-    // Keys as blksum's --json spells them (qemu-img's style); schema as its.
+    // Keys as blksum's --json spells them (qemu-img's style), in the order
+    // written here (serde_json's preserve_order); schema as its.
     let doc = json!({
         "schema": 1,
         "a": input(&args.a, a),

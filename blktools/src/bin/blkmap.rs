@@ -177,15 +177,22 @@ fn map(args: &Args) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    // The map-writing functions check OUT again as they write.
+    let inputs = [input];
     let saved = match args.range {
-        Some(span) => map_part(image_os, span, &opts).map(|part| (part.save(out_path), None)),
+        Some(span) => {
+            map_part(image_os, span, &opts).map(|part| (part.save_guarded(out_path, &inputs), None))
+        }
         None => {
             let mapped = if image_os == "-" {
                 blktools::map_stdin(&opts, false)
             } else {
                 blktools::map_image(image_os, &opts)
             };
-            mapped.map(|m| (m.map.save(out_path), Some(m.map)))
+            mapped.map(|m| {
+                say_rounded(&image, m.rounded);
+                (m.map.save_guarded(out_path, &inputs), Some(m.map))
+            })
         }
     };
     let map = match saved {
@@ -213,12 +220,24 @@ fn map(args: &Args) -> ExitCode {
 /// Hash the bytes `span` of the image `name` into a part.
 fn map_part(name: &OsStr, span: Span, opts: &blktools::MapOptions) -> io::Result<blkmap::Part> {
     let input = blkimage::open(name, &opts.open)?;
+    // Asked of the image, not of the range's window over it.
+    let rounded = input.rounded();
     let src = blktools::seekable(input, "--range")?;
     let (offset, len) = span
         .resolve(src.size(), opts.block_size)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let range = blkmap::Range { offset, len };
-    blktools::map_range(src, range, opts, &name.to_string_lossy())
+    let shown = name.to_string_lossy();
+    let part = blktools::map_range(src, range, opts, &shown)?;
+    say_rounded(&shown, rounded);
+    Ok(part)
+}
+
+/// A raw file hashed at QEMU's size, not its own: said once.
+fn say_rounded(image: &str, rounded: Option<blkimage::Rounded>) {
+    if let Some(r) = rounded {
+        eprintln!("blkmap: {image}: {r}");
+    }
 }
 
 /// `blkmap merge OUT PART...`.
@@ -239,7 +258,15 @@ fn merge(out: &Path, parts: &[PathBuf], line: &LineArgs) -> ExitCode {
         eprintln!("blkmap: {e}");
         return ExitCode::FAILURE;
     }
-    match blkmap::merge_files(parts, Some(out)) {
+    // Stopped by Ctrl-C or SIGTERM between batches of zero digests (a part
+    // may claim a huge image of zeros): OUT is left as it was, and the
+    // temporary file removed.
+    let signals = Signals::install(&format!("blkmap: {}: interrupted", out.display()));
+    match blkmap::merge_files_until(parts, Some(out), &signals.cancel) {
+        Err(_) if signals.cancelled() => {
+            eprintln!("blkmap: {}: interrupted", out.display());
+            ExitCode::from(signals.exit_status())
+        }
         Ok(h) => {
             let hex = blkhash::to_hex(h.checksum.as_deref().unwrap_or_default());
             let name = line.name.as_deref().unwrap_or(out.as_os_str());

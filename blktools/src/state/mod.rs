@@ -46,8 +46,9 @@ pub fn side_path(state: &Path) -> PathBuf {
 }
 
 /// The state's lock file: the state's path with `.lock` appended. It is
-/// locked (flock) for a whole run and never removed (removing a lock file
-/// lets a third run lock a new one while the second holds the old).
+/// locked (flock) for a whole run and removed at its end
+/// ([`blkcli::guard::lock_file`]: a run that locked a file removed since
+/// locks anew, so two runs never hold two files).
 pub fn lock_path(state: &Path) -> PathBuf {
     let mut p = state.as_os_str().to_owned();
     p.push(".lock");

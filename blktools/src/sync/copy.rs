@@ -38,14 +38,16 @@ impl Counts {
 
 /// The progress display on standard error: SRC bytes compared, and in its
 /// message blocks compared, blocks written and bytes saved (compared but
-/// not written).
+/// not written); for a first copy, which compares nothing, SRC bytes
+/// copied and blocks written.
 pub struct Progress {
     bar: Option<ProgressBar>,
     block_size: u64,
+    compares: bool,
 }
 
 impl Progress {
-    pub fn new(enabled: bool, size: u64, block_size: usize) -> Progress {
+    pub fn new(enabled: bool, size: u64, block_size: usize, compares: bool) -> Progress {
         let bar = enabled.then(|| {
             let bar = ProgressBar::new(size).with_style(
                 ProgressStyle::with_template(
@@ -60,6 +62,7 @@ impl Progress {
         Progress {
             bar,
             block_size: block_size as u64,
+            compares,
         }
     }
 
@@ -68,12 +71,19 @@ impl Progress {
             let compared = Counts::get(&c.compared);
             let changed = Counts::get(&c.written) + Counts::get(&c.zeroed);
             bar.set_position(compared);
-            bar.set_message(format!(
-                "{} blocks compared, {} written, {} saved",
-                compared.div_ceil(self.block_size),
-                changed.div_ceil(self.block_size),
-                HumanBytes(compared.saturating_sub(changed)),
-            ));
+            bar.set_message(match self.compares {
+                true => format!(
+                    "{} blocks compared, {} written, {} saved",
+                    compared.div_ceil(self.block_size),
+                    changed.div_ceil(self.block_size),
+                    HumanBytes(compared.saturating_sub(changed)),
+                ),
+                false => format!(
+                    "{} blocks read, {} written",
+                    compared.div_ceil(self.block_size),
+                    changed.div_ceil(self.block_size),
+                ),
+            });
         }
     }
 
@@ -411,8 +421,11 @@ pub struct CopyTarget {
 }
 
 impl CopyThrough {
-    pub fn new(t: CopyTarget) -> CopyThrough {
+    /// Start the workers; an error only if none could start (the system's
+    /// limit on threads): fewer workers copy the same, more slowly.
+    pub fn new(t: CopyTarget) -> io::Result<CopyThrough> {
         let threads = t.threads.max(1);
+        let mut spawn_error = None;
         // A job queued per worker keeps every worker busy while bounding
         // the memory in flight (one chunk buffer per worker).
         let (tx, rx) = crossbeam_channel::bounded::<CopyJob>(threads);
@@ -454,10 +467,16 @@ impl CopyThrough {
                             }
                         }
                     })
-                    .expect("cannot start a blksync worker thread")
             })
-            .collect();
-        CopyThrough {
+            .map_while(|spawned| spawned.map_err(|e| spawn_error = Some(e)).ok())
+            .collect::<Vec<_>>();
+        if let (true, Some(e)) = (workers.is_empty(), spawn_error) {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot start a copy thread: {e}"),
+            ));
+        }
+        Ok(CopyThrough {
             jobs: Some(tx),
             workers,
             failed,
@@ -466,7 +485,7 @@ impl CopyThrough {
             counts: t.counts,
             pos: 0,
             spare: None,
-        }
+        })
     }
 
     fn failed(&self) -> bool {

@@ -105,7 +105,7 @@ impl Dst {
         let lock = match kind {
             Kind::File | Kind::Device => {
                 let f = File::open(&path).map_err(|e| Error::io(&name, e))?;
-                Some(guard::lock(f, &name, wait).map_err(Error::Guard)?)
+                Some(guard::lock(f, &name, wait).map_err(super::locked)?)
             }
             Kind::Missing | Kind::Nbd => None,
         };
@@ -149,7 +149,7 @@ impl Dst {
                     _ => io(e),
                 })?;
             self.created = Some(Created(self.path.clone()));
-            self._lock = Some(guard::lock(f, &name, wait).map_err(Error::Guard)?);
+            self._lock = Some(guard::lock(f, &name, wait).map_err(super::locked)?);
             // A raw DST stays `Missing`: nothing to read, written from zero.
             if let Some(f) = req.output_format.filter(|&f| f != blkimage::Format::Raw) {
                 create_image(self.path.as_os_str(), &name, f.name(), size)?;
@@ -359,7 +359,10 @@ fn create_image(path: &OsStr, name: &str, format: &str, size: u64) -> Result<(),
         .map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => Error::unusable(
                 name,
-                format!("{format} images are created with qemu-img: install qemu-utils"),
+                format!(
+                    "{format} images are created with qemu-img, which is not installed: \
+                     install qemu-utils (Debian, Ubuntu) or qemu-img (Fedora, RHEL)"
+                ),
             ),
             _ => Error::unusable(name, format!("cannot run qemu-img: {e}")),
         })?;

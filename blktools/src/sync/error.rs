@@ -44,6 +44,15 @@ pub enum Error {
         /// The block's offset in bytes.
         offset: u64,
     },
+    /// A file SRC reads (SRC itself, a backing or data file) was written
+    /// during the run: DST holds blocks of more than one state of SRC (the
+    /// state saved, if any, is DST's as written).
+    SrcWritten {
+        /// SRC, as messages name it.
+        src: String,
+        /// The file found written.
+        file: PathBuf,
+    },
     /// DST, hashed again after the copy (`--verify`), differs from SRC.
     VerifyFailed {
         /// DST, as messages name it.
@@ -90,6 +99,12 @@ impl fmt::Display for Error {
                 "{src}: SRC changed while it was copied (its block {block}, offset {offset}, no \
                  longer holds what was hashed): nothing claims DST holds SRC; rerun when SRC is \
                  not written"
+            ),
+            Error::SrcWritten { src, file } => write!(
+                f,
+                "{src}: SRC was written while it was copied ({} changed during the run): DST \
+                 holds blocks of more than one state of SRC; run blksync again to finish the copy",
+                file.display()
             ),
             Error::VerifyFailed { dst } => {
                 write!(f, "{dst}: verification failed: checksum differs from SRC's")

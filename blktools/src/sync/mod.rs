@@ -106,7 +106,8 @@ pub struct DryRun {
 
 /// Bring DST up to date with SRC as `req` asks; `cancel` (Ctrl-C,
 /// SIGTERM) stops it between reads and writes, and `warn` hears what the
-/// command should say on the way (a state ignored, and why).
+/// command should say on the way (a state ignored, and why; a raw SRC
+/// whose size is rounded up to whole sectors).
 ///
 /// The state is removed before DST is written and saved again only once
 /// DST is flushed: an interrupted run never leaves a state that claims a
@@ -141,7 +142,19 @@ pub fn run(
         }
         Err(e) => return Err(Error::io(&src_name, e)),
     };
+    // DST is made SRC's guest size, not the file's: say so before copying.
+    if let Some(r) = src.rounded() {
+        warn(&format!(
+            "{src_name}: {} bytes, copied as {} (a raw image's size is rounded up to a \
+             multiple of 512, as QEMU does)",
+            r.file_size, r.size
+        ));
+    }
     let size = src.size();
+    // What SRC reads, to tell a SRC written during the run (an export has
+    // no file to look at: its blocks are checked as they are copied).
+    let src_before = crate::record::Record::of(&req.src, &*src).ok();
+    let src_watch = src.clone();
     dst.prepare(req, &*src, wait)?;
 
     // Is the state DST's?
@@ -184,7 +197,8 @@ pub fn run(
     );
 
     let counts = Arc::new(Counts::default());
-    let progress = Progress::new(req.progress, size, block_size);
+    let compares = !matches!(plan, Plan::FirstCopy { .. });
+    let progress = Progress::new(req.progress, size, block_size, compares);
     // From here on DST is written: a failed run leaves it for the next.
     dst.keep();
     let ctx = plan::Ctx {
@@ -211,6 +225,15 @@ pub fn run(
                 .map_err(|e| Error::io(p.display(), e))?;
         }
     }
+    if let Some(before) = &src_before
+        && let Ok(now) = crate::record::Record::of(&req.src, &*src_watch)
+        && let Some(file) = before.first_changed(&now)
+    {
+        return Err(Error::SrcWritten {
+            src: src_name,
+            file: file.to_path_buf(),
+        });
+    }
     Ok(Report {
         plan,
         size,
@@ -221,6 +244,14 @@ pub fn run(
         src_map: done.src_map,
         would_write: done.would_write,
     })
+}
+
+/// A lock refused: another run holds it, which `--wait` would wait for.
+fn locked(e: String) -> Error {
+    match e.contains(": in use by ") {
+        true => Error::Guard(format!("{e} (--wait waits for it)")),
+        false => Error::Guard(e),
+    }
 }
 
 /// Check that the state, its side record and its lock file can be written
@@ -272,13 +303,19 @@ fn guard_outputs(
         },
     ];
     guard::check_outputs(&outputs, &inputs).map_err(Error::Guard)?;
-    // A dry run writes nothing: it creates no lock file, and locks one
-    // that exists.
-    if req.dry_run && !lock.exists() {
-        return Ok(None);
+    let name = p.display().to_string();
+    // A dry run writes nothing: it creates (and removes) no lock file, and
+    // locks one that exists.
+    if req.dry_run {
+        if !lock.exists() {
+            return Ok(None);
+        }
+        let f = guard::open_lock_file(&lock).map_err(Error::Guard)?;
+        return guard::lock(f, &name, req.wait(cancel))
+            .map(Some)
+            .map_err(locked);
     }
-    let f = guard::open_lock_file(&lock).map_err(Error::Guard)?;
-    guard::lock(f, &p.display().to_string(), req.wait(cancel))
+    guard::lock_file(&lock, &name, req.wait(cancel))
         .map(Some)
-        .map_err(Error::Guard)
+        .map_err(locked)
 }

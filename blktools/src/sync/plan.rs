@@ -179,7 +179,16 @@ fn update(c: &Ctx<'_>, known: Map) -> Result<(Option<Map>, Target), Error> {
     let (hashed, written) = std::thread::scope(|s| {
         // The hasher owns `watch`: once it is done, the writers' queue
         // closes and they end.
-        let hasher = s.spawn(|| hash_src(c, None, watch));
+        let spawned = std::thread::Builder::new().spawn_scoped(s, || hash_src(c, None, watch));
+        let hasher = match spawned {
+            Ok(h) => h,
+            // The hashing must run beside the writes it feeds: at the
+            // system's limit on threads, nothing is written.
+            Err(e) => {
+                let e = io::Error::new(e.kind(), format!("cannot start a hashing thread: {e}"));
+                return (Err(e), Ok(()));
+            }
+        };
         let written = update::write_ops(ops, &w, update::writers(&dst), || match resize {
             true => Ok(()),
             false => c.remove_state(),
@@ -206,13 +215,18 @@ fn compare(c: &mut Ctx<'_>, from: DstBlocks) -> Result<Compared, Error> {
     let known = c.dst_map.take();
     let c = &*c;
     let (src_map, dst_map) = std::thread::scope(|s| {
-        let hs = s.spawn(|| hash_src(c, None, |_| {}));
+        // At the system's limit on threads, one after the other.
+        let hs = std::thread::Builder::new().spawn_scoped(s, || hash_src(c, None, |_| {}));
         let dst_map = match (from, known) {
             (DstBlocks::State, Some(m)) => Ok(m),
             (DstBlocks::Zeros, _) => zeros_map(c.opts, c.dst.size),
             _ => map_dst(c, c.cancel),
         };
-        (hs.join().expect("hashing thread"), dst_map)
+        let src_map = match hs {
+            Ok(h) => h.join().expect("hashing thread"),
+            Err(_) => hash_src(c, None, |_| {}),
+        };
+        (src_map, dst_map)
     });
     let src_map = src_map.map_err(|e| c.src_error(e))?;
     let dst_map = dst_map.map_err(|e| c.dst_error(e))?;
@@ -303,7 +317,7 @@ fn hash_src(
             let mut ahead = None;
             let hasher: &mut dyn Sink = match depth {
                 0 => &mut h,
-                d => ahead.insert(ReadAhead::new(scope, &mut h, d)?),
+                d => ahead.insert(ReadAhead::new(scope, &mut h, d, read_size)?),
             };
             let mut sink = WriteThrough {
                 hasher,
@@ -368,7 +382,8 @@ fn copy_src(c: &Ctx<'_>, dst: Arc<Target>) -> Result<(), Error> {
         threads: c.opts.threads.max(c.opts.io_depth.unwrap_or(0)),
         counts: c.counts.clone(),
         flush_later: false,
-    });
+    })
+    .map_err(|e| c.dst_error(e))?;
     let read_size = c.opts.read_size.next_multiple_of(c.opts.block_size);
     let mut on_read = |n: u64| {
         c.counts.compared.fetch_add(n, Ordering::Relaxed);

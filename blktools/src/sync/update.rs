@@ -176,7 +176,14 @@ pub fn write_ops(
         Ok(())
     };
     let written = std::thread::scope(|s| {
-        let threads: Vec<_> = (0..writers.max(1)).map(|_| s.spawn(write)).collect();
+        // At the system's limit on threads, the writers that started write
+        // everything; with none, this thread does.
+        let threads: Vec<_> = (0..writers.max(1))
+            .map_while(|_| std::thread::Builder::new().spawn_scoped(s, write).ok())
+            .collect();
+        if threads.is_empty() {
+            return write();
+        }
         threads
             .into_iter()
             .map(|t| t.join().expect("writer thread"))

@@ -1,0 +1,90 @@
+//! blkmap, blkdiff and blksync when the system will not start a thread
+//! (RLIMIT_NPROC, as a user of its own: root ignores the limit): an error
+//! naming the input and the reason, their trouble exit status, no panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+
+/// A file of `data` bytes of 0x5a then a hole up to 4 MiB.
+fn image(dir: &Path, name: &str, data: usize) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, vec![0x5au8; data]).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    p
+}
+
+/// A scratch directory the other user may read and write in.
+fn scratch() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    let mut perms = std::fs::metadata(d.path()).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o777);
+    std::fs::set_permissions(d.path(), perms).unwrap();
+    d
+}
+
+/// `exe args` as user `uid` with only itself and its signal thread
+/// allowed: the first thread it needs beyond them cannot start.
+fn limited(exe: &str, uid: u32, args: &[&Path]) -> Option<Output> {
+    let mut cmd = testkit::tools::thread_limited(exe, uid, 2)?;
+    Some(cmd.args(args).stdin(Stdio::null()).output().unwrap())
+}
+
+fn assert_refused(out: &Output, prog: &str, code: i32, name: &Path) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{prog}: {}: cannot start a", name.display()))
+            && stderr.contains("thread: Resource temporarily unavailable"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn blkmap_threads_that_cannot_start() {
+    let dir = scratch();
+    let a = image(dir.path(), "a.img", 1 << 20);
+    let out = dir.path().join("a.map");
+    let Some(r) = limited(env!("CARGO_BIN_EXE_blkmap"), 64_401, &[&a, &out]) else {
+        return;
+    };
+    assert_refused(&r, "blkmap", 1, &a);
+    assert!(!out.exists());
+}
+
+/// Both sides are hashed at once, on a thread of their own for A: when it
+/// cannot start, one after the other, each then failing on its digest
+/// threads.
+#[test]
+fn blkdiff_threads_that_cannot_start() {
+    let dir = scratch();
+    let a = image(dir.path(), "a.img", 1 << 20);
+    let b = image(dir.path(), "b.img", 2 << 20);
+    let Some(r) = limited(env!("CARGO_BIN_EXE_blkdiff"), 64_402, &[&a, &b]) else {
+        return;
+    };
+    assert_refused(&r, "blkdiff", 2, &a);
+}
+
+/// A first copy (DST new) runs on copy workers that cannot start.
+#[test]
+fn blksync_threads_that_cannot_start() {
+    let dir = scratch();
+    let src = image(dir.path(), "src.img", 1 << 20);
+    let dst = dir.path().join("dst.img");
+    let Some(r) = limited(env!("CARGO_BIN_EXE_blksync"), 64_403, &[&src, &dst]) else {
+        return;
+    };
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot start a copy thread: Resource temporarily unavailable"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
