@@ -355,10 +355,19 @@ impl Map {
         path: impl AsRef<Path>,
         inputs: &[crate::guard::Input<'_>],
     ) -> io::Result<()> {
-        let path = path.as_ref();
-        crate::guard::check_outputs(&[crate::guard::Output::map(path)], inputs)?;
-        write_atomic(path, |w| self.write_to(w))
+        save_map(path.as_ref(), inputs, |w| self.write_to(w))
     }
+}
+
+/// Write a map or a part to `path` with `write`, atomically, once the
+/// guard let `path` be written in place of what it is ([`crate::guard`]).
+pub(crate) fn save_map(
+    path: &Path,
+    inputs: &[crate::guard::Input<'_>],
+    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
+) -> io::Result<()> {
+    crate::guard::check_outputs(&[crate::guard::Output::map(path)], inputs)?;
+    write_atomic(path, write)
 }
 
 /// A piece of a map's records, as a [`MapReader`] delivers them.

@@ -1,7 +1,7 @@
 //! Parts: the block digests of one byte range of an image, hashed on their
 //! own and merged later into the image's map (see [`merge`](crate::merge)).
 
-use crate::format::{Header, MapReader, write_atomic, write_map};
+use crate::format::{Header, MapReader, write_map};
 use crate::{Body, MapError, Range, Run};
 use blkhash::Algorithm;
 use std::fs::File;
@@ -148,9 +148,7 @@ impl Part {
         path: impl AsRef<Path>,
         inputs: &[crate::guard::Input<'_>],
     ) -> io::Result<()> {
-        let path = path.as_ref();
-        crate::guard::check_outputs(&[crate::guard::Output::map(path)], inputs)?;
-        write_atomic(path, |w| self.write_to(w))
+        crate::format::save_map(path.as_ref(), inputs, |w| self.write_to(w))
     }
 
     /// Read a part, or a complete map as the part that covers everything

@@ -228,15 +228,25 @@ fn files_merge_atomically_and_a_failed_merge_leaves_out_alone() {
     part(&o, &image, 0, 8192).save(&a).unwrap();
     part(&o, &image, 8192, image.len()).save(&b).unwrap();
     let out = dir.path().join("out.map");
+    // An older map (by its magic) is what a merge may replace: any other
+    // file is refused (blkmap::guard), as the next lines show.
+    let old = [&blkmap::MAGIC[..], b"old"].concat();
     std::fs::write(&out, b"old").unwrap();
+    let e = merge_files(&[&b, &a], Some(&out)).unwrap_err();
+    assert!(
+        e.to_string().contains("exists and is not a block map"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), b"old");
+    std::fs::write(&out, &old).unwrap();
     let h = merge_files(&[&b, &a], Some(&out)).unwrap();
     let whole = Map::compute(o.clone(), &image).unwrap();
     assert_eq!(h.checksum.as_deref(), Some(whole.checksum()));
     assert_eq!(Map::load(&out).unwrap(), whole);
     // A merge that fails writes nothing.
-    std::fs::write(&out, b"old").unwrap();
+    std::fs::write(&out, &old).unwrap();
     assert!(merge_files(&[&a], Some(&out)).is_err());
-    assert_eq!(std::fs::read(&out).unwrap(), b"old");
+    assert_eq!(std::fs::read(&out).unwrap(), old);
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert_eq!(left.len(), 3, "no temporary file left");
     // A whole map alone has its checksum checked.
