@@ -27,7 +27,7 @@ KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
 CASES = ["speed", "random", "holes", "zero", "empty", "ranges", "qcow2", "compressed", "direct",
-         "nbd",
+         "nbd", "remote",
          "sync", "sync_nbd", "lib", "python"]
 ALL_CASES = CASES
 

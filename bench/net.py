@@ -1,10 +1,13 @@
 """The NBD and delta-copy cases: blksum over an NBD export against qemu-img
-and the reference, and blksync's first copy, update and compare, to a file
-and to an NBD export behind a rate-limited link."""
+and the reference, over exports that answer each read late (a remote
+server), and blksync's first copy, update and compare, to a file and to an
+NBD export behind a rate-limited link."""
 
 import os
 import random
 import shutil
+import socket
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -330,3 +333,118 @@ class NetCases:
                     p.terminate()
                     p.wait()
         self.r()
+
+    # -- remote exports: nbdkit's random plugin behind its delay filter
+
+    def serve_remote(self, nbdkit, args, sock=None):
+        """nbdkit serving args on the unix socket sock, or else on a free TCP
+        port of 127.0.0.1; (process, URL) once a connection succeeds."""
+        for _ in range(3):
+            if sock:
+                argv, addr, url = ([nbdkit, "--foreground", "-U", str(sock), *args],
+                                   (socket.AF_UNIX, str(sock)), f"nbd+unix:///?socket={sock}")
+            else:
+                # A free port: bound, released, then given to nbdkit.
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    port = s.getsockname()[1]
+                argv, addr, url = ([nbdkit, "--foreground", "-i", "127.0.0.1", "-p", str(port),
+                                    *args], (socket.AF_INET, ("127.0.0.1", port)),
+                                   f"nbd://127.0.0.1:{port}")
+            log(" ".join(argv))
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and p.poll() is None:
+                try:
+                    with socket.socket(addr[0]) as c:
+                        c.connect(addr[1])
+                    return p, url
+                except OSError:
+                    time.sleep(0.05)
+            if p.poll() is None:
+                p.terminate()
+            p.wait()
+            if sock:
+                break  # a port taken meanwhile is worth another try, nothing else
+        raise RuntimeError(f"nbdkit did not start: {' '.join(argv)}")
+
+    def case_remote(self):
+        """Exports across a network, imitated: nbdkit's random plugin
+        (incompressible data, a fixed seed) behind its delay filter, each read
+        answered 0, 2 or 10 ms late, on a unix socket and on TCP (127.0.0.1).
+        Our default against more reads in flight, against reading alone
+        (`-d null --io-depth 32`: the floor the server and transport allow)
+        and against the reference (libnbd, many requests in flight)."""
+        exports = ([(32 * MiB, 0), (32 * MiB, 2), (16 * MiB, 10)] if self.a.quick else
+                   [(256 * MiB, 0), (256 * MiB, 2), (128 * MiB, 10)])
+        self.r("## Remote NBD exports: nbdkit random plugin, delay filter (" +
+               ", ".join(f"{human(size)} at {ms} ms per read" for size, ms in exports) +
+               "; unix socket and TCP on 127.0.0.1)")
+        self.r()
+        nbdkit = shutil.which("nbdkit")
+        if not nbdkit:
+            self.r.problem("FAILED: nbdkit not found (scripts/setup.sh): remote case skipped")
+            return
+        summary = []
+        with tempfile.TemporaryDirectory(prefix="blkhash-bench-remote-") as tmp:
+            for size, ms in exports:
+                for transport in ("unix", "tcp"):
+                    # seed: the same data on both transports, checksums comparable.
+                    args = ["--filter=delay", "random", f"size={size}", "seed=1",
+                            f"delay-read={ms}ms"]
+                    sock = Path(tmp) / f"{short(size)}-{ms}ms.sock" if transport == "unix" else None
+                    s = f"remote-{short(size)}-{ms}ms-{transport}"
+                    self.r(f"### {human(size)}, {ms} ms per read, {transport}")
+                    self.r()
+                    try:
+                        server, url = self.serve_remote(nbdkit, args, sock)
+                    except (OSError, RuntimeError) as e:
+                        self.r.problem(f"FAILED: {s}: {e}")
+                        continue
+                    try:
+                        key = ("sha256", 64 * KiB)
+                        c = {
+                            "default": Cmd("blksum (default)", [self.blksum, url], ours=True,
+                                           key=key),
+                            "depth": Cmd("blksum --io-depth 16",
+                                         [self.blksum, "--io-depth", "16", url], ours=True,
+                                         key=key),
+                            "floor": Cmd("blksum -d null --io-depth 32 (reading alone)",
+                                         [self.blksum, "-d", "null", "--io-depth", "32", url],
+                                         ours=True),
+                            "ref": (Cmd("ref (default)", [self.ref, url], key=key)
+                                    if self.ref else None),
+                        }
+                        cmds = [x for x in c.values() if x]
+                        run_case(cmds, self.a.runs, self.a.timeout)
+                    finally:
+                        server.terminate()
+                        server.wait()
+                    self.results(s, cmds, size)
+                    self.ratios([(c["default"], c["floor"]), (c["default"], c["ref"]),
+                                 (c["depth"], c["floor"]), (c["depth"], c["ref"])])
+                    self.ratio_target(s, c, "default", "floor", "≤", 1.1,
+                                      "our default ≤ 1.1× the time of reading alone")
+                    vs_ref = 0.7 if ms >= 10 else 0.9
+                    self.ratio_target(s, c, "default", "ref", "≤", vs_ref,
+                                      f"our default ≤ {vs_ref}× the reference's time")
+                    self.memory_target(s, [c["default"]], limit=80 * MiB)
+                    self.r()
+                    summary.append((size, ms, transport, c))
+
+        def t(cmd):
+            return f"{cmd.median:.3f}" if cmd and not cmd.failed else "—"
+
+        def ratio(num, den):
+            ok = num and den and not num.failed and not den.failed
+            return f"{num.median / den.median:.2f}x" if ok else "—"
+
+        self.r("### Remote exports, medians (s)")
+        self.r()
+        self.r.table(["export", "default", "--io-depth 16", "-d null --io-depth 32", "reference",
+                      "default / reading alone", "default / reference",
+                      "default peak RSS MiB"],
+                     [[f"{human(size)}, {ms} ms, {transport}", t(c["default"]), t(c["depth"]),
+                       t(c["floor"]), t(c["ref"]), ratio(c["default"], c["floor"]),
+                       ratio(c["default"], c["ref"]), f"{c['default'].rss_mib:.1f}"]
+                      for size, ms, transport, c in summary])

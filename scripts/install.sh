@@ -14,6 +14,10 @@
 # PREFIX/include/blkhash.h; PREFIX/share/man/man3: blkhash(3),
 # blkhash-opts(3), blkhash-aio(3) and a page per function.
 # Run as root for a system prefix: ldconfig then refreshes the loader's cache.
+# For packages (scripts/package.sh: debian/rules, packaging/rpm/blkhash.spec):
+# DESTDIR=DIR stages the files under DIR (blkhash.pc still names PREFIX's
+# paths; no ldconfig), INSTALL_STRIP=no leaves stripping to the packaging
+# tools (dh_strip, rpmbuild's debuginfo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,46 +30,56 @@ fi
 includedir=$prefix/include
 mandir=$prefix/share/man
 release=${CARGO_TARGET_DIR:-target}/release
+dest=${DESTDIR:-}
+strip=(-s)
+if [ "${INSTALL_STRIP:-yes}" = no ]; then
+    strip=()
+fi
+# The release version, for blkhash.pc: the workspace's (Cargo.toml), above
+# the libblkhash 0.11 API it implements (pkg-config --atleast-version 0.11).
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml)
 
 # The whole workspace, as scripts/demo.sh builds it: after the demo nothing
 # is rebuilt (a narrower -p build unifies features differently).
 cargo build --release
 
 for b in blksum blkmap blkdiff blksync; do
-    install -D -s -m 755 "$release/$b" "$prefix/bin/$b"
+    install -D "${strip[@]}" -m 755 "$release/$b" "$dest$prefix/bin/$b"
 done
-mkdir -p "$mandir/man1" "$mandir/man3" \
-    "$prefix/share/bash-completion/completions" \
-    "$prefix/share/zsh/site-functions" \
-    "$prefix/share/fish/vendor_completions.d"
+mkdir -p "$dest$mandir/man1" "$dest$mandir/man3" \
+    "$dest$prefix/share/bash-completion/completions" \
+    "$dest$prefix/share/zsh/site-functions" \
+    "$dest$prefix/share/fish/vendor_completions.d"
 for b in blksum blkmap blkdiff blksync; do
-    "$release/$b" --man > "$mandir/man1/$b.1"
-    "$release/$b" --completions bash > "$prefix/share/bash-completion/completions/$b"
-    "$release/$b" --completions zsh > "$prefix/share/zsh/site-functions/_$b"
-    "$release/$b" --completions fish > "$prefix/share/fish/vendor_completions.d/$b.fish"
+    "$release/$b" --man > "$dest$mandir/man1/$b.1"
+    "$release/$b" --completions bash > "$dest$prefix/share/bash-completion/completions/$b"
+    "$release/$b" --completions zsh > "$dest$prefix/share/zsh/site-functions/_$b"
+    "$release/$b" --completions fish > "$dest$prefix/share/fish/vendor_completions.d/$b.fish"
 done
 
 # The library: the file under its SONAME, the link the linker looks for.
-install -D -s -m 755 "$release/libblkhash.so" "$libdir/libblkhash.so.0"
-ln -sfn libblkhash.so.0 "$libdir/libblkhash.so"
-install -D -m 644 "$release/libblkhash.a" "$libdir/libblkhash.a"
-install -D -m 644 libblkhash/include/blkhash.h "$includedir/blkhash.h"
-mkdir -p "$libdir/pkgconfig"
-# Version: the libblkhash API this library implements (programs check it
-# with pkg-config --atleast-version).
+install -D "${strip[@]}" -m 755 "$release/libblkhash.so" "$dest$libdir/libblkhash.so.0"
+ln -sfn libblkhash.so.0 "$dest$libdir/libblkhash.so"
+install -D -m 644 "$release/libblkhash.a" "$dest$libdir/libblkhash.a"
+install -D -m 644 libblkhash/include/blkhash.h "$dest$includedir/blkhash.h"
+mkdir -p "$dest$libdir/pkgconfig"
 sed -e "s|@PREFIX@|$prefix|" -e "s|@LIBDIR@|$libdir|" \
-    -e "s|@INCLUDEDIR@|$includedir|" -e "s|@VERSION@|0.11.0|" \
-    libblkhash/blkhash.pc.in > "$libdir/pkgconfig/blkhash.pc"
+    -e "s|@INCLUDEDIR@|$includedir|" -e "s|@VERSION@|$version|" \
+    libblkhash/blkhash.pc.in > "$dest$libdir/pkgconfig/blkhash.pc"
 for page in libblkhash/man/*.3; do
-    install -m 644 "$page" "$mandir/man3/"
+    install -m 644 "$page" "$dest$mandir/man3/"
     # One page per function, each pointing at the page that documents it
     # (man blkhash_update finds blkhash(3)).
     name=$(basename "$page")
     sed -n '/^\.SH NAME/,/\\-/p' "$page" | tr -s ', \n' '\n' | grep '^blkhash_' |
         while read -r fn; do
-            printf '.so man3/%s\n' "$name" > "$mandir/man3/$fn.3"
+            printf '.so man3/%s\n' "$name" > "$dest$mandir/man3/$fn.3"
         done
 done
+if [ -n "$dest" ]; then
+    echo "staged in $dest for $prefix (libdir $libdir)"
+    exit 0
+fi
 if [ "$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then
     ldconfig
 fi

@@ -13,11 +13,13 @@ set -euo pipefail
 # scripts/test-install.sh; objdump, file and man for the install test and
 # the manual page tests; Python with venv for the Python package; tmux for
 # blksum/tests/progress.rs, which runs blksum -p in a real terminal to see
-# its progress bar drawn and cleared.
+# its progress bar drawn and cleared; for scripts/package.sh, debhelper
+# (dpkg-buildpackage) and lintian for the debs, rpm (rpmbuild, rpm2archive;
+# rpm-build on Fedora) for the RPMs.
 apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc libc6-dev
-    pkg-config valgrind binutils file man-db tmux)
+    pkg-config valgrind binutils file man-db tmux debhelper lintian rpm)
 dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc glibc-static
-    pkgconf-pkg-config valgrind binutils file man-db tmux)
+    pkgconf-pkg-config valgrind binutils file man-db tmux rpm-build)
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the Python package as a user installs it (pip install ./python: one
-# release build by maturin) into a throwaway venv, and run its pytest suite.
+# The Python package as users get it: the release wheel (scripts/package.sh
+# --wheel: maturin, abi3, into dist/) installed into a throwaway venv with
+# pip --no-index and no cargo or rustc on PATH, then its pytest suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,9 +11,21 @@ trap 'rm -rf "$venv"' EXIT
 # a user of its own, since RLIMIT_NPROC does not bind root.
 chmod 755 "$venv"
 
+scripts/package.sh --wheel
 python3 -m venv "$venv"
+# PATH without the directories that hold cargo or rustc: the wheel must
+# install without building anything.
+no_rust=""
+IFS=: read -ra dirs <<< "$PATH"
+for d in "${dirs[@]}"; do
+    if [ -e "$d/cargo" ] || [ -e "$d/rustc" ]; then
+        continue
+    fi
+    no_rust=${no_rust:+$no_rust:}$d
+done
+PATH=$no_rust "$venv/bin/pip" install --quiet --disable-pip-version-check --no-index dist/blkhash-*-abi3-*.whl
 # blake3: the tests' model of the construction for that digest (not in hashlib).
 # distributed (dask): the fan-out test runs map_range on a local cluster.
-"$venv/bin/pip" install --quiet --disable-pip-version-check ./python pytest blake3 distributed
+"$venv/bin/pip" install --quiet --disable-pip-version-check pytest blake3 distributed
 # From python/: the tests import the installed package, not the sources.
 (cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@")

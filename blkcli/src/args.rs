@@ -7,13 +7,11 @@ use crate::units::{parse_block_size, parse_size, parse_timeout};
 use blkhash::{Algorithm, MAX_THREADS};
 use blkimage::nbd::NbdOptions;
 use blkimage::{Format, OpenOptions};
+use blkjob::{Job, JobSpec};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Bytes per read when `--read-size` is not given.
-pub const DEFAULT_READ_SIZE: usize = 1 << 20;
-/// Jobs queued ahead of the digest workers when `--queue-depth` is not given.
-pub const DEFAULT_QUEUE_DEPTH: u16 = 16;
+pub use blkjob::{DEFAULT_QUEUE_DEPTH, DEFAULT_READ_SIZE};
 
 /// How the commands read and hash their inputs.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -94,53 +92,45 @@ pub struct InputArgs {
 
     /// Reads and digest jobs queued ahead of the digest workers [default: 16];
     /// reads on the digest threads (--io-depth 0) at most 256 MiB / read size.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=128))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=blkjob::MAX_QUEUE_DEPTH as i64))]
     pub queue_depth: Option<u16>,
 
     /// Reads in flight at once, on reading threads apart from the digest
     /// threads (fio's iodepth); 0 runs each read on a digest thread
-    /// [default: 16 for files and devices read with direct I/O, else 0]. At
+    /// [default: 16 for files and devices read with direct I/O and for NBD
+    /// URLs (16 MiB of reads: fewer with a larger --read-size), else 0]. At
     /// most 256 MiB / (2 × read size): each read may have a second buffer
     /// waiting for a digest thread (2 with --read-size 64m).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=256))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=blkjob::MAX_IO_DEPTH as i64))]
     pub io_depth: Option<u16>,
 }
 
 impl InputArgs {
-    /// The digest and block size: asked for, else `saved` (a saved map's),
-    /// else the defaults.
-    pub fn params(&self, saved: Option<(Algorithm, usize)>) -> (Algorithm, usize) {
-        let algorithm = self
-            .digest
-            .or(saved.map(|s| s.0))
-            .unwrap_or(Algorithm::Sha256);
-        let block_size = self
-            .block_size
-            .or(saved.map(|s| s.1))
-            .unwrap_or(blkhash::DEFAULT_BLOCK_SIZE);
-        (algorithm, block_size)
+    /// The job these options ask for: what was not asked for takes the
+    /// library's default ([`blkjob::JobSpec`]).
+    pub fn spec(&self) -> JobSpec {
+        JobSpec {
+            digest: self.digest,
+            block_size: self.block_size,
+            threads: self.threads.map(usize::from),
+            queue_depth: self.queue_depth.map(usize::from),
+            read_size: self.read_size,
+            io_depth: self.io_depth.map(usize::from),
+            open: self.open_options(),
+            cancel: Default::default(),
+        }
     }
 
-    /// Digest threads: asked for, else one per core.
-    pub fn threads(&self) -> usize {
-        self.threads
-            .map_or_else(blkhash::default_threads, usize::from)
-    }
-
-    /// Bytes per read, before rounding up to whole blocks.
-    pub fn read_size(&self) -> usize {
-        self.read_size.unwrap_or(DEFAULT_READ_SIZE)
-    }
-
-    /// Jobs queued ahead of the digest workers.
-    pub fn queue_depth(&self) -> usize {
-        self.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH).into()
-    }
-
-    /// Reads in flight apart from the digest threads, if asked for (else
-    /// the reader's default: see [`blkimage::read_image`]).
-    pub fn io_depth(&self) -> Option<usize> {
-        self.io_depth.map(usize::from)
+    /// The checked job, its digest and block size asked for, else
+    /// `saved` (a saved map's), else the defaults; a value the parsers
+    /// let through and the library refuses is a usage error.
+    pub fn job(&self, saved: Option<(Algorithm, usize)>) -> Job {
+        match self.spec().resolve(saved) {
+            Ok(job) => job,
+            Err(e) => {
+                clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{e}\n")).exit()
+            }
+        }
     }
 
     /// How to open images.
@@ -163,6 +153,22 @@ impl InputArgs {
             ..Default::default()
         }
     }
+}
+
+/// Parse the command line of a command that makes maps: as `A::parse`, and
+/// a digest that computes no block digests (`null`) is a usage error, since
+/// its map would say nothing.
+pub fn parse_map_args<A: clap::Parser>(input: impl Fn(&A) -> &InputArgs) -> A {
+    let args = A::parse();
+    if let Some(a) = input(&args).digest.filter(|a| a.output_len() == 0) {
+        A::command()
+            .error(
+                clap::error::ErrorKind::InvalidValue,
+                format!("invalid value '{a}' for '--digest <NAME>': digest {a} computes no block digests"),
+            )
+            .exit();
+    }
+    args
 }
 
 /// An image format by name (raw, qcow2, or one QEMU reads).
@@ -225,18 +231,14 @@ pub fn digest_parser() -> Named<Algorithm> {
 /// A digest by its OpenSSL name; `null` (no digest, for measuring reads) too.
 pub fn parse_digest(s: &str) -> Result<Algorithm, String> {
     s.parse()
-        .map_err(|e: blkhash::UnknownAlgorithm| e.to_string())
+        .map_err(|e: blkhash::UnknownAlgorithm| crate::hints::unknown_digest(&e))
 }
 
 /// A read size: a multiple of 4k from 4k to 256m (suffixes k, m).
 pub fn parse_read_size(s: &str) -> Result<usize, String> {
     let n = parse_size(s)?;
-    if n % 4096 != 0 || !(4096..=(256u64 << 20)).contains(&n) {
-        return Err(format!(
-            "read size must be a multiple of 4k from 4k to 256m, not {n}"
-        ));
-    }
-    Ok(n as usize)
+    let n = usize::try_from(n).map_err(|_| blkjob::JobError::ReadSize(n).to_string())?;
+    blkjob::check_read_size(n).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -259,19 +261,21 @@ mod tests {
 
     #[test]
     fn defaults_and_saved_params() {
+        let params = |j: Job| (j.algorithm(), j.block_size());
         let a = Cmd::parse_from(["cmd"]).input;
-        assert_eq!(a.params(None), (Algorithm::Sha256, 64 << 10));
+        assert_eq!(params(a.job(None)), (Algorithm::Sha256, 64 << 10));
         assert_eq!(
-            a.params(Some((Algorithm::Md5, 4096))),
+            params(a.job(Some((Algorithm::Md5, 4096)))),
             (Algorithm::Md5, 4096)
         );
-        assert_eq!((a.read_size(), a.queue_depth()), (1 << 20, 16));
+        let j = a.job(None);
+        assert_eq!((j.read_size(), j.queue_depth()), (1 << 20, 16));
         let a = Cmd::parse_from(["cmd", "-d", "blake3", "--block-size", "1m", "-t", "3"]).input;
         assert_eq!(
-            a.params(Some((Algorithm::Md5, 4096))),
+            params(a.job(Some((Algorithm::Md5, 4096)))),
             (Algorithm::Blake3, 1 << 20)
         );
-        assert_eq!(a.threads(), 3);
+        assert_eq!(a.job(None).threads(), 3);
     }
 
     #[test]

@@ -150,6 +150,23 @@ impl Progress {
         }
     }
 
+    /// Run `f` on the input `name` of `size` bytes (when known), giving it
+    /// the callback that counts the bytes done; the input's progress ends
+    /// at 100% only if `f` succeeds.
+    pub fn track<T>(
+        &self,
+        name: &str,
+        size: Option<u64>,
+        f: impl FnOnce(&mut dyn FnMut(u64)) -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        let mut shown = self.start(name, size);
+        let result = f(&mut |n| shown.inc(n));
+        if result.is_ok() {
+            shown.finish();
+        }
+        result
+    }
+
     /// An input starts: `size` when known (not for a stream).
     pub fn start(&self, name: &str, size: Option<u64>) -> InputProgress<'_> {
         let bar = self.bars.as_ref().map(|m| {
@@ -248,5 +265,69 @@ impl Drop for InputProgress<'_> {
         }
         // Done, whether hashed or failed: the run moves on.
         self.report_fd(1.0);
+    }
+}
+
+/// blksync's progress bar on standard error: SRC bytes compared, and in its
+/// message blocks compared, blocks written and bytes saved (compared but
+/// not written); for a first copy, which compares nothing, SRC bytes
+/// copied and blocks written. Drawn only when enabled.
+pub struct SyncBar {
+    enabled: bool,
+    shown: std::sync::OnceLock<(ProgressBar, u64, bool)>,
+}
+
+impl SyncBar {
+    /// A bar drawn if `enabled`.
+    pub fn new(enabled: bool) -> SyncBar {
+        SyncBar {
+            enabled,
+            shown: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl blkjob::sync::Progress for SyncBar {
+    fn start(&self, size: u64, block_size: usize, compares: bool) {
+        if !self.enabled {
+            return;
+        }
+        let bar = ProgressBar::new(size).with_style(
+            ProgressStyle::with_template(
+                "{msg} [{bar:25}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        bar.enable_steady_tick(std::time::Duration::from_millis(200));
+        let _ = self.shown.set((bar, block_size as u64, compares));
+    }
+
+    fn update(&self, c: &blkjob::sync::Counts) {
+        use blkjob::sync::Counts;
+        if let Some((bar, block_size, compares)) = self.shown.get() {
+            let compared = Counts::get(&c.compared);
+            let changed = Counts::get(&c.written) + Counts::get(&c.zeroed);
+            bar.set_position(compared);
+            bar.set_message(match compares {
+                true => format!(
+                    "{} blocks compared, {} written, {} saved",
+                    compared.div_ceil(*block_size),
+                    changed.div_ceil(*block_size),
+                    indicatif::HumanBytes(compared.saturating_sub(changed)),
+                ),
+                false => format!(
+                    "{} blocks read, {} written",
+                    compared.div_ceil(*block_size),
+                    changed.div_ceil(*block_size),
+                ),
+            });
+        }
+    }
+
+    fn finish(&self) {
+        if let Some((bar, ..)) = self.shown.get() {
+            bar.finish_and_clear();
+        }
     }
 }

@@ -7,14 +7,13 @@
 //!
 //! Exiting at once is as safe as a kill -9, which every command survives
 //! (blksync never has a state ahead of DST; a private qemu-nbd gets
-//! SIGTERM from the kernel through its parent-death signal). What a kill
-//! would leave behind, the private directories registered with
-//! [`remove_on_exit`], is removed first.
+//! SIGTERM from the kernel through its parent-death signal; its private
+//! directory lives only while it starts, and the next run removes one a
+//! kill left behind).
 
 use signal_hook::consts::{SIGINT, SIGTERM};
-use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How long a run may take to stop after the first signal before the
@@ -80,27 +79,7 @@ fn status(sig: usize) -> u8 {
     (128 + sig).min(255) as u8
 }
 
-/// Directories removed when the process exits on a signal.
-static ON_EXIT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-/// Remove `dir` (and what it holds) if the process exits on a signal
-/// before [`forget_on_exit`] is called for it.
-pub fn remove_on_exit(dir: PathBuf) {
-    ON_EXIT.lock().unwrap_or_else(|p| p.into_inner()).push(dir);
-}
-
-/// `dir` is removed by its owner: nothing to do for it on exit.
-pub fn forget_on_exit(dir: &std::path::Path) {
-    ON_EXIT
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|d| d != dir);
-}
-
 fn exit_now(message: &str, sig: usize) -> ! {
-    for dir in ON_EXIT.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-        let _ = std::fs::remove_dir_all(dir);
-    }
     eprintln!("{message}");
     std::process::exit(status(sig).into())
 }

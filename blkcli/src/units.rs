@@ -2,7 +2,7 @@
 //! implementation, so that blksum, blkmap, blkdiff and blksync take the same
 //! spellings and say the same things.
 
-use blkhash::{MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
+pub use blkjob::Span;
 use std::io;
 
 /// A size with an optional suffix k, m or g (powers of 1024; "KiB", "M"...
@@ -23,73 +23,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size '{s}' too large"))
 }
 
-/// A block size: a multiple of 512 from 512 to 64m.
+/// A block size: a multiple of 512 from 512 to 64m (the rule is
+/// [`blkjob::check_block_size`]'s).
 pub fn parse_block_size(s: &str) -> Result<usize, String> {
     let n = parse_size(s)?;
-    if n % 512 != 0 || !(MIN_BLOCK_SIZE as u64..=MAX_BLOCK_SIZE as u64).contains(&n) {
-        return Err(format!(
-            "block size must be a multiple of 512 from 512 to 64m, not {n}"
-        ));
-    }
-    Ok(n as usize)
-}
-
-/// Which bytes of an image to hash: `OFFSET+LENGTH` (sizes with
-/// suffixes; `OFFSET+` reaches the end of the image), as blkdiff prints
-/// ranges, or `K/N`, the K-th of N parts of about equal size cut at block
-/// boundaries (K from 1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Span {
-    /// Bytes from `offset`: `len` of them, or to the end.
-    Range {
-        /// The first byte.
-        offset: u64,
-        /// Bytes; `None` reaches the end of the image.
-        len: Option<u64>,
-    },
-    /// Part `index` (1 to `count`) of `count`.
-    Part {
-        /// From 1 to `count`.
-        index: u64,
-        /// Parts the image is cut into.
-        count: u64,
-    },
-}
-
-impl Span {
-    /// The byte range `(offset, len)` of an image of `size` bytes in blocks
-    /// of `block_size`. Only that the range lies within the image is checked
-    /// here; block alignment is the map's to check (and say).
-    pub fn resolve(&self, size: u64, block_size: usize) -> Result<(u64, u64), String> {
-        match *self {
-            Span::Range { offset, len } => {
-                let len = match len {
-                    Some(l) => l,
-                    None => size.checked_sub(offset).ok_or_else(|| {
-                        format!(
-                            "the range starts at {offset}, past the end of the image ({size} bytes)"
-                        )
-                    })?,
-                };
-                if offset.checked_add(len).is_none_or(|end| end > size) {
-                    return Err(format!(
-                        "the range {offset}+{len} ends past the end of the image ({size} bytes)"
-                    ));
-                }
-                Ok((offset, len))
-            }
-            Span::Part { index, count } => {
-                let bs = block_size as u64;
-                let blocks = size.div_ceil(bs) as u128;
-                let cut = |k: u64| {
-                    let block = (blocks * k as u128 / count as u128) as u64;
-                    block.saturating_mul(bs).min(size)
-                };
-                let (from, to) = (cut(index - 1), cut(index));
-                Ok((from, to - from))
-            }
-        }
-    }
+    let n = usize::try_from(n).map_err(|_| blkjob::JobError::BlockSize(n).to_string())?;
+    blkjob::check_block_size(n).map_err(|e| e.to_string())
 }
 
 /// Parse a [`Span`]: `OFFSET+LENGTH`, `OFFSET+`, or `K/N`.
@@ -148,24 +87,12 @@ fn parse_seconds(s: &str, what: &str) -> Result<std::time::Duration, String> {
     }
 }
 
-/// An I/O error's reason without Rust's " (os error N)" suffix, and with
-/// the option that helps where the image library's error calls for one (the
+/// An I/O error's reason without Rust's " (os error N)" suffix
+/// ([`blkjob::reason`]), and with the option that helps where the
+/// library's error calls for one ([`crate::hints::with_option`]: the
 /// library knows images, not command lines).
 pub fn reason(e: &io::Error) -> String {
-    if e.get_ref()
-        .is_some_and(|inner| inner.is::<blkimage::nbd::PassphraseNeeded>())
-    {
-        return format!("{e}: give it with --secret-file FILE");
-    }
-    let s = e.to_string();
-    if e.kind() == io::ErrorKind::ResourceBusy && s.starts_with("in use") {
-        // The library knows the lock, the command its option.
-        return format!("{s}; -U (--force-share) reads it anyway");
-    }
-    match s.rsplit_once(" (os error ") {
-        Some((msg, _)) => msg.to_string(),
-        None => s,
-    }
+    crate::hints::with_option(e, blkjob::reason(e))
 }
 
 #[cfg(test)]
@@ -194,7 +121,7 @@ mod tests {
         let e = io::Error::from_raw_os_error(2);
         assert_eq!(reason(&e), "No such file or directory");
         assert_eq!(reason(&io::Error::other("bad")), "bad");
-        let luks = io::Error::new(io::ErrorKind::InvalidInput, blkimage::nbd::PassphraseNeeded);
+        let luks = io::Error::new(io::ErrorKind::InvalidInput, blkimage::PassphraseNeeded);
         assert!(reason(&luks).ends_with("--secret-file FILE"), "{luks}");
     }
 }

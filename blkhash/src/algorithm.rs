@@ -92,13 +92,15 @@ pub const ALGORITHMS: &[Algorithm] = &[
 const SHAKE128_LEN: usize = 16;
 const SHAKE256_LEN: usize = 32;
 
-/// The error for a digest name we do not know.
+/// The error for a digest name we do not know (the name). Its message
+/// names no way to list the known ones: the program says its own (a
+/// command's option, [`ALGORITHMS`] for a library).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownAlgorithm(pub String);
 
 impl fmt::Display for UnknownAlgorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "unknown digest '{}' (see --list-digests)", self.0)
+        write!(f, "unknown digest '{}'", self.0)
     }
 }
 

@@ -48,6 +48,26 @@ impl Checksum {
         to_hex(&self.bytes)
     }
 
+    /// The checksum of `algorithm` whose digest is `bytes` (as a block map
+    /// stores it): exactly the digest's length, else an error saying why.
+    ///
+    /// ```
+    /// use blkhash::{Algorithm, Checksum};
+    /// let c = Checksum::from_bytes(Algorithm::Sha256, &[7; 32]).unwrap();
+    /// assert_eq!(c.as_bytes(), &[7; 32]);
+    /// assert!(Checksum::from_bytes(Algorithm::Sha256, &[7; 16]).is_err());
+    /// ```
+    pub fn from_bytes(algorithm: Algorithm, bytes: &[u8]) -> Result<Checksum, ParseChecksumError> {
+        let want = algorithm.output_len();
+        if bytes.len() != want {
+            return Err(ParseChecksumError(format!(
+                "{} bytes, not {want} as {algorithm} has",
+                bytes.len()
+            )));
+        }
+        Ok(Checksum::new(algorithm, bytes.to_vec()))
+    }
+
     /// The checksum of `algorithm` written as `hex` (either case): exactly
     /// the digest's length in hex digits, else an error saying why.
     pub fn from_hex(algorithm: Algorithm, hex: &str) -> Result<Checksum, ParseChecksumError> {

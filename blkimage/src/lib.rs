@@ -15,23 +15,27 @@
 mod buffer;
 pub mod nbd;
 pub mod qcow2;
+mod qemu;
 mod raw;
 mod readahead;
 mod reader;
+mod sink;
 mod source;
 mod window;
 
 pub use buffer::{ALIGN, AlignedBuf};
+pub use qcow2::Qcow2;
 /// The formats read through a private qemu-nbd (QEMU's driver names), for
 /// `--format` and its completions.
-pub use nbd::qemu::FORMATS as QEMU_FORMATS;
-pub use qcow2::Qcow2;
+pub use qemu::FORMATS as QEMU_FORMATS;
+pub use qemu::{PassphraseNeeded, QemuExport, QemuTarget, probe_format};
 pub use raw::RawFile;
 pub use readahead::ReadAhead;
 pub use reader::{
-    DEFAULT_IO_DEPTH, Fill, InputRead, Sink, Stats, interrupted, io_depth_for, read_image,
-    read_input, read_stream,
+    DEFAULT_IO_DEPTH, InputRead, Stats, interrupted, io_depth_for, read_image, read_input,
+    read_stream,
 };
+pub use sink::{Fill, Sink};
 pub use source::{Extent, ExtentKind, Rounded, Source};
 pub use window::Window;
 
@@ -75,11 +79,11 @@ impl std::str::FromStr for Format {
         match s {
             "raw" => Ok(Format::Raw),
             "qcow2" => Ok(Format::Qcow2),
-            _ => match nbd::qemu::FORMATS.iter().find(|f| **f == s) {
+            _ => match qemu::FORMATS.iter().find(|f| **f == s) {
                 Some(f) => Ok(Format::Qemu(f)),
                 None => Err(format!(
                     "unknown format '{s}' (raw, qcow2, {})",
-                    nbd::qemu::FORMATS.join(", ")
+                    qemu::FORMATS.join(", ")
                 )),
             },
         }
@@ -145,10 +149,7 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
     let name = name.as_ref();
     if let Some(name) = name.to_str().filter(|n| nbd::is_url(n)) {
         if matches!(opts.format, Some(f) if f != Format::Raw) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "an NBD export is read as raw bytes (only -f raw applies)",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, nbd::RawOnly));
         }
         return Ok(Input::Image(Box::new(nbd::open_url(name, &opts.nbd)?)));
     }
@@ -186,13 +187,13 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
     let other = match opts.format {
         Some(Format::Qemu(f)) => Some(f),
         None if !ft.is_block_device() => {
-            nbd::probe_format(&File::open(path)?, std::fs::metadata(path)?.len())?
+            qemu::probe_format(&File::open(path)?, std::fs::metadata(path)?.len())?
         }
         _ => None,
     };
     if let Some(f) = other {
         drop(file);
-        return Ok(Input::Image(Box::new(nbd::QemuExport::open(
+        return Ok(Input::Image(Box::new(QemuExport::open(
             path,
             f,
             opts.cache,

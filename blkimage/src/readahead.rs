@@ -19,7 +19,7 @@
 //! and read size are asked for.
 
 use crate::buffer::AlignedBuf;
-use crate::reader::{Fill, Sink};
+use crate::sink::{Fill, Sink};
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};

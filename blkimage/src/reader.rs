@@ -2,7 +2,7 @@
 //!
 //! Zero and unallocated extents are passed on as lengths, never read. Data
 //! extents are cut into `read_size` chunks, each passed on as a read to do
-//! (a [`Fill`]). Where the reads run depends on the I/O depth: with none
+//! (a [`Fill`](crate::Fill)). Where the reads run depends on the I/O depth: with none
 //! the sink runs them where it likes — a hasher runs them on its digest
 //! workers, in parallel, so a chunk is digested by the core that just read
 //! it (right for the page cache, where a read is a copy); with an I/O depth
@@ -12,50 +12,11 @@
 
 use crate::buffer::AlignedBuf;
 use crate::readahead::ReadAhead;
+use crate::sink::Sink;
 use crate::source::{ExtentKind, Source};
 use std::io::{self, Read};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Produces a chunk's bytes: fills the whole slice, or fails.
-pub type Fill = Box<dyn FnOnce(&mut [u8]) -> io::Result<()> + Send>;
-
-/// Where the bytes go, in guest order.
-pub trait Sink {
-    /// The next `len` bytes, which `fill` produces when the sink runs it.
-    fn read(&mut self, len: usize, fill: Fill) -> io::Result<()>;
-    /// The next bytes, already read, in a buffer the sink owns until it
-    /// gives it back from `reclaim`.
-    fn data(&mut self, buf: AlignedBuf) -> io::Result<()>;
-    /// The next `len` bytes read as zeros.
-    fn zeros(&mut self, len: u64) -> io::Result<()>;
-    /// A buffer the sink is done with, if any.
-    fn reclaim(&mut self) -> Option<AlignedBuf>;
-    /// A buffer the sink is done with, waiting for one if it holds any.
-    fn reclaim_wait(&mut self) -> Option<AlignedBuf>;
-}
-
-/// The hasher is the sink everything here feeds: reads run on its digest
-/// workers, read buffers are handed over without a copy, zeros cost nothing.
-impl Sink for blkhash::Pipeline<AlignedBuf> {
-    fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
-        self.submit_with(len, fill)
-    }
-    fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
-        self.submit(buf);
-        Ok(())
-    }
-    fn zeros(&mut self, len: u64) -> io::Result<()> {
-        self.update_zeros(len);
-        Ok(())
-    }
-    fn reclaim(&mut self) -> Option<AlignedBuf> {
-        blkhash::Pipeline::reclaim(self)
-    }
-    fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
-        blkhash::Pipeline::reclaim_wait(self)
-    }
-}
 
 /// What was found, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,8 +48,7 @@ pub const DEFAULT_IO_DEPTH: usize = 16;
 
 /// Read all of `src` into `sink`, `read_size` bytes per read, `io_depth`
 /// reads in flight on reading threads of their own (`Some(0)`: on the
-/// sink's; `None`: [`DEFAULT_IO_DEPTH`] if `src` reads with direct I/O,
-/// else on the sink's), as many as fit in [`blkhash::IN_FLIGHT_BUDGET`]
+/// sink's; `None`: the source's default, [`io_depth_for`]), as many as fit in [`blkhash::IN_FLIGHT_BUDGET`]
 /// (see [`ReadAhead::new`]). `progress` gets the bytes passed on since its
 /// last call.
 ///
@@ -102,7 +62,7 @@ pub fn read_image(
     cancel: &AtomicBool,
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<Stats> {
-    let depth = io_depth_for(&*src, io_depth);
+    let depth = io_depth_for(&*src, io_depth, read_size);
     if depth == 0 {
         return walk(src, sink, read_size, cancel, progress);
     }
@@ -114,11 +74,12 @@ pub fn read_image(
     })
 }
 
-/// The reads in flight for `src`: `asked`, else [`DEFAULT_IO_DEPTH`] if it
-/// reads with direct I/O, else 0 (reads on the sink's threads); before
-/// [`ReadAhead::new`] cuts it to the memory budget for the read size.
-pub fn io_depth_for(src: &dyn Source, asked: Option<usize>) -> usize {
-    asked.unwrap_or(if src.is_direct() { DEFAULT_IO_DEPTH } else { 0 })
+/// The reads in flight for `src` with reads of `read_size` bytes: `asked`,
+/// else the source's default ([`Source::default_io_depth`]: 16 for direct
+/// I/O, 16 MiB of reads for an NBD export, else 0, reads on the sink's
+/// threads); before [`ReadAhead::new`] cuts it to the memory budget.
+pub fn io_depth_for(src: &dyn Source, asked: Option<usize>, read_size: usize) -> usize {
+    asked.unwrap_or_else(|| src.default_io_depth(read_size))
 }
 
 /// Walk the extents of `src`: zeros and holes passed on as lengths, data

@@ -86,6 +86,20 @@ pub trait Source: Send + Sync {
         false
     }
 
+    /// Reads of `read_size` bytes this source wants in flight on reading
+    /// threads when none are asked for: [`crate::DEFAULT_IO_DEPTH`] for
+    /// direct I/O, else 0 (reads run on the digest threads, which a page
+    /// cache or a local server keeps busy). A source behind a network
+    /// (an NBD export) wants more, to hide its latency.
+    fn default_io_depth(&self, read_size: usize) -> usize {
+        let _ = read_size;
+        if self.is_direct() {
+            crate::DEFAULT_IO_DEPTH
+        } else {
+            0
+        }
+    }
+
     /// Called once all was read: report anything that makes the bytes read
     /// untrustworthy (a file that shrank while we read it).
     fn finish(&self) -> io::Result<()> {

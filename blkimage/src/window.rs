@@ -79,6 +79,10 @@ impl Source for Window {
         self.inner.is_direct()
     }
 
+    fn default_io_depth(&self, read_size: usize) -> usize {
+        self.inner.default_io_depth(read_size)
+    }
+
     fn finish(&self) -> io::Result<()> {
         self.inner.finish()
     }

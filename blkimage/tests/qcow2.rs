@@ -641,10 +641,10 @@ fn compressed_images_read_on_the_digest_workers() {
     let u = open_with(d.path("u.qcow2"), &direct).unwrap();
     assert!(u.is_direct());
     assert_eq!(
-        blkimage::io_depth_for(&*u, None),
+        blkimage::io_depth_for(&*u, None, 1 << 20),
         blkimage::DEFAULT_IO_DEPTH
     );
-    assert_eq!(blkimage::io_depth_for(&*c, None), 0);
+    assert_eq!(blkimage::io_depth_for(&*c, None, 1 << 20), 0);
     // Asked for, reading threads serve a compressed image too.
-    assert_eq!(blkimage::io_depth_for(&*c, Some(8)), 8);
+    assert_eq!(blkimage::io_depth_for(&*c, Some(8), 1 << 20), 8);
 }

@@ -382,7 +382,7 @@ fn direct_io_on_a_real_file_system_reads_with_the_default_depth() {
         return;
     }
     assert_eq!(
-        blkimage::io_depth_for(&src, None),
+        blkimage::io_depth_for(&src, None, 1 << 20),
         blkimage::DEFAULT_IO_DEPTH
     );
     let want = std::fs::read(&path).unwrap();

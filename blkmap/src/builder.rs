@@ -164,7 +164,7 @@ impl MapBuilder {
     /// The map, once the hasher has finished: `size` bytes with this
     /// `checksum`. Checks the events covered every block, in order, and
     /// that the checksum derived from them is `checksum`.
-    pub fn finish(self, size: u64, checksum: &[u8]) -> Result<Map, MapError> {
+    pub fn finish(self, size: u64, checksum: &Checksum) -> Result<Map, MapError> {
         let (taken, body) = self.take_body()?;
         if taken > 0 {
             return Err(MapError::Invalid(
@@ -175,7 +175,7 @@ impl MapBuilder {
             self.algorithm,
             self.block_size,
             size,
-            checksum.to_vec(),
+            checksum.clone(),
             body,
         )
     }
@@ -237,7 +237,7 @@ impl MapBuilder {
     pub fn finalize(self, hasher: impl Observed) -> io::Result<Map> {
         let size = hasher.size();
         let checksum = hasher.checksum()?;
-        Ok(self.finish(size, checksum.as_bytes())?)
+        Ok(self.finish(size, &checksum)?)
     }
 
     /// Finish `hasher` (which this builder observes), given the bytes of an

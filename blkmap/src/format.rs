@@ -4,7 +4,7 @@
 //! All integers are little-endian. See `blkmap/README.md` for the layout.
 
 use crate::{Body, Map, MapError, Range};
-use blkhash::{Algorithm, Streaming};
+use blkhash::{Algorithm, Checksum, Streaming};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::Path;
@@ -61,7 +61,7 @@ pub struct Header {
     /// that is one too or reaches the end of the image.
     pub range: Range,
     /// The image checksum for a complete map; `None` for a part.
-    pub checksum: Option<Vec<u8>>,
+    pub checksum: Option<Checksum>,
     /// What the writer recorded of the input it read (a checkpoint's), at
     /// most [`MAX_IDENTITY`] bytes; blkmap only keeps it.
     pub identity: Option<Vec<u8>>,
@@ -88,8 +88,8 @@ impl Header {
         crate::check_params(self.algorithm, self.block_size)?;
         check_range(self.size, self.block_size, self.range)?;
         if let Some(c) = &self.checksum {
-            if c.len() != self.algorithm.output_len() {
-                return Err(invalid("checksum of the wrong length"));
+            if c.algorithm() != self.algorithm {
+                return Err(invalid("a checksum of another digest"));
             }
             if self.range
                 != (Range {
@@ -126,7 +126,7 @@ impl Header {
     /// Bytes of the header as written.
     pub(crate) fn encoded_len(&self) -> usize {
         FIXED_HEADER
-            + self.checksum.as_ref().map_or(16, Vec::len)
+            + self.checksum.as_ref().map_or(16, |c| c.as_bytes().len())
             + self.identity.as_ref().map_or(0, |i| 4 + i.len())
     }
 
@@ -144,7 +144,7 @@ impl Header {
         fixed[40..48].copy_from_slice(&self.size.to_le_bytes());
         w.write_all(&fixed)?;
         match &self.checksum {
-            Some(c) => w.write_all(c)?,
+            Some(c) => w.write_all(c.as_bytes())?,
             None => {
                 w.write_all(&self.range.offset.to_le_bytes())?;
                 w.write_all(&self.range.len.to_le_bytes())?;
@@ -593,6 +593,8 @@ fn read_header<R: Read>(r: &mut DigestReader<R>) -> Result<Header, MapError> {
     } else {
         let mut checksum = vec![0u8; len];
         r.get(&mut checksum)?;
+        let checksum =
+            Checksum::from_bytes(algorithm, &checksum).map_err(|e| invalid(e.to_string()))?;
         (
             Range {
                 offset: 0,

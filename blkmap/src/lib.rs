@@ -29,7 +29,7 @@
 //! let bytes = map.to_bytes();
 //! let loaded = Map::from_bytes(&bytes).unwrap();
 //! assert_eq!(loaded, map);
-//! assert_eq!(loaded.derive_checksum(), loaded.checksum());
+//! assert_eq!(&loaded.derive_checksum(), loaded.checksum());
 //!
 //! // Any damage is refused.
 //! let mut bad = bytes.clone();
@@ -60,7 +60,7 @@ pub use merge::{
 };
 pub use part::Part;
 
-use blkhash::{Algorithm, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, to_hex};
+use blkhash::{Algorithm, Checksum, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 use std::fmt;
 use std::io;
 
@@ -87,6 +87,7 @@ pub struct Run<'a> {
 
 /// Why a map was refused.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum MapError {
     /// The bytes do not start with the map magic.
     NotAMap,
@@ -242,7 +243,7 @@ pub struct Map {
     algorithm: Algorithm,
     block_size: usize,
     size: u64,
-    checksum: Vec<u8>,
+    checksum: Checksum,
     zero_digest: Vec<u8>,
     body: Body,
 }
@@ -265,6 +266,7 @@ fn check_params(algorithm: Algorithm, block_size: usize) -> Result<(), MapError>
 /// The outer digest of a checksum, given the block digests in order: zero
 /// blocks as a count, their digests hashed a batch at a time.
 pub(crate) struct Outer {
+    algorithm: Algorithm,
     digest: Box<dyn blkhash::Streaming>,
     /// [`Outer::BATCH`] zero-block digests.
     zeros: Vec<u8>,
@@ -276,6 +278,7 @@ impl Outer {
 
     pub(crate) fn new(algorithm: Algorithm, zero_digest: &[u8]) -> Outer {
         Outer {
+            algorithm,
             digest: algorithm.streaming(),
             zeros: zero_digest.repeat(Outer::BATCH),
             len: zero_digest.len(),
@@ -313,9 +316,10 @@ impl Outer {
     }
 
     /// The checksum of an image of `size` bytes.
-    pub(crate) fn finish(mut self, size: u64) -> Vec<u8> {
+    pub(crate) fn checksum(mut self, size: u64) -> Checksum {
         self.digest.update(&size.to_le_bytes());
-        self.digest.finalize()
+        let bytes = self.digest.finalize();
+        Checksum::from_bytes(self.algorithm, &bytes).expect("a digest of the algorithm's length")
     }
 }
 
@@ -333,7 +337,7 @@ impl Map {
         algorithm: Algorithm,
         block_size: usize,
         size: u64,
-        checksum: Vec<u8>,
+        checksum: Checksum,
         body: Body,
     ) -> Result<Map, MapError> {
         check_params(algorithm, block_size)?;
@@ -351,8 +355,8 @@ impl Map {
                 "the short last block is marked as a zero block".into(),
             ));
         }
-        if checksum.len() != algorithm.output_len() {
-            return Err(MapError::Invalid("checksum of the wrong length".into()));
+        if checksum.algorithm() != algorithm {
+            return Err(MapError::Invalid("a checksum of another digest".into()));
         }
         let map = Map {
             algorithm,
@@ -383,7 +387,7 @@ impl Map {
     /// assert!(matches!(map.block(2), Some(Block::Data(_))));
     /// let mut h = Hasher::with_options(opts).unwrap();
     /// h.update(&data);
-    /// assert_eq!(map.checksum(), h.finalize().as_bytes());
+    /// assert_eq!(map.checksum(), &h.finalize());
     /// ```
     pub fn compute(opts: blkhash::Options, data: &[u8]) -> Result<Map, MapError> {
         let mut h =
@@ -415,13 +419,8 @@ impl Map {
 
     /// The image checksum (checked against the block digests when the map
     /// was built or loaded).
-    pub fn checksum(&self) -> &[u8] {
+    pub fn checksum(&self) -> &Checksum {
         &self.checksum
-    }
-
-    /// The image checksum in lowercase hex, as `blksum` prints it.
-    pub fn checksum_hex(&self) -> String {
-        to_hex(&self.checksum)
     }
 
     /// The digest of a full block of zeros, for this digest and block size.
@@ -506,7 +505,7 @@ impl Map {
     ///
     /// The cost is the outer digest's: about `size / block_size` digests
     /// hashed, zero blocks included, with no block read.
-    pub fn derive_checksum(&self) -> Vec<u8> {
+    pub fn derive_checksum(&self) -> Checksum {
         let mut outer = Outer::new(self.algorithm, &self.zero_digest);
         for run in self.runs() {
             match run.digests {
@@ -514,6 +513,6 @@ impl Map {
                 None => outer.zeros(run.count),
             }
         }
-        outer.finish(self.size)
+        outer.checksum(self.size)
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::format::{FIXED_HEADER, Header, MapReader, Piece, TAG_DATA, TAG_ZEROS, write_atomic};
 use crate::{MapError, Outer, Range, zero_digest};
-use blkhash::Algorithm;
+use blkhash::{Algorithm, Checksum};
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
@@ -63,6 +63,62 @@ pub fn merge_until(
     allow_partial: bool,
     cancel: &AtomicBool,
 ) -> Result<Header, MapError> {
+    let mut parts = read_parts(inputs)?;
+    let want = parts[0].1.header().clone();
+    let range = check_coverage(&mut parts, want.size, allow_partial)?;
+    let complete = range.offset == 0 && range.end() == want.size;
+    let alone = parts.len() == 1;
+    let claimed = parts[0].1.header().checksum.clone();
+
+    let len = want.algorithm.output_len();
+    // Only a merge that covers the image has a checksum to compute: a
+    // checkpoint's saves (partial) skip the outer digest.
+    let mut outer = complete.then(|| {
+        Outer::new(
+            want.algorithm,
+            &zero_digest(want.algorithm, want.block_size),
+        )
+    });
+    let mut header = Header {
+        range,
+        // Filled in at the end: the writer patches it.
+        checksum: complete.then(|| placeholder(want.algorithm)),
+        identity,
+        ..want
+    };
+    header.check()?;
+    let mut writer = match out {
+        Some(w) => Some(Writer::new(w, &header)?),
+        None => None,
+    };
+    copy_pieces(&mut parts, outer.as_mut(), writer.as_mut(), len, cancel)?;
+    if let Some(outer) = outer {
+        let checksum = outer.checksum(want.size);
+        if alone && claimed.as_ref().is_some_and(|c| *c != checksum) {
+            return Err(MapError::Checksum.of(&parts[0].0));
+        }
+        header.checksum = Some(checksum);
+    }
+    if let Some(w) = writer {
+        w.finish(header.checksum.as_ref().map(Checksum::as_bytes))?;
+    }
+    Ok(header)
+}
+
+/// A checksum of zeros, in place of the one computed at the end (the
+/// writer patches it).
+fn placeholder(algorithm: Algorithm) -> Checksum {
+    let zeros = vec![0u8; algorithm.output_len()];
+    Checksum::from_bytes(algorithm, &zeros).expect("a digest of the algorithm's length")
+}
+
+/// A part being merged: its name for messages, and its reader.
+type Part<'a> = (String, MapReader<Box<dyn Input + 'a>>);
+
+/// The first phase of a merge: each input read through and checked
+/// ([`checked`]), at least one, all of one image (size, digest and block
+/// size).
+fn read_parts(inputs: Vec<Named<'_>>) -> Result<Vec<Part<'_>>, MapError> {
     let mut parts = Vec::with_capacity(inputs.len());
     for (name, r) in inputs {
         let reader = checked(r).map_err(|e| e.of(&name))?;
@@ -71,17 +127,28 @@ pub fn merge_until(
     let Some((first_name, first)) = parts.first() else {
         return Err(MapError::Merge("no parts to merge".into()));
     };
-    let want = first.header().clone();
+    let want = first.header();
     for (name, r) in &parts[1..] {
         let h = r.header();
         if (h.algorithm, h.block_size, h.size) != (want.algorithm, want.block_size, want.size) {
             return Err(MapError::Merge(format!(
                 "{name} is {} and {first_name} is {}: parts of one image agree on both",
                 describe(h),
-                describe(&want)
+                describe(want)
             )));
         }
     }
+    Ok(parts)
+}
+
+/// The second phase: `parts` sorted by their ranges, which must cover an
+/// image of `size` bytes exactly once (`allow_partial`: one range, from
+/// the first part's start, without a gap). The range covered.
+fn check_coverage(
+    parts: &mut [Part<'_>],
+    size: u64,
+    allow_partial: bool,
+) -> Result<Range, MapError> {
     // A zero-length part covers nothing: it sorts first among equals and
     // is skipped by the coverage check.
     parts.sort_by_key(|(_, r)| (r.header().range.offset, r.header().range.end()));
@@ -92,7 +159,7 @@ pub fn merge_until(
     };
     let mut covered = start;
     let mut last: Option<&str> = None;
-    for (name, r) in &parts {
+    for (name, r) in parts.iter() {
         let Range { offset, len } = r.header().range;
         if len == 0 {
             continue;
@@ -117,43 +184,29 @@ pub fn merge_until(
         covered = offset + len;
         last = Some(name);
     }
-    if covered < want.size && !allow_partial {
+    if covered < size && !allow_partial {
         return Err(MapError::Merge(format!(
-            "a gap: bytes {covered}+{} are in no part (the last part{} ends at {covered}, the image at {})",
-            want.size - covered,
+            "a gap: bytes {covered}+{} are in no part (the last part{} ends at {covered}, the image at {size})",
+            size - covered,
             last.map(|n| format!(", {n},")).unwrap_or_default(),
-            want.size
         )));
     }
-    let complete = start == 0 && covered == want.size;
-    let alone = parts.len() == 1;
-    let claimed = parts[0].1.header().checksum.clone();
+    Ok(Range {
+        offset: start,
+        len: covered - start,
+    })
+}
 
-    let len = want.algorithm.output_len();
-    // Only a merge that covers the image has a checksum to compute: a
-    // checkpoint's saves (partial) skip the outer digest.
-    let mut outer = complete.then(|| {
-        Outer::new(
-            want.algorithm,
-            &zero_digest(want.algorithm, want.block_size),
-        )
-    });
-    let mut header = Header {
-        range: Range {
-            offset: start,
-            len: covered - start,
-        },
-        // Filled in at the end: the writer patches it.
-        checksum: complete.then(|| vec![0u8; len]),
-        identity,
-        ..want
-    };
-    header.check()?;
-    let mut writer = match out {
-        Some(w) => Some(Writer::new(w, &header)?),
-        None => None,
-    };
-    for (name, r) in &mut parts {
+/// The third phase: every piece of `parts`, in order, into the outer
+/// digest and the writer (each if any); digests are `len` bytes.
+fn copy_pieces(
+    parts: &mut [Part<'_>],
+    mut outer: Option<&mut Outer>,
+    mut writer: Option<&mut Writer<'_>>,
+    len: usize,
+    cancel: &AtomicBool,
+) -> Result<(), MapError> {
+    for (name, r) in parts.iter_mut() {
         let of = |e: MapError| e.of(name);
         while let Some(piece) = r.next_piece().map_err(of)? {
             match piece {
@@ -176,17 +229,7 @@ pub fn merge_until(
             }
         }
     }
-    if let Some(outer) = outer {
-        let checksum = outer.finish(want.size);
-        if alone && claimed.as_ref().is_some_and(|c| *c != checksum) {
-            return Err(MapError::Checksum.of(&parts[0].0));
-        }
-        header.checksum = Some(checksum);
-    }
-    if let Some(w) = writer {
-        w.finish(header.checksum.as_deref())?;
-    }
-    Ok(header)
+    Ok(())
 }
 
 /// Read `r` through as a map (every check but the derived checksum), then

@@ -40,7 +40,7 @@ use std::path::Path;
 /// let mut out = std::io::Cursor::new(Vec::new());
 /// let merged = blkmap::merge(inputs, Some(&mut out), None, false).unwrap();
 /// let whole = Map::compute(opts, &image).unwrap();
-/// assert_eq!(merged.checksum.as_deref(), Some(whole.checksum()));
+/// assert_eq!(merged.checksum.as_ref(), Some(whole.checksum()));
 /// assert_eq!(out.into_inner(), whole.to_bytes());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]

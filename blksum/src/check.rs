@@ -33,6 +33,8 @@ pub struct CheckOptions {
 
 #[derive(Default)]
 struct Tally {
+    /// A line was a checksum line (whatever came of it).
+    any_line: bool,
     malformed: usize,
     unreadable: usize,
     mismatched: usize,
@@ -223,30 +225,57 @@ pub fn check_file(
     let mut tally = Tally::default();
     let mut buf = Vec::new();
     let mut lineno = 0usize;
-    let mut any_line = false;
     while next_line(list, &mut buf)?.is_some() {
         lineno += 1;
-        // A line that is not a checksum line: counted, and named with --warn.
-        let mut malformed = |tally: &mut Tally, why: &str| -> io::Result<()> {
-            tally.malformed += 1;
-            if opts.warn && !opts.status {
-                writeln!(err, "blksum: {list_name}: {lineno}: {why}")?;
-            }
-            Ok(())
+        let line = Line {
+            list_name,
+            lineno,
+            opts,
         };
-        let entry = lines::parse_line_bytes(&buf);
+        line.check(&buf, &mut tally, compute, out, err)?;
+    }
+    summarize(list_name, opts, tally, err)
+}
+
+/// One line of a checksum file, where messages place it.
+struct Line<'a> {
+    list_name: &'a str,
+    lineno: usize,
+    opts: &'a CheckOptions,
+}
+
+impl Line<'_> {
+    /// A line that is not a checksum line: counted, and named with --warn.
+    fn malformed(&self, tally: &mut Tally, err: &mut dyn Write, why: &str) -> io::Result<()> {
+        tally.malformed += 1;
+        if self.opts.warn && !self.opts.status {
+            writeln!(err, "blksum: {}: {}: {why}", self.list_name, self.lineno)?;
+        }
+        Ok(())
+    }
+
+    /// Parse the line `buf`, hash the image it names and compare, saying
+    /// OK or FAILED as sha256sum does; count it in `tally`.
+    fn check(
+        &self,
+        buf: &[u8],
+        tally: &mut Tally,
+        compute: &mut dyn FnMut(&OsStr, Algorithm, usize) -> io::Result<Checksum>,
+        out: &mut dyn Write,
+        err: &mut dyn Write,
+    ) -> io::Result<()> {
+        let opts = self.opts;
         let Some(Entry {
             name,
             hex,
             algorithm,
             block_size,
-        }) = entry
+        }) = lines::parse_line_bytes(buf)
         else {
             if tally.foreign_tag.is_none() {
-                tally.foreign_tag = foreign_tag(&buf);
+                tally.foreign_tag = foreign_tag(buf);
             }
-            malformed(&mut tally, "improperly formatted blkhash checksum line")?;
-            continue;
+            return self.malformed(tally, err, "improperly formatted blkhash checksum line");
         };
         let alg = algorithm.unwrap_or(opts.algorithm);
         if hex.len() != 2 * alg.output_len() {
@@ -262,10 +291,9 @@ pub fn check_file(
                     and_list(&fits)
                 ),
             };
-            malformed(&mut tally, &why)?;
-            continue;
+            return self.malformed(tally, err, &why);
         }
-        any_line = true;
+        tally.any_line = true;
         let bs = block_size.unwrap_or(opts.block_size);
         if let (Some(a), Some(b)) = (algorithm, block_size)
             && !tally.tags.contains(&(a, b))
@@ -303,9 +331,19 @@ pub fn check_file(
                 }
             }
         }
-        out.flush()?;
+        out.flush()
     }
+}
 
+/// The end of a checksum file: the warnings sha256sum prints, the hints
+/// that say which options would check lines made with others, and whether
+/// the file verified.
+fn summarize(
+    list_name: &str,
+    opts: &CheckOptions,
+    tally: Tally,
+    err: &mut dyn Write,
+) -> io::Result<bool> {
     let used = (opts.algorithm, opts.block_size);
     let hints = |err: &mut dyn Write, tally: &Tally, failed: &str| -> io::Result<()> {
         if opts.status {
@@ -320,7 +358,7 @@ pub fn check_file(
         }
         Ok(())
     };
-    if !any_line {
+    if !tally.any_line {
         writeln!(
             err,
             "blksum: {list_name}: no properly formatted checksum lines found"
@@ -329,22 +367,7 @@ pub fn check_file(
         return Ok(false);
     }
     if !opts.status {
-        if tally.malformed > 0 {
-            let what = blkcli::plural(tally.malformed as u64, "line is", "lines are");
-            writeln!(err, "blksum: WARNING: {what} improperly formatted")?;
-        }
-        if tally.unreadable > 0 {
-            let what = blkcli::plural(tally.unreadable as u64, "listed file", "listed files");
-            writeln!(err, "blksum: WARNING: {what} could not be read")?;
-        }
-        if tally.mismatched > 0 {
-            let what = blkcli::plural(
-                tally.mismatched as u64,
-                "computed checksum",
-                "computed checksums",
-            );
-            writeln!(err, "blksum: WARNING: {what} did NOT match")?;
-        }
+        warnings(&tally, err)?;
     }
     // Every image of a plain line (which does not say how it was made) read
     // and none matched, or no plain line fit the digest: made with other
@@ -370,6 +393,28 @@ pub fn check_file(
         return Ok(false);
     }
     Ok(tally.unreadable == 0 && tally.mismatched == 0 && !(opts.strict && tally.malformed > 0))
+}
+
+/// sha256sum's warnings: lines improperly formatted, files unreadable,
+/// checksums that did not match.
+fn warnings(tally: &Tally, err: &mut dyn Write) -> io::Result<()> {
+    if tally.malformed > 0 {
+        let what = blkcli::plural(tally.malformed as u64, "line is", "lines are");
+        writeln!(err, "blksum: WARNING: {what} improperly formatted")?;
+    }
+    if tally.unreadable > 0 {
+        let what = blkcli::plural(tally.unreadable as u64, "listed file", "listed files");
+        writeln!(err, "blksum: WARNING: {what} could not be read")?;
+    }
+    if tally.mismatched > 0 {
+        let what = blkcli::plural(
+            tally.mismatched as u64,
+            "computed checksum",
+            "computed checksums",
+        );
+        writeln!(err, "blksum: WARNING: {what} did NOT match")?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -3,14 +3,14 @@
 
 mod cli;
 mod hashing;
-mod output;
 mod report;
 
 use blkcli::lines;
 use blkcli::progress::Progress;
+use blkjob::Hashed as Report;
 use blksum::check;
 use clap::Parser;
-use hashing::{Hashing, Report};
+use hashing::Hashing;
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::io::{self, BufReader, Write};
@@ -64,13 +64,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Checked once here (a usage error exits); each input's job is this
+    // one with its own digest and block size.
+    let job = args.input.job(None).with_cancel(signals.cancel.clone());
     let hashing = Hashing {
-        open: args.input.open_options(),
-        threads: args.input.threads(),
-        queue_depth: args.input.queue_depth(),
-        io_depth: args.input.io_depth(),
-        read_size: args.input.read_size(),
-        cancel: signals.cancel.clone(),
+        job,
         progress,
         checkpoint,
     };
@@ -95,7 +93,7 @@ fn main() -> ExitCode {
 fn checkpoint(
     args: &cli::Args,
     files: &[OsString],
-) -> Result<Option<blktools::checkpoint::Checkpoint>, String> {
+) -> Result<Option<blkjob::checkpoint::Checkpoint>, String> {
     let Some(path) = &args.checkpoint else {
         return Ok(None);
     };
@@ -121,11 +119,11 @@ fn checkpoint(
         role: "the image",
     };
     blkcli::guard::check_outputs(&[out], &[input])?;
-    Ok(Some(blktools::checkpoint::Checkpoint {
+    Ok(Some(blkjob::checkpoint::Checkpoint {
         path: path.clone(),
         interval: args
             .checkpoint_interval
-            .unwrap_or(blktools::checkpoint::DEFAULT_INTERVAL),
+            .unwrap_or(blkjob::checkpoint::DEFAULT_INTERVAL),
         keep: args.keep_checkpoint,
         warn: |msg| eprintln!("blksum: {msg}"),
     }))
@@ -134,7 +132,7 @@ fn checkpoint(
 /// Hash every input, `--jobs` at a time, printing results in argument order.
 /// Ok(true) if every input was hashed.
 fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Result<bool, Stop> {
-    let (alg, bs) = args.input.params(None);
+    let (alg, bs) = (hashing.job.algorithm(), hashing.job.block_size());
     let mut all_ok = true;
     let mut json = Vec::new();
     let mut emit = |name: &OsStr, result: io::Result<Report>| -> Result<(), Stop> {
@@ -184,7 +182,7 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
                     .map_err(|_| Stop::Output)?;
             }
             Ok(_) => {}
-            Err(_) if hashing.cancel.load(Ordering::Relaxed) => {
+            Err(_) if hashing.cancelled() => {
                 hashing
                     .progress
                     .suspend(|| eprintln!("blksum: {lossy}: interrupted"));
@@ -194,7 +192,7 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
                 all_ok = false;
                 hashing
                     .progress
-                    .suspend(|| eprintln!("blksum: {lossy}: {}", output::reason(&e)));
+                    .suspend(|| eprintln!("blksum: {lossy}: {}", blkcli::units::reason(&e)));
             }
         }
         Ok(())
@@ -280,7 +278,7 @@ fn in_order<T: Send>(
 
 /// `--check`: verify every checksum file. Ok(true) if all verified.
 fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Result<bool, Stop> {
-    let (algorithm, block_size) = args.input.params(None);
+    let (algorithm, block_size) = (hashing.job.algorithm(), hashing.job.block_size());
     let opts = check::CheckOptions {
         algorithm,
         block_size,
@@ -299,7 +297,7 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
             match std::fs::File::open(list_os) {
                 Ok(f) => Box::new(f),
                 Err(e) => {
-                    eprintln!("blksum: {list}: {}", output::reason(&e));
+                    eprintln!("blksum: {list}: {}", blkcli::units::reason(&e));
                     all_ok = false;
                     continue;
                 }
@@ -328,13 +326,13 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
         );
         match result {
             Ok(ok) => all_ok &= ok,
-            Err(_) if hashing.cancel.load(Ordering::Relaxed) => {
+            Err(_) if hashing.cancelled() => {
                 eprintln!("blksum: {list}: interrupted");
                 return Err(Stop::Signal);
             }
             Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(Stop::Output),
             Err(e) => {
-                eprintln!("blksum: {list}: {}", output::reason(&e));
+                eprintln!("blksum: {list}: {}", blkcli::units::reason(&e));
                 all_ok = false;
             }
         }

@@ -19,7 +19,7 @@
 //! `raw`, `qcow2`, another QEMU format name, or `stream` (a pipe or standard
 //! input, whose bytes are all data). Inputs are in argument order.
 
-use crate::hashing::Report;
+use blkjob::Hashed as Report;
 use serde_json::{Value, json};
 use std::io;
 
@@ -42,7 +42,7 @@ pub fn input(name: &str, result: &io::Result<Report>) -> Value {
         }),
         Err(e) => json!({
             "name": name,
-            "error": crate::output::reason(e),
+            "error": blkcli::units::reason(e),
         }),
     }
 }

@@ -15,7 +15,7 @@ use common::progress::{PROGRESS_LIMIT, spawn_with_progress};
 use common::*;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 use testkit::Rng;
 use testkit::nbd::{Listen, nbdkit};
@@ -32,7 +32,20 @@ fn spawn(args: &[&str]) -> Child {
 /// Poll `child` until `now()` holds, then kill it with SIGKILL. A run that
 /// ends by itself first (done, or failed) fails the test with its error
 /// output, and so does one that never gets to `now()`.
-fn kill_when(mut child: Child, mut now: impl FnMut() -> bool) {
+fn kill_when(child: Child, now: impl FnMut() -> bool) {
+    if let Err(out) = kill_or_end(child, now) {
+        panic!(
+            "the run ended by itself ({}) before it was killed: {}",
+            out.status,
+            stderr(&out)
+        );
+    }
+}
+
+/// [`kill_when`], but a run may also end by itself first: its output
+/// then. (On a busy machine the test may be descheduled between seeing
+/// the point and sending the signal, while the run goes on.)
+fn kill_or_end(mut child: Child, mut now: impl FnMut() -> bool) -> Result<(), Output> {
     let deadline = Instant::now() + PROGRESS_LIMIT;
     while !now() {
         if child.try_wait().unwrap().is_some() {
@@ -48,13 +61,10 @@ fn kill_when(mut child: Child, mut now: impl FnMut() -> bool) {
     // status tells.
     let _ = child.kill();
     let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.signal(),
-        Some(libc::SIGKILL),
-        "the run ended by itself ({}) before it was killed: {}",
-        out.status,
-        stderr(&out)
-    );
+    match out.status.signal() {
+        Some(libc::SIGKILL) => Ok(()),
+        _ => Err(out),
+    }
 }
 
 /// Bytes the checkpoint `ck` covers (0 while there is none).
@@ -135,7 +145,13 @@ fn killed_ten_times_over_nbd_ends_right_having_read_the_image_about_once() {
     assert_eq!(before, size, "one run reads the image once");
 
     let ck = dir.path().join("ck");
+    // Reads on the digest threads, not 16 in flight: nbdkit 1.32 (Debian
+    // 12's) aborts ("raw_send_socket: Assertion `sock >= 0' failed") when
+    // a client killed with several requests in flight on one connection
+    // leaves a reply to send, and this test kills clients on purpose.
     let args = [
+        "--io-depth",
+        "0",
         "--checkpoint",
         ck.to_str().unwrap(),
         "--checkpoint-interval",
@@ -221,19 +237,24 @@ fn sigkill_at_any_moment_leaves_a_checkpoint_the_next_run_finishes() {
                 .stderr(Stdio::piped()),
         );
         let pid = child.id();
-        match if runs < 25 { rng.below(3) } else { 1 } {
+        let killed = match if runs < 25 { rng.below(3) } else { 1 } {
             // At once: starting, opening the image, checking the checkpoint.
-            0 => kill_when(child, || true),
+            0 => kill_or_end(child, || true),
             // In a save: its temporary file is there.
-            1 => kill_when(child, || {
+            1 => kill_or_end(child, || {
                 saving(&ck, pid) || progress.poll().is_some_and(|p| p >= 35)
             }),
             // Hashing, at a random percentage (at once if the checkpoint
             // already covers it).
             _ => {
                 let at = rng.below(35) as u32;
-                kill_when(child, || progress.poll().is_some_and(|p| p >= at))
+                kill_or_end(child, || progress.poll().is_some_and(|p| p >= at))
             }
+        };
+        // A run the busy test saw too late to kill ended by itself: then it
+        // ended right, and the next run starts over.
+        if let Err(out) = killed {
+            assert!(out.status.success(), "{}", stderr(&out));
         }
         in_save += saving(&ck, pid) as u32;
         runs += 1;
@@ -286,9 +307,11 @@ fn ctrl_c_keeps_the_progress_and_keep_checkpoint_leaves_the_map() {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
     );
-    // Ctrl-C once 1% is passed on to the digest workers (handlers are
-    // installed, and there is something to save), however long that takes.
-    assert!(progress.wait_for(1), "the run ended before 1%");
+    // Ctrl-C once 20% is passed on (handlers are installed, and there is
+    // something to save), however long that takes: 51 MiB, more than the
+    // reads in flight (16 of 1 MiB) and the jobs queued for the digest
+    // workers (16) hold, so some blocks are hashed.
+    assert!(progress.wait_for(20), "the run ended before 20%");
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
@@ -310,7 +333,7 @@ fn ctrl_c_keeps_the_progress_and_keep_checkpoint_leaves_the_map() {
     // The kept file is the whole map: blkmap reads it, and a run given it
     // again finishes without hashing (and removes it).
     let map = blkmap::Map::load(&ck).unwrap();
-    assert_eq!(map.checksum_hex(), want);
+    assert_eq!(map.checksum().to_hex(), want);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_blksum"))
         .args([&args[..], &["--json"]].concat())
         .output()

@@ -205,9 +205,9 @@ fn without_a_terminal_every_input_that_succeeds_ends_at_100() {
 fn without_a_terminal_an_input_that_fails_never_says_100() {
     // A server that answers the first read with garbage: blksum fails
     // after the reads were handed out.
-    let server = common::hostile::Hostile::start(
+    let server = testkit::hostile::Hostile::start(
         vec![7; 4 << 20],
-        common::hostile::Misbehave::BadReplyMagic,
+        testkit::hostile::Misbehave::BadReplyMagic,
     );
     let out = run(&["-p", &server.url], None);
     let err = stderr(&out);

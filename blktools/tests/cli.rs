@@ -79,7 +79,7 @@ fn map_checksum_is_the_construction() {
         let want = reference_checksum(d, &img, alg, bs);
         assert_eq!(r.stdout, format!("{want}  {}\n", s(&img)));
         let map = Map::load(&out_map).unwrap();
-        assert_eq!(map.checksum_hex(), want);
+        assert_eq!(map.checksum().to_hex(), want);
         assert_eq!((map.algorithm(), map.block_size()), (alg, bs));
         assert_eq!(map.size(), 16 * MIB);
         // Data: 3M + 2 blocks (100k) + 2M; the rest zeros.

@@ -1,4 +1,4 @@
-//! A checkpoint's record of its image (`blktools::record::Record::parse`)
+//! A checkpoint's record of its image (`blkjob::record::Record::parse`)
 //! from untrusted bytes, as a damaged or crafted checkpoint holds it: a
 //! record that parses must write back to text that parses equal, and find
 //! nothing changed between itself and its copy; anything else is refused
@@ -6,7 +6,7 @@
 
 #![no_main]
 
-use blktools::record::Record;
+use blkjob::record::Record;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

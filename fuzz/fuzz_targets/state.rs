@@ -5,7 +5,7 @@
 
 #![no_main]
 
-use blktools::state::Side;
+use blkjob::state::Side;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,7 +1,7 @@
 //! A hash's life: made from options, fed bytes and zeros, finalized into
 //! its digest, freed; its first error sticks.
 
-use crate::aio::{Aio, CallerBuf, Event, MAX_HASHER_QUEUE, blkhash_completion};
+use crate::completion::{Aio, CallerBuf, Event, MAX_HASHER_QUEUE, blkhash_completion};
 use crate::digests::algorithm;
 use crate::options::{DEFAULT_BLOCK_SIZE, DEFAULT_DIGEST, DEFAULT_THREADS, blkhash_opts};
 use crate::{BLKHASH_MAX_MD_SIZE, PANIC_ERRNO, guard, set_errno};
@@ -115,6 +115,23 @@ impl blkhash {
             self.hasher = None;
         }
         self.error
+    }
+
+    /// Move the buffers the hasher gave back into the ready completions, and
+    /// keep the completion fd readable while any are ready.
+    pub(crate) fn collect_completions(&mut self) {
+        let (Some(hasher), Some(aio)) = (self.hasher.as_mut(), self.aio.as_mut()) else {
+            return;
+        };
+        while let Some(b) = hasher.reclaim() {
+            aio.ready.push_back(blkhash_completion {
+                user_data: b.user_data,
+                error: 0,
+            });
+        }
+        if !aio.ready.is_empty() {
+            aio.event.signal();
+        }
     }
 
     pub(crate) fn hasher(&mut self) -> Result<&mut Pipeline<CallerBuf>, c_int> {

@@ -21,16 +21,19 @@
 //!
 //! One module a part of the header: [`options`] (`blkhash_opts_*`),
 //! [`digests`] (names and `blkhash_digests`), [`hash`] (a hash's life:
-//! new, update, zero, final, free) and [`aio`] (the async API).
+//! new, update, zero, final, free) and [`aio`] (the async API), over
+//! `completion` (the async state a hash carries: buffers in flight,
+//! completions, the eventfd).
 
 #![allow(non_camel_case_types)]
 
 mod aio;
+mod completion;
 mod digests;
 mod hash;
 mod options;
 
-pub use aio::blkhash_completion;
+pub use completion::blkhash_completion;
 pub use hash::blkhash;
 pub use options::blkhash_opts;
 

@@ -6,9 +6,9 @@
 //! run stops between reads, its qemu-nbd (if any) is stopped and its
 //! private directory removed, and only then is KeyboardInterrupt raised.
 
-use crate::{check_block_size, check_threads, parse_digest};
-use blkhash::{Checksum, Options, Pipeline};
-use blkimage::{AlignedBuf, Format, OpenOptions};
+use crate::{non_negative, parse_digest, value_error};
+use blkimage::{Format, OpenOptions};
+use blkjob::{JobError, JobSpec};
 use crossbeam_channel::RecvTimeoutError;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
@@ -93,9 +93,6 @@ pub fn checksum(
     queue_depth: i64,
 ) -> PyResult<String> {
     let name = image_name(&image)?;
-    let alg = parse_digest(digest)?;
-    let block_size = check_block_size(block_size)?;
-    let threads = check_threads(threads)?;
     let open = open_options(
         &name,
         format,
@@ -106,36 +103,42 @@ pub fn checksum(
         timeout,
         tls_certificates,
     )?;
-    if !(4096..=256 << 20).contains(&read_size) || read_size % 4096 != 0 {
-        return Err(PyValueError::new_err(format!(
-            "read size must be a multiple of 4k from 4k to 256m, not {read_size}"
-        )));
-    }
-    if !(1..=128).contains(&queue_depth) {
-        return Err(PyValueError::new_err(format!(
-            "queue depth must be 1 to 128, not {queue_depth}"
-        )));
-    }
-    let job = Job {
-        name: name.clone(),
+    let spec = JobSpec {
+        digest: Some(parse_digest(digest)?),
+        block_size: Some(non_negative(block_size, JobError::BlockSize)?),
+        threads: threads
+            .map(|n| non_negative(n, |v| JobError::Threads(v as usize)))
+            .transpose()?,
+        read_size: Some(non_negative(read_size, JobError::ReadSize)?),
+        queue_depth: Some(non_negative(queue_depth, |v| {
+            JobError::QueueDepth(v as usize)
+        })?),
         open,
-        hasher: Options::new()
-            .algorithm(alg)
-            .block_size(block_size)
-            .threads(threads)
-            .queue_depth(queue_depth as usize),
-        // Whole blocks per read: reads then go to the workers as they are.
-        read_size: (read_size as usize).next_multiple_of(block_size),
+        ..Default::default()
     };
+    let job = spec.build().map_err(value_error)?;
+    let hashed = run_cancellable(py, &name.clone(), move |cancel| {
+        let job = job.with_cancel(cancel);
+        blkjob::hash(job.open(&name)?, &job, &mut |_| {})
+    })?;
+    warn_rounded(py, &image, hashed.rounded)?;
+    Ok(hashed.checksum.to_hex())
+}
 
-    let (sum, rounded) = run_cancellable(py, &name, move |cancel| job.run(&cancel))?;
+/// A raw file hashed at QEMU's size, not its own: a UserWarning naming
+/// both sizes, as blksum says it on standard error.
+pub fn warn_rounded(
+    py: Python<'_>,
+    image: &std::path::Path,
+    rounded: Option<blkimage::Rounded>,
+) -> PyResult<()> {
     if let Some(r) = rounded {
         // A path holds no NUL; a name that did would only lose the warning.
-        if let Ok(msg) = std::ffi::CString::new(format!("{name}: {r}")) {
+        if let Ok(msg) = std::ffi::CString::new(format!("{}: {r}", image.display())) {
             PyErr::warn(py, py.get_type::<PyUserWarning>().as_any(), &msg, 1)?;
         }
     }
-    Ok(sum.to_hex())
+    Ok(())
 }
 
 /// A path or URL as blkimage takes it (UTF-8 here).
@@ -240,43 +243,26 @@ pub fn run_cancellable<T: Send + 'static>(
     }
 }
 
-/// One image to hash: what `run` needs, owned, for the hashing thread.
-struct Job {
-    name: String,
-    open: OpenOptions,
-    hasher: Options,
-    read_size: usize,
-}
-
-impl Job {
-    /// Open, read into a hasher, finish: what blksum does for one input.
-    /// The checksum, and the file's size if the guest size was rounded up
-    /// from it (a raw file whose size is not a multiple of 512).
-    fn run(self, cancel: &AtomicBool) -> io::Result<(Checksum, Option<blkimage::Rounded>)> {
-        let input = blkimage::open(&self.name, &self.open)?;
-        let mut sink: Pipeline<AlignedBuf> = Pipeline::new(self.hasher)?;
-        let read =
-            blkimage::read_input(input, &mut sink, self.read_size, None, cancel, &mut |_| {})?;
-        let sum = sink.finalize()?;
-        // Only now are all reads done: is the image still what we read?
-        read.finish()?;
-        Ok((sum, read.rounded))
-    }
-}
-
 /// The OSError for `name` with blksum's reason: where the system gave an
 /// errno, `OSError(errno, reason, name)` (Python then picks the subclass,
 /// FileNotFoundError..., and sets `filename`); else "NAME: reason".
 pub fn os_error(name: &str, e: &io::Error) -> PyErr {
     if e.get_ref()
-        .is_some_and(|inner| inner.is::<blkimage::nbd::PassphraseNeeded>())
+        .is_some_and(|inner| inner.is::<blkimage::PassphraseNeeded>())
     {
         return PyOSError::new_err(format!("{name}: {e}: give it with secret_file=PATH"));
     }
     if e.kind() == io::ErrorKind::ResourceBusy {
         return PyOSError::new_err(format!("{name}: {e}; force_share=True reads it anyway"));
     }
-    let reason = blkcli::units::reason(e);
+    if e.get_ref()
+        .is_some_and(|inner| inner.is::<blkimage::nbd::NoCaCertificates>())
+    {
+        return PyOSError::new_err(format!(
+            "{name}: {e} (tls_certificates=DIR, or tls-certificates=DIR in the URL)"
+        ));
+    }
+    let reason = blkjob::reason(e);
     match e.raw_os_error() {
         Some(errno) => PyOSError::new_err((errno, reason, name.to_string())),
         // No errno: OSError's own formatting would then print "[Errno None]"

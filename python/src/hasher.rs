@@ -309,7 +309,7 @@ fn interrupted() -> PyErr {
 fn options_error(e: OptionsError) -> PyErr {
     match e {
         OptionsError::ThreadStart { errno: Some(n) } => {
-            let reason = blkcli::units::reason(&std::io::Error::from_raw_os_error(n));
+            let reason = blkjob::reason(&std::io::Error::from_raw_os_error(n));
             PyOSError::new_err((n, format!("cannot start a digest thread: {reason}")))
         }
         OptionsError::ThreadStart { errno: None } => PyOSError::new_err(e.to_string()),

@@ -9,7 +9,8 @@ mod checksum;
 mod hasher;
 mod maps;
 
-use blkhash::{ALGORITHMS, Algorithm, MAX_THREADS};
+use blkhash::{ALGORITHMS, Algorithm};
+use blkjob::JobError;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyFrozenSet;
@@ -23,27 +24,38 @@ fn parse_digest(name: &str) -> PyResult<Algorithm> {
     })
 }
 
-/// A block size: a multiple of 512 from 512 to 64 MiB.
+/// `n` where the library's rule `bad` wants a count or a size: a negative
+/// `n` breaks the rule too, and is named in its words.
+fn non_negative(n: i64, bad: fn(u64) -> JobError) -> PyResult<usize> {
+    usize::try_from(n).map_err(|_| {
+        let msg = bad(0).to_string();
+        let rule = msg.rsplit_once(", not ").map_or(msg.as_str(), |(r, _)| r);
+        PyValueError::new_err(format!("{rule}, not {n}"))
+    })
+}
+
+/// A library rule broken: ValueError with its message.
+fn value_error(e: JobError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// A block size: a multiple of 512 from 512 to 64 MiB (the library's rule).
 fn check_block_size(n: i64) -> PyResult<usize> {
-    let ok = (blkhash::MIN_BLOCK_SIZE as i64..=blkhash::MAX_BLOCK_SIZE as i64).contains(&n)
-        && n % 512 == 0;
-    if !ok {
-        return Err(PyValueError::new_err(format!(
-            "block size must be a multiple of 512 from 512 to 64m, not {n}"
-        )));
-    }
-    Ok(n as usize)
+    blkjob::check_block_size(non_negative(n, JobError::BlockSize)?).map_err(value_error)
 }
 
 /// Digest threads: 1 to 128, or None for one per core.
 fn check_threads(n: Option<i64>) -> PyResult<usize> {
-    match n {
-        None => Ok(blkhash::default_threads()),
-        Some(n) if (1..=MAX_THREADS as i64).contains(&n) => Ok(n as usize),
-        Some(n) => Err(PyValueError::new_err(format!(
-            "threads must be 1 to {MAX_THREADS}, not {n}"
-        ))),
-    }
+    let Some(n) = n else {
+        return Ok(blkhash::default_threads());
+    };
+    let threads = non_negative(n, |v| JobError::Threads(v as usize))?;
+    let spec = blkjob::JobSpec {
+        threads: Some(threads),
+        ..Default::default()
+    };
+    spec.build().map_err(value_error)?;
+    Ok(threads)
 }
 
 /// A new blkhash hasher for the digest ``name`` (one of

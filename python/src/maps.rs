@@ -2,9 +2,9 @@
 //! (on several processes or hosts) and the parts merged into its map, as
 //! `blkmap --range` and `blkmap merge` do.
 
-use crate::checksum::{image_name, open_options, os_error, run_cancellable};
-use crate::{check_block_size, check_threads, parse_digest};
-use blkcli::units::Span;
+use crate::checksum::{image_name, open_options, os_error, run_cancellable, warn_rounded};
+use crate::{check_block_size, check_threads, parse_digest, value_error};
+use blkjob::{JobSpec, Span};
 use blkmap::MapError;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -18,7 +18,9 @@ use std::path::PathBuf;
 /// range reaches the end of the image. Parts that cover the image once
 /// merge into its map (``merge()``), whatever process or host made them.
 /// ``image`` and the other options are ``checksum()``'s (not ``"-"``: a
-/// pipe cannot seek). Raises ValueError for a bad argument or range,
+/// pipe cannot seek); a raw file whose size is not a multiple of 512 is
+/// mapped at QEMU's size, with ``checksum()``'s UserWarning. Raises
+/// ValueError for a bad argument or range,
 /// OSError if the image cannot be read or ``out`` written.
 #[pyfunction]
 #[pyo3(
@@ -69,10 +71,10 @@ pub fn map_range(
             len: length,
         },
     };
-    let opts = blktools::MapOptions {
-        algorithm: parse_digest(digest)?,
-        block_size: check_block_size(block_size)?,
-        threads: check_threads(threads)?,
+    let spec = JobSpec {
+        digest: Some(parse_digest(digest)?),
+        block_size: Some(check_block_size(block_size)?),
+        threads: Some(check_threads(threads)?),
         open: open_options(
             &name,
             format,
@@ -85,6 +87,7 @@ pub fn map_range(
         )?,
         ..Default::default()
     };
+    let job = spec.build().map_err(value_error)?;
     if name == "-" {
         return Err(PyValueError::new_err(
             "map_range needs an image that can seek, not standard input",
@@ -101,30 +104,35 @@ pub fn map_range(
     let shown = name.clone();
     // A range that does not fit the image is a bad argument (ValueError),
     // known only once the image is open.
+    let warn_name = image.clone();
     let done = run_cancellable(py, &shown, move |cancel| {
-        let input = blkimage::open(&name, &opts.open)?;
-        let src = blktools::seekable(input, "map_range")?;
+        let job = job.with_cancel(cancel);
+        let input = job.open(&name)?;
+        // Asked of the image, not of the range's window over it.
+        let rounded = input.rounded();
+        let src = blkjob::seekable(input, "map_range")?;
         let checked = span
-            .resolve(src.size(), opts.block_size)
+            .resolve(src.size(), job.block_size())
             .map(|(offset, len)| blkmap::Range { offset, len })
             .and_then(|r| {
-                blkmap::check_range(src.size(), opts.block_size, r).map_err(|e| e.to_string())?;
+                blkmap::check_range(src.size(), job.block_size(), r).map_err(|e| e.to_string())?;
                 Ok(r)
             });
         let range = match checked {
             Ok(r) => r,
             Err(why) => return Ok(Err(why)),
         };
-        let opts = blktools::MapOptions { cancel, ..opts };
-        let part = blktools::map_range(src, range, &opts, "")?;
+        let part = blkjob::map_range(src, range, &job, &mut |_| {})?;
         let image_input = blkmap::guard::Input {
             name: image.as_os_str(),
             role: "the image",
         };
         part.save_guarded(&out, &[image_input])?;
-        Ok(Ok((range.offset, range.len)))
+        Ok(Ok(((range.offset, range.len), rounded)))
     })?;
-    done.map_err(|why| PyValueError::new_err(format!("{shown}: {why}")))
+    let (range, rounded) = done.map_err(|why| PyValueError::new_err(format!("{shown}: {why}")))?;
+    warn_rounded(py, &warn_name, rounded)?;
+    Ok(range)
 }
 
 /// Merge the part files ``parts`` (from ``map_range()`` or ``blkmap
@@ -160,7 +168,11 @@ pub fn merge(py: Python<'_>, parts: Vec<PathBuf>, out: Option<PathBuf>) -> PyRes
         Ok(blkmap::merge_files_until(&parts, out.as_deref(), &cancel))
     })?;
     match result {
-        Ok(h) => Ok(blkhash::to_hex(h.checksum.as_deref().unwrap_or_default())),
+        Ok(h) => Ok(h
+            .checksum
+            .as_ref()
+            .map(blkhash::Checksum::to_hex)
+            .unwrap_or_default()),
         Err(MapError::Io(e)) => Err(os_error(&shown, &e)),
         Err(MapError::In(name, e)) if matches!(*e, MapError::Io(_)) => {
             let MapError::Io(e) = *e else { unreachable!() };

@@ -6,6 +6,7 @@ import concurrent.futures
 import random
 import subprocess
 import time
+import warnings
 
 import pytest
 
@@ -52,6 +53,30 @@ def blkhash_size(raw):
     # Opened by path, a raw image's size is rounded up to 512, as QEMU.
     n = raw.stat().st_size
     return n + (-n % 512)
+
+
+def test_odd_size_is_rounded_up_with_a_warning(tmp_path):
+    """A raw file of 1000 bytes is mapped as QEMU (and blkmap) see it, 1024
+    bytes, with the UserWarning checksum() gives, once per part; the parts
+    merge to checksum()'s checksum. A size QEMU need not round: no warning."""
+    small = tmp_path / "small"
+    small.write_bytes(random.Random(3).randbytes(1000))
+    parts = [tmp_path / "small.0.part", tmp_path / "small.1.part"]
+    want = (f"{small}: 1000 bytes, hashed as 1024 (a raw image's size is rounded up to a "
+            "multiple of 512, as QEMU does; standard input is hashed as it is)")
+    for k, part in enumerate(parts, 1):
+        with pytest.warns(UserWarning) as caught:
+            assert blkhash.map_range(small, part, part=(k, 2), block_size=512) == (
+                [(0, 512), (512, 512)][k - 1])
+        assert [str(w.message) for w in caught] == [want]
+    with pytest.warns(UserWarning):
+        whole = blkhash.checksum(small, block_size=512)
+    assert blkhash.merge(parts, tmp_path / "small.map") == whole
+    even = tmp_path / "even"
+    even.write_bytes(bytes(1024))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        blkhash.map_range(even, tmp_path / "even.part", block_size=512)
 
 
 def test_process_pool_on_a_compressed_qcow2(qcow2, tmp_path):

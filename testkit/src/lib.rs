@@ -1,6 +1,6 @@
 //! Test support: the vector recipes' image generator, the reference vectors,
-//! and the helpers every crate's tests share: QEMU's tools ([`tools`]) and
-//! NBD servers ([`nbd`]).
+//! and the helpers every crate's tests share: QEMU's tools ([`tools`]),
+//! NBD servers ([`nbd`]) and one that misbehaves on purpose ([`hostile`]).
 //!
 //! A recipe is segments separated by spaces, each `SIZE:KIND` (see
 //! `vectors.json`'s README in the shared vectors): `-` a hole, `0` written
@@ -10,6 +10,7 @@
 // Every public item says what it is (cargo doc is part of the API).
 #![warn(missing_docs)]
 
+pub mod hostile;
 pub mod nbd;
 pub mod tools;
 

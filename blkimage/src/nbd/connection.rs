@@ -1,7 +1,8 @@
 //! One NBD connection in the transmission phase: requests are sent by the
-//! calling threads, replies are read by a reader thread (`replies.rs`) that
-//! dispatches them to their waiters by cookie, writing read data straight
-//! into the waiting caller's buffer. Many requests can be in flight at once.
+//! calling threads and registered by cookie (`pending.rs`), replies are
+//! read by a reader thread (`replies.rs`) that dispatches them to their
+//! waiters, writing read data straight into the waiting caller's buffer.
+//! Many requests can be in flight at once.
 //!
 //! Any protocol violation, a dropped connection or a timeout kills the
 //! connection: every waiter gets the error, nothing hangs.
@@ -14,13 +15,14 @@
 //! long for its reply to begin.
 
 use super::handshake::Export;
+use super::pending::{Op, Pending, Shared, Status};
 use super::protocol::*;
 use super::replies::{peer_gone, read_loop};
 use super::transport::Split;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -31,73 +33,6 @@ pub const MAX_IN_FLIGHT: usize = 64;
 /// Bytes of reads and writes waiting for their replies at most, per
 /// connection (a single larger request may still go alone).
 pub const MAX_IN_FLIGHT_BYTES: u64 = 64 << 20;
-
-/// A block status descriptor: its length and base:allocation flags.
-pub type Status = (u32, u32);
-
-/// A request being answered, as the reply reader needs it.
-pub(super) enum Op {
-    Read {
-        /// The caller's buffer, valid until the request is done or the
-        /// connection is dead (the caller waits for one or the other).
-        ptr: *mut u8,
-        offset: u64,
-        len: u32,
-        /// Ranges covered by content chunks (start -> end).
-        covered: BTreeMap<u64, u64>,
-    },
-    Status {
-        result: Option<Vec<Status>>,
-    },
-    /// A write, write zeroes or flush: the reply says done or an error.
-    Plain,
-}
-
-// SAFETY: the pointer is only written by the reader thread while its owner
-// waits (see `Op::Read`).
-unsafe impl Send for Op {}
-
-pub(super) struct Pending {
-    pub(super) op: Op,
-    /// Bytes it counts for in [`MAX_IN_FLIGHT_BYTES`].
-    cost: u64,
-    pub(super) done: bool,
-    pub(super) error: Option<String>,
-}
-
-pub(super) struct State {
-    pub(super) pending: HashMap<u64, Pending>,
-    /// Why the connection is gone, once it is.
-    dead: Option<(io::ErrorKind, String)>,
-    pub(super) last_activity: Instant,
-    /// Requests sent and not done, and their bytes.
-    pub(super) in_flight: usize,
-    in_flight_bytes: u64,
-}
-
-impl State {
-    /// Mark a request done (once), releasing its place in flight.
-    pub(super) fn complete(&mut self, cookie: u64) {
-        if let Some(p) = self.pending.get_mut(&cookie)
-            && !p.done
-        {
-            p.done = true;
-            self.in_flight -= 1;
-            self.in_flight_bytes -= p.cost;
-        }
-    }
-}
-
-pub(super) struct Shared {
-    state: Mutex<State>,
-    pub(super) cond: Condvar,
-}
-
-impl Shared {
-    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
 
 /// A connection in transmission.
 pub struct Connection {
@@ -175,16 +110,7 @@ impl Connection {
     /// Start the transmission phase on a negotiated transport; an error if
     /// the system will not start its reader thread (its limit on threads).
     pub fn new(split: Split, export: Export, timeout: Option<Duration>) -> io::Result<Connection> {
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                pending: HashMap::new(),
-                dead: None,
-                last_activity: Instant::now(),
-                in_flight: 0,
-                in_flight_bytes: 0,
-            }),
-            cond: Condvar::new(),
-        });
+        let shared = Arc::new(Shared::new());
         let shutdown = split.shutdown.clone();
         let reader = {
             let shared = shared.clone();
@@ -358,6 +284,7 @@ impl Drop for Connection {
 #[cfg(feature = "fuzzing")]
 pub fn fuzz_replies(replies: &[u8], flags: u8) {
     use std::io::{BufReader, Cursor, Read};
+    use std::sync::Condvar;
     // The replies are released only once every request is registered, so
     // each run is deterministic.
     struct Gated {

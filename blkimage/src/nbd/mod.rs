@@ -1,5 +1,6 @@
 //! NBD: a client for NBD URLs (`nbd://`, `nbd+unix://`, `nbds://`,
-//! `nbds+unix://`), and image formats read through a private `qemu-nbd`.
+//! `nbds+unix://`). (Image formats read through a private `qemu-nbd` are
+//! an image backend of their own: [`crate::QemuExport`].)
 //!
 //! The protocol is written from the NBD project's `doc/proto.md`: the fixed
 //! newstyle handshake with NBD_OPT_GO (block size constraints honoured),
@@ -11,6 +12,7 @@
 
 mod connection;
 mod handshake;
+mod pending;
 // The wire format is the client's business, public only to the fuzz targets.
 // Its constants are the spec's names (doc/proto.md says what each means).
 #[cfg(feature = "fuzzing")]
@@ -18,7 +20,6 @@ mod handshake;
 pub mod protocol;
 #[cfg(not(feature = "fuzzing"))]
 mod protocol;
-pub(crate) mod qemu;
 mod replies;
 mod source;
 mod tls;
@@ -30,11 +31,25 @@ mod url;
 pub use connection::fuzz_replies;
 #[cfg(feature = "fuzzing")]
 pub use handshake::fuzz_handshake;
-pub use qemu::{PassphraseNeeded, QemuExport, QemuTarget, probe_format};
 pub use source::{Nbd, NbdOptions};
+pub use tls::NoCaCertificates;
 pub use url::{Address, NbdUrl, is_url};
 
 use std::io;
+
+/// Opening an NBD URL in a format other than raw (the `io::Error`'s inner
+/// error, [`io::ErrorKind::InvalidInput`]): an export is read as raw
+/// bytes; a program recognizes it to say which of its options applies.
+#[derive(Debug)]
+pub struct RawOnly;
+
+impl std::fmt::Display for RawOnly {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an NBD export is read as raw bytes")
+    }
+}
+
+impl std::error::Error for RawOnly {}
 
 /// Open the NBD URL `name` (callers print the name with any error).
 pub fn open_url(name: &str, opts: &NbdOptions) -> io::Result<Nbd> {

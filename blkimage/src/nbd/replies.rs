@@ -3,8 +3,8 @@
 //! by cookie: a simple reply, or structured chunks, one function per chunk
 //! type. Anything the protocol does not allow kills the connection.
 
-use super::connection::{Op, Shared, State, Status};
 use super::handshake::Export;
+use super::pending::{Op, Shared, State, Status};
 use super::protocol::*;
 use std::io::{self, BufRead};
 use std::time::{Duration, Instant};

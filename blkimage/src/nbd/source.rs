@@ -14,8 +14,8 @@ use crate::source::{Extent, ExtentKind, Source};
 use rustls::ClientConfig;
 use std::io;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// How to connect.
@@ -49,13 +49,35 @@ const REQUEST_SIZE: u32 = 1 << 20;
 /// block size); the server may answer for less.
 const STATUS_SIZE: u64 = 0xffff_0000;
 
+/// Bytes of reads an export keeps in flight by default (`default_io_depth`):
+/// enough requests to hide a network's latency (16 reads of the default 1
+/// MiB), few enough buffers to keep memory small whatever the read size.
+const NBD_BYTES_IN_FLIGHT: usize = 16 << 20;
+
 /// An NBD export.
 pub struct Nbd {
     format: String,
-    conns: Vec<Connection>,
+    /// The first connection; more may join ([`Extra`]).
+    first: Connection,
+    extra: Arc<Extra>,
     next: AtomicUsize,
     export: Export,
     request_size: usize,
+}
+
+/// Connections beyond the first, made on threads of their own while the
+/// first one works: a server at its limit of clients (qemu-nbd's
+/// --shared) may answer one only when another client leaves, or never,
+/// and a run must not wait for that. Each slot is set once, when its
+/// connection is ready.
+struct Extra {
+    slots: Vec<OnceLock<Connection>>,
+}
+
+impl Extra {
+    fn ready(&self) -> impl Iterator<Item = &Connection> {
+        self.slots.iter().filter_map(OnceLock::get)
+    }
 }
 
 fn describe(addr: &Address) -> String {
@@ -149,22 +171,41 @@ impl Nbd {
         };
         let first = connect_one(url, opts, tls.as_ref(), false)?;
         let export = first.export.clone();
-        let mut conns = vec![first];
-        if export.flags & FLAG_CAN_MULTI_CONN != 0 {
-            while conns.len() < opts.connections.max(1) {
-                // More connections only help: a server that refuses them
-                // (qemu-nbd's --shared) leaves us with fewer.
-                match connect_one(url, opts, tls.as_ref(), true) {
-                    Ok(c) if c.export.size == export.size => conns.push(c),
-                    _ => break,
-                }
-            }
+        let wanted = match export.flags & FLAG_CAN_MULTI_CONN {
+            0 => 0,
+            _ => opts.connections.max(1) - 1,
+        };
+        let extra = Arc::new(Extra {
+            slots: (0..wanted).map(|_| OnceLock::new()).collect(),
+        });
+        // One after the other, on one thread: a server that refuses one
+        // (at its limit of clients) would refuse the next too.
+        if wanted > 0 {
+            let (extra, url, opts, tls) = (extra.clone(), url.clone(), opts.clone(), tls.clone());
+            let size = export.size;
+            let started = std::thread::Builder::new()
+                .name("nbd-connect".into())
+                .spawn(move || {
+                    for slot in &extra.slots {
+                        // More connections only help: a server that refuses
+                        // them leaves us with fewer.
+                        match connect_one(&url, &opts, tls.as_ref(), true) {
+                            Ok(c) if c.export.size == size => {
+                                let _ = slot.set(c);
+                            }
+                            _ => break,
+                        }
+                    }
+                });
+            // No thread (the system's limit): one connection does.
+            drop(started);
         }
         let min = export.min_block.max(1);
         let request_size = (REQUEST_SIZE.min(export.max_payload) / min * min).max(min) as usize;
         Ok(Nbd {
             format: "raw".into(),
-            conns,
+            first,
+            extra,
             next: AtomicUsize::new(0),
             export,
             request_size,
@@ -176,9 +217,9 @@ impl Nbd {
         self.format = format.to_string();
     }
 
-    /// Connections in use.
+    /// Connections in use now (more may join while the first works).
     pub fn connections(&self) -> usize {
-        self.conns.len()
+        1 + self.extra.ready().count()
     }
 
     /// The server's block size constraints: minimum, preferred, maximum payload.
@@ -192,9 +233,18 @@ impl Nbd {
         self.export.allocation.is_some()
     }
 
+    /// The next connection, in turn among those ready.
     fn conn(&self) -> &Connection {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
-        &self.conns[i]
+        let n = self.connections();
+        match self.next.fetch_add(1, Ordering::Relaxed) % n {
+            0 => &self.first,
+            i => self.extra.ready().nth(i - 1).unwrap_or(&self.first),
+        }
+    }
+
+    /// Every connection ready now.
+    fn all(&self) -> impl Iterator<Item = &Connection> {
+        std::iter::once(&self.first).chain(self.extra.ready())
     }
 
     /// True if the export takes writes (the server did not say read-only).
@@ -317,7 +367,7 @@ impl Nbd {
         if self.export.flags & FLAG_SEND_FLUSH == 0 {
             return Ok(());
         }
-        for c in &self.conns {
+        for c in self.all() {
             c.flush()?;
         }
         Ok(())
@@ -392,6 +442,16 @@ impl Source for Nbd {
             return Err(super::protocol::malformed("empty block status"));
         }
         Ok(out)
+    }
+
+    /// Latency, not the digest threads, bounds an export across a network:
+    /// 16 MiB of reads in flight (16 of the default 1 MiB),
+    /// at least one and at most [`crate::DEFAULT_IO_DEPTH`]. Sized by bytes,
+    /// so a large read size does not multiply the buffers; the server's
+    /// maximum payload only splits each read into requests, which each
+    /// connection bounds (64 requests in flight).
+    fn default_io_depth(&self, read_size: usize) -> usize {
+        (NBD_BYTES_IN_FLIGHT / read_size.max(1)).clamp(1, crate::DEFAULT_IO_DEPTH)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {

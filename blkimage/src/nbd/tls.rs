@@ -174,6 +174,28 @@ fn load_dir(
     }
 }
 
+/// No certificates directory named and no system CA certificates found
+/// (the `io::Error`'s inner error, [`io::ErrorKind::NotFound`]): a program
+/// recognizes it to say how its user names a directory with `ca-cert.pem`
+/// (the URL's `tls-certificates=DIR`, or an option of its own).
+#[derive(Debug)]
+pub struct NoCaCertificates {
+    /// Why the system's certificates could not be loaded, if it says.
+    why: Option<String>,
+}
+
+impl std::fmt::Display for NoCaCertificates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TLS: no system CA certificates found")?;
+        if let Some(why) = &self.why {
+            write!(f, " ({why})")?;
+        }
+        write!(f, ": name a directory with {CA_CERT}")
+    }
+}
+
+impl std::error::Error for NoCaCertificates {}
+
 /// The client configuration for the certificates in `dir` (or the
 /// system's CAs).
 pub fn config(dir: Option<&Path>) -> io::Result<ClientConfig> {
@@ -184,17 +206,10 @@ pub fn config(dir: Option<&Path>) -> io::Result<ClientConfig> {
             let found = rustls_native_certs::load_native_certs();
             let (added, _) = roots.add_parsable_certificates(found.certs);
             if added == 0 {
-                let why = found
-                    .errors
-                    .first()
-                    .map(|e| format!(" ({e})"))
-                    .unwrap_or_default();
+                let why = found.errors.first().map(|e| e.to_string());
                 return Err(io::Error::new(
                     io::ErrorKind::NotFound,
-                    format!(
-                        "TLS: no system CA certificates found{why}: name a directory with \
-                         {CA_CERT} (--tls-certificates DIR, or tls-certificates=DIR in the URL)"
-                    ),
+                    NoCaCertificates { why },
                 ));
             }
             None

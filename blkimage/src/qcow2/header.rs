@@ -119,9 +119,87 @@ impl Header {
         self.cluster_bits - if self.extended_l2 { 4 } else { 3 }
     }
 
-    /// Read and validate the header of the image in `file`.
+    /// Read and validate the header of the image in `file`: the fixed
+    /// part, the first cluster's fields and extensions, the features, the
+    /// tables, the backing file name. The checks run in this order, so
+    /// that an image with several faults is refused for the same one.
     pub fn parse(file: &dyn Storage) -> io::Result<Header> {
         let file_len = file.len();
+        let fixed = Fixed::read(file, file_len)?;
+        let cluster_size = 1u64 << fixed.cluster_bits;
+
+        // The first cluster holds the header, its extensions and the
+        // backing file name: read it (or the whole file if shorter).
+        let first_len = file_len.min(cluster_size) as usize;
+        let header_len = fixed.header_len;
+        if (header_len as usize) > first_len {
+            return Err(invalid(format!(
+                "file too short for its header_length {header_len}"
+            )));
+        }
+        let mut first = vec![0u8; first_len];
+        file.read_exact_at(&mut first, 0)?;
+        let fields = Fields::of(&first);
+
+        // Extensions come first so that unknown-feature errors can name the feature.
+        let ext_end = if fields.backing_offset != 0 {
+            fields.backing_offset.min(first_len as u64) as usize
+        } else {
+            first_len
+        };
+        let exts = parse_extensions(
+            &first,
+            header_len as usize,
+            ext_end,
+            fixed.autoclear,
+            cluster_size,
+        )?;
+        let (external_data, extended_l2) = fixed.features(&exts)?;
+        let compression = fixed.compression(&first)?;
+        fields.check_tables(fixed.cluster_bits)?;
+        fields.check_l1(fixed.cluster_bits, extended_l2, file_len)?;
+        let backing_file = backing_file_name(&first, fields.backing_offset, fields.backing_len)?;
+
+        let data_file_raw = external_data && fixed.autoclear & AUTOCLEAR_DATA_FILE_RAW != 0;
+        if data_file_raw && backing_file.is_some() {
+            return Err(invalid(
+                "a raw external data file (data_file_raw) conflicts with a backing file".into(),
+            ));
+        }
+
+        Ok(Header {
+            version: fixed.version,
+            cluster_bits: fixed.cluster_bits,
+            size: fields.size,
+            l1_size: fields.l1_size,
+            l1_offset: fields.l1_offset,
+            compression,
+            extended_l2,
+            external_data,
+            data_file_raw,
+            dirty: fixed.incompatible & INCOMPAT_DIRTY != 0,
+            nb_snapshots: fields.nb_snapshots,
+            backing_file,
+            backing_format: exts.backing_format,
+            data_file: external_data.then_some(exts.data_file).flatten(),
+        })
+    }
+}
+
+/// The fixed part of the header (its first 72 or 104 bytes), checked: a
+/// qcow2 image of a version read here, unencrypted, with a sane geometry.
+struct Fixed {
+    version: u32,
+    cluster_bits: u32,
+    header_len: u32,
+    incompatible: u64,
+    autoclear: u64,
+}
+
+impl Fixed {
+    /// Read and check the fixed part of the header of `file`, `file_len`
+    /// bytes long.
+    fn read(file: &dyn Storage, file_len: u64) -> io::Result<Fixed> {
         if file_len < u64::from(V2_HEADER_LEN) {
             return Err(invalid(format!(
                 "file too short for a header ({file_len} bytes)"
@@ -148,23 +226,7 @@ impl Header {
                 "cluster_bits {cluster_bits} out of range ({MIN_CLUSTER_BITS} to {MAX_CLUSTER_BITS})"
             )));
         }
-        let cluster_size = 1u64 << cluster_bits;
-
-        let crypt_method = be32(&fixed, 32);
-        match crypt_method {
-            0 => {}
-            1 => {
-                return Err(unsupported(
-                    "encrypted images (AES) are not supported".into(),
-                ));
-            }
-            2 => {
-                return Err(unsupported(
-                    "encrypted images (LUKS) are not supported".into(),
-                ));
-            }
-            m => return Err(unsupported(format!("unknown encryption method {m}"))),
-        }
+        check_encryption(be32(&fixed, 32))?;
 
         let (header_len, incompatible, autoclear, refcount_order) = if version == 2 {
             (V2_HEADER_LEN, 0, 0, 4)
@@ -176,7 +238,23 @@ impl Header {
                 be32(&fixed, 96),
             )
         };
-        if version == 3 && (header_len < V3_HEADER_LEN || header_len % 8 != 0) {
+        let f = Fixed {
+            version,
+            cluster_bits,
+            header_len,
+            incompatible,
+            autoclear,
+        };
+        f.check_lengths(refcount_order)?;
+        Ok(f)
+    }
+
+    /// The header length (a version 3 header says it) and the refcount
+    /// order.
+    fn check_lengths(&self, refcount_order: u32) -> io::Result<()> {
+        let header_len = self.header_len;
+        let cluster_size = 1u64 << self.cluster_bits;
+        if self.version == 3 && (header_len < V3_HEADER_LEN || !header_len.is_multiple_of(8)) {
             return Err(invalid(format!(
                 "header_length {header_len} is not a multiple of 8 of at least {V3_HEADER_LEN}"
             )));
@@ -191,42 +269,15 @@ impl Header {
                 "refcount_order {refcount_order} exceeds 6"
             )));
         }
+        Ok(())
+    }
 
-        // The first cluster holds the header, its extensions and the
-        // backing file name: read it (or the whole file if shorter).
-        let first_len = file_len.min(cluster_size) as usize;
-        if (header_len as usize) > first_len {
-            return Err(invalid(format!(
-                "file too short for its header_length {header_len}"
-            )));
-        }
-        let mut first = vec![0u8; first_len];
-        file.read_exact_at(&mut first, 0)?;
-
-        let backing_offset = be64(&first, 8);
-        let backing_len = be32(&first, 16);
-        let size = be64(&first, 24);
-        let l1_size = be32(&first, 36);
-        let l1_offset = be64(&first, 40);
-        let refcount_table_offset = be64(&first, 48);
-        let refcount_table_clusters = be32(&first, 56);
-        let nb_snapshots = be32(&first, 60);
-        let snapshots_offset = be64(&first, 64);
-
-        // Extensions come first so that unknown-feature errors can name the feature.
-        let ext_end = if backing_offset != 0 {
-            backing_offset.min(first_len as u64) as usize
-        } else {
-            first_len
-        };
-        let exts = parse_extensions(
-            &first,
-            header_len as usize,
-            ext_end,
-            autoclear,
-            cluster_size,
-        )?;
-
+    /// The incompatible features: none unknown (named from the feature
+    /// name table in `exts` if it has them), the image not marked corrupt.
+    /// Whether guest data lives in an external data file, and whether L2
+    /// entries are extended.
+    fn features(&self, exts: &Extensions) -> io::Result<(bool, bool)> {
+        let incompatible = self.incompatible;
         if incompatible & INCOMPAT_CORRUPT != 0 {
             return Err(unsupported(
                 "the image is marked corrupt (repair it with qemu-img check -r all)".into(),
@@ -248,35 +299,97 @@ impl Header {
         }
         let external_data = incompatible & INCOMPAT_DATA_FILE != 0;
         let extended_l2 = incompatible & INCOMPAT_EXTL2 != 0;
-        if extended_l2 && cluster_bits < 14 {
+        if extended_l2 && self.cluster_bits < 14 {
             return Err(invalid(format!(
-                "extended L2 entries need clusters of at least 16 KiB, not {cluster_size} bytes"
+                "extended L2 entries need clusters of at least 16 KiB, not {} bytes",
+                1u64 << self.cluster_bits
             )));
         }
+        Ok((external_data, extended_l2))
+    }
 
-        let compression_type = if header_len > V3_HEADER_LEN {
+    /// How compressed clusters are compressed: the compression type (in
+    /// `first`, the first cluster, past a version 3 header) and its
+    /// incompatible bit must agree.
+    fn compression(&self, first: &[u8]) -> io::Result<Compression> {
+        let compression_type = if self.header_len > V3_HEADER_LEN {
             first[104]
         } else {
             0
         };
-        let compression = if incompatible & INCOMPAT_COMPRESSION != 0 {
+        if self.incompatible & INCOMPAT_COMPRESSION != 0 {
             match compression_type {
-                0 => {
-                    return Err(invalid(
-                        "compression type bit set with the zlib compression type".into(),
-                    ));
-                }
-                1 => Compression::Zstd,
-                t => return Err(unsupported(format!("unknown compression type {t}"))),
+                0 => Err(invalid(
+                    "compression type bit set with the zlib compression type".into(),
+                )),
+                1 => Ok(Compression::Zstd),
+                t => Err(unsupported(format!("unknown compression type {t}"))),
             }
         } else if compression_type != 0 {
-            return Err(invalid(format!(
+            Err(invalid(format!(
                 "compression type {compression_type} without the compression type bit"
-            )));
+            )))
         } else {
-            Compression::Zlib
-        };
+            Ok(Compression::Zlib)
+        }
+    }
+}
 
+/// The header's encryption method: only none is read here.
+fn check_encryption(crypt_method: u32) -> io::Result<()> {
+    match crypt_method {
+        0 => Ok(()),
+        1 => Err(unsupported(
+            "encrypted images (AES) are not supported".into(),
+        )),
+        2 => Err(unsupported(
+            "encrypted images (LUKS) are not supported".into(),
+        )),
+        m => Err(unsupported(format!("unknown encryption method {m}"))),
+    }
+}
+
+/// The header's fields past its magic and version, as stored (the first
+/// cluster holds at least the 72 bytes of a version 2 header).
+struct Fields {
+    backing_offset: u64,
+    backing_len: u32,
+    size: u64,
+    l1_size: u32,
+    l1_offset: u64,
+    refcount_table_offset: u64,
+    refcount_table_clusters: u32,
+    nb_snapshots: u32,
+    snapshots_offset: u64,
+}
+
+impl Fields {
+    fn of(first: &[u8]) -> Fields {
+        Fields {
+            backing_offset: be64(first, 8),
+            backing_len: be32(first, 16),
+            size: be64(first, 24),
+            l1_size: be32(first, 36),
+            l1_offset: be64(first, 40),
+            refcount_table_offset: be64(first, 48),
+            refcount_table_clusters: be32(first, 56),
+            nb_snapshots: be32(first, 60),
+            snapshots_offset: be64(first, 64),
+        }
+    }
+
+    /// The tables' places: the L1 and refcount tables aligned; the
+    /// refcount and snapshot tables within QEMU's limits.
+    fn check_tables(&self, cluster_bits: u32) -> io::Result<()> {
+        let cluster_size = 1u64 << cluster_bits;
+        let Fields {
+            l1_offset,
+            refcount_table_offset,
+            refcount_table_clusters,
+            nb_snapshots,
+            snapshots_offset,
+            ..
+        } = *self;
         let aligned = |o: u64| o & (cluster_size - 1) == 0;
         if !aligned(l1_offset) {
             return Err(invalid(format!(
@@ -325,8 +438,18 @@ impl Header {
                 "Snapshot table offset invalid ({snapshots_offset:#x}: not aligned to the cluster size, or past the largest offset)"
             )));
         }
+        Ok(())
+    }
 
-        // The L1 table: QEMU's limit, inside the file, and covering the size.
+    /// The L1 table: QEMU's limit, inside the file of `file_len` bytes,
+    /// and covering the virtual size.
+    fn check_l1(&self, cluster_bits: u32, extended_l2: bool, file_len: u64) -> io::Result<()> {
+        let Fields {
+            l1_size,
+            l1_offset,
+            size,
+            ..
+        } = *self;
         let l1_bytes = u64::from(l1_size) * 8;
         if l1_bytes > MAX_L1_BYTES {
             return Err(invalid(format!(
@@ -353,54 +476,37 @@ impl Header {
                 "L1 table of {l1_size} entries is too small for the virtual size {size}"
             )));
         }
-
-        // The backing file name: at most 1023 bytes, inside the first cluster.
-        let backing_file = if backing_offset != 0 {
-            if backing_len > 1023 {
-                return Err(invalid(format!(
-                    "backing file name too long ({backing_len} bytes)"
-                )));
-            }
-            let end = backing_offset
-                .checked_add(backing_len.into())
-                .filter(|&e| e <= first_len as u64)
-                .ok_or_else(|| {
-                    invalid(format!(
-                        "backing file name at offset {backing_offset:#x} is outside the first cluster or the file"
-                    ))
-                })?;
-            let name = &first[backing_offset as usize..end as usize];
-            // As QEMU, which keeps it as a C string: a NUL ends the name.
-            let name = name.split(|&b| b == 0).next().unwrap_or_default();
-            (!name.is_empty()).then(|| name.to_vec())
-        } else {
-            None
-        };
-
-        let data_file_raw = external_data && autoclear & AUTOCLEAR_DATA_FILE_RAW != 0;
-        if data_file_raw && backing_file.is_some() {
-            return Err(invalid(
-                "a raw external data file (data_file_raw) conflicts with a backing file".into(),
-            ));
-        }
-
-        Ok(Header {
-            version,
-            cluster_bits,
-            size,
-            l1_size,
-            l1_offset,
-            compression,
-            extended_l2,
-            external_data,
-            data_file_raw,
-            dirty: incompatible & INCOMPAT_DIRTY != 0,
-            nb_snapshots,
-            backing_file,
-            backing_format: exts.backing_format,
-            data_file: external_data.then_some(exts.data_file).flatten(),
-        })
+        Ok(())
     }
+}
+
+/// The backing file name, `backing_len` bytes at `backing_offset` (0: no
+/// backing file): at most 1023 bytes, inside `first`, the first cluster.
+fn backing_file_name(
+    first: &[u8],
+    backing_offset: u64,
+    backing_len: u32,
+) -> io::Result<Option<Vec<u8>>> {
+    if backing_offset == 0 {
+        return Ok(None);
+    }
+    if backing_len > 1023 {
+        return Err(invalid(format!(
+            "backing file name too long ({backing_len} bytes)"
+        )));
+    }
+    let end = backing_offset
+        .checked_add(backing_len.into())
+        .filter(|&e| e <= first.len() as u64)
+        .ok_or_else(|| {
+            invalid(format!(
+                "backing file name at offset {backing_offset:#x} is outside the first cluster or the file"
+            ))
+        })?;
+    let name = &first[backing_offset as usize..end as usize];
+    // As QEMU, which keeps it as a C string: a NUL ends the name.
+    let name = name.split(|&b| b == 0).next().unwrap_or_default();
+    Ok((!name.is_empty()).then(|| name.to_vec()))
 }
 
 /// The bitmaps extension (the bitmaps themselves are not read): its

@@ -1,7 +1,6 @@
 //! Helpers shared by the command tests.
 #![allow(dead_code)]
 
-pub mod hostile;
 pub mod nbd;
 pub mod progress;
 pub mod qemu;

@@ -1,9 +1,11 @@
 //! blkdiff: where two images (or saved block maps) differ.
 
+use blkcli::args::InputArgs;
 use blkcli::manual::Page;
-use blkhash::Algorithm;
+use blkcli::progress::Progress;
+use blkcli::units::reason;
+use blkjob::{Job, Mapped};
 use blkmap::{Diff, Map};
-use blktools::{InputArgs, Mapped, reason};
 use clap::Parser;
 use serde_json::json;
 use std::ffi::OsString;
@@ -106,7 +108,7 @@ fn main() -> ExitCode {
     if let Some(code) = blkcli::manual::early::<Args>(&PAGE) {
         return code;
     }
-    let mut args: Args = blktools::parse_args(|a: &Args| &a.input);
+    let mut args: Args = blkcli::args::parse_map_args(|a: &Args| &a.input);
     args.json |= args.output.as_deref() == Some("json");
     args.a = args.a_path.to_string_lossy().into_owned();
     args.b = args.b_path.to_string_lossy().into_owned();
@@ -117,67 +119,29 @@ fn main() -> ExitCode {
     let detect = [args.input.format.is_none(), b_format.is_none()];
 
     // Saved maps first: they say how to hash the images.
-    let mut maps: [Option<Mapped>; 2] = [None, None];
-    for ((slot, (path, name)), detect) in maps
-        .iter_mut()
-        .zip([(&args.a_path, &args.a), (&args.b_path, &args.b)])
-        .zip(detect)
-    {
-        if !detect || path == "-" {
-            continue;
-        }
-        match blktools::try_load_map(path) {
-            Ok(Some(map)) => {
-                *slot = Some(Mapped {
-                    map,
-                    format: "map".into(),
-                    rounded: None,
-                })
-            }
-            Ok(None) => {}
-            Err(e) => return trouble(format!("{name}: {}", reason(&e))),
-        }
-    }
-    let (algorithm, block_size) = match params(&args, &maps) {
+    let maps = match saved_maps(&args, detect) {
+        Ok(maps) => maps,
+        Err(msg) => return trouble(msg),
+    };
+    let job = match params(&args, &maps) {
+        Ok(job) => job,
+        Err(msg) => return trouble(msg),
+    };
+    let signals = blkcli::signals::Signals::install("blkdiff: interrupted");
+    let job = job.with_cancel(signals.cancel.clone());
+    // Saved maps are not hashed: only the images count.
+    let hashed = maps.iter().filter(|m| m.is_none()).count();
+    let progress = match Progress::new("blkdiff", args.show.progress.progress, Some(hashed)) {
         Ok(p) => p,
         Err(msg) => return trouble(msg),
     };
-    let mut opts = blktools::map_options(&args.input, algorithm, block_size);
-    let signals = blkcli::signals::Signals::install("blkdiff: interrupted");
-    opts.cancel = signals.cancel.clone();
-    // Saved maps are not hashed: only the images count.
-    let hashed = maps.iter().filter(|m| m.is_none()).count();
-    match blkcli::progress::Progress::new("blkdiff", args.show.progress.progress, Some(hashed)) {
-        Ok(p) => opts.progress = Some(std::sync::Arc::new(p)),
+    let mut spec_b = job.spec();
+    spec_b.open.format = b_format;
+    let job_b = match spec_b.build() {
+        Ok(job) => job,
         Err(msg) => return trouble(msg),
-    }
-    let [ma, mb] = maps;
-    // The images, both at once (each uses every core for digests, but
-    // reading one need not wait for the other).
-    let mut opts_b = opts.clone();
-    opts_b.open.format = b_format;
-    let side = |m: Option<Mapped>, name: &OsString, opts, detect| -> io::Result<Mapped> {
-        match m {
-            Some(m) => Ok(m),
-            None if name == "-" => blktools::map_stdin(opts, detect),
-            None => blktools::map_image(name, opts),
-        }
     };
-    let ma = std::sync::Mutex::new(ma);
-    let side_a = || {
-        let m = ma.lock().unwrap_or_else(|p| p.into_inner()).take();
-        side(m, &args.a_path, &opts, detect[0])
-    };
-    let (ra, rb) = std::thread::scope(|s| {
-        // At the system's limit on threads, one after the other.
-        let ha = std::thread::Builder::new().spawn_scoped(s, side_a);
-        let rb = side(mb, &args.b_path, &opts_b, detect[1]);
-        let ra = match ha {
-            Ok(h) => h.join().expect("hashing thread"),
-            Err(_) => side_a(),
-        };
-        (ra, rb)
-    });
+    let (ra, rb) = hash_both(&args, maps, [&job, &job_b], detect, &progress);
     let (a, b) = match (ra, rb) {
         (Ok(a), Ok(b)) => (a, b),
         _ if signals.cancelled() => {
@@ -187,16 +151,88 @@ fn main() -> ExitCode {
         (Err(e), _) => return trouble(format!("{}: {}", args.a, reason(&e))),
         (_, Err(e)) => return trouble(format!("{}: {}", args.b, reason(&e))),
     };
+    compare(&args, &a, &b, &job)
+}
+
+/// A and B that are saved maps (where the format is probed and the input
+/// is not standard input), loaded.
+fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Mapped>; 2], String> {
+    let mut maps: [Option<Mapped>; 2] = [None, None];
+    for ((slot, (path, name)), detect) in maps
+        .iter_mut()
+        .zip([(&args.a_path, &args.a), (&args.b_path, &args.b)])
+        .zip(detect)
+    {
+        if !detect || path == "-" {
+            continue;
+        }
+        match blkjob::try_load_map(path) {
+            Ok(Some(map)) => {
+                *slot = Some(Mapped {
+                    map,
+                    format: "map".into(),
+                    rounded: None,
+                })
+            }
+            Ok(None) => {}
+            Err(e) => return Err(format!("{name}: {}", reason(&e))),
+        }
+    }
+    Ok(maps)
+}
+
+/// The maps of A and B: saved ones as they are, images hashed both at once
+/// (each uses every core for digests, but reading one need not wait for
+/// the other).
+fn hash_both(
+    args: &Args,
+    [ma, mb]: [Option<Mapped>; 2],
+    [job_a, job_b]: [&Job; 2],
+    detect: [bool; 2],
+    progress: &Progress,
+) -> (io::Result<Mapped>, io::Result<Mapped>) {
+    let side = |m: Option<Mapped>, name: &OsString, job: &Job, detect| -> io::Result<Mapped> {
+        match m {
+            Some(m) => Ok(m),
+            None if name == "-" => progress.track("-", None, |p| blkjob::map_stdin(job, detect, p)),
+            None => {
+                let input = job.open(name)?;
+                progress.track(&name.to_string_lossy(), input.size(), |p| {
+                    blkjob::map(input, job, job.cancel(), p)
+                })
+            }
+        }
+    };
+    let ma = std::sync::Mutex::new(ma);
+    let side_a = || {
+        let m = ma.lock().unwrap_or_else(|p| p.into_inner()).take();
+        side(m, &args.a_path, job_a, detect[0])
+    };
+    std::thread::scope(|s| {
+        // At the system's limit on threads, one after the other.
+        let ha = std::thread::Builder::new().spawn_scoped(s, side_a);
+        let rb = side(mb, &args.b_path, job_b, detect[1]);
+        let ra = match ha {
+            Ok(h) => h.join().expect("hashing thread"),
+            Err(_) => side_a(),
+        };
+        (ra, rb)
+    })
+}
+
+/// Compare the maps of A and B and print where they differ: the exit
+/// status is cmp's.
+fn compare(args: &Args, a: &Mapped, b: &Mapped, job: &Job) -> ExitCode {
     // A raw file hashed at QEMU's size, not its own: said once per input
     // (not with -q, which prints nothing).
-    for (m, name) in [(&a, &args.a), (&b, &args.b)] {
+    for (m, name) in [(a, &args.a), (b, &args.b)] {
         if let Some(r) = m.rounded.filter(|_| !args.quiet) {
             eprintln!("blkdiff: {name}: {r}");
         }
     }
     // Standard input may have been a map of other parameters.
-    for (m, name) in [(&a, &args.a), (&b, &args.b)] {
-        if let Err(msg) = check_map(name, &m.map, algorithm, block_size) {
+    for (m, name) in [(a, &args.a), (b, &args.b)] {
+        if let Err(msg) = check_map(name, &m.map, job) {
             return trouble(msg);
         }
     }
@@ -207,7 +243,7 @@ fn main() -> ExitCode {
     let printed = if args.quiet {
         Ok(())
     } else if args.json {
-        print_json(&args, &a, &b, &d)
+        print_json(args, a, b, &d)
     } else {
         print_text(&d)
     };
@@ -223,19 +259,21 @@ fn main() -> ExitCode {
 
 /// The digest and block size: asked for, else the saved maps', else the
 /// defaults. Every map must agree.
-fn params(args: &Args, maps: &[Option<Mapped>; 2]) -> Result<(Algorithm, usize), String> {
+fn params(args: &Args, maps: &[Option<Mapped>; 2]) -> Result<Job, String> {
     let first = maps.iter().flatten().next().map(|m| &m.map);
-    let (algorithm, block_size) = blktools::map_params(&args.input, first);
+    let job = args
+        .input
+        .job(first.map(|m| (m.algorithm(), m.block_size())));
     for (m, name) in maps.iter().zip([&args.a, &args.b]) {
         if let Some(m) = m {
-            check_map(name, &m.map, algorithm, block_size)?;
+            check_map(name, &m.map, &job)?;
         }
     }
-    Ok((algorithm, block_size))
+    Ok(job)
 }
 
-fn check_map(name: &str, map: &Map, algorithm: Algorithm, block_size: usize) -> Result<(), String> {
-    match blktools::map_mismatch(map, algorithm, block_size) {
+fn check_map(name: &str, map: &Map, job: &Job) -> Result<(), String> {
+    match blkjob::map_mismatch(map, job.algorithm(), job.block_size()) {
         Some(why) => Err(format!(
             "{name}: {why}: map the images again with the same --digest and --block-size"
         )),
@@ -272,7 +310,7 @@ fn print_json(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> io::Result<()> {
             "virtual-size": m.map.size(),
             // blkdiff's first spelling, kept while the schema is 1.
             "size": m.map.size(),
-            "checksum": m.map.checksum_hex(),
+            "checksum": m.map.checksum().to_hex(),
         })
     };
     // Keys as blksum's --json spells them (qemu-img's style), in the order

@@ -1,11 +1,13 @@
 //! blkmap: write the block map of an image (or of a range of it, a part),
 //! merge parts, and print a map's checksum.
 
+use blkcli::args::InputArgs;
 use blkcli::lines::format_line_os;
 use blkcli::manual::Page;
+use blkcli::progress::Progress;
 use blkcli::signals::Signals;
-use blkcli::units::{Span, parse_span};
-use blktools::{InputArgs, reason};
+use blkcli::units::{Span, parse_span, reason};
+use blkjob::Job;
 use clap::{Parser, Subcommand};
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
@@ -138,7 +140,7 @@ fn main() -> ExitCode {
     if let Some(code) = blkcli::manual::early::<Args>(&PAGE) {
         return code;
     }
-    let args: Args = blktools::parse_args(|a: &Args| &a.input);
+    let args: Args = blkcli::args::parse_map_args(|a: &Args| &a.input);
     match &args.command {
         Some(Command::Merge { out, parts, line }) => merge(out, parts, line),
         Some(Command::Checksum { maps, line }) => checksum(maps, line),
@@ -166,28 +168,29 @@ fn map(args: &Args) -> ExitCode {
         eprintln!("blkmap: {e}");
         return ExitCode::FAILURE;
     }
-    let (algorithm, block_size) = blktools::map_params(&args.input, None);
-    let mut opts = blktools::map_options(&args.input, algorithm, block_size);
     let signals = Signals::install(&format!("blkmap: {image}: interrupted"));
-    opts.cancel = signals.cancel.clone();
-    match blkcli::progress::Progress::new("blkmap", args.show.progress.progress, Some(1)) {
-        Ok(p) => opts.progress = Some(std::sync::Arc::new(p)),
+    let job = args.input.job(None).with_cancel(signals.cancel.clone());
+    let progress = match Progress::new("blkmap", args.show.progress.progress, Some(1)) {
+        Ok(p) => p,
         Err(msg) => {
             eprintln!("blkmap: {msg}");
             return ExitCode::from(2);
         }
-    }
+    };
     // The map-writing functions check OUT again as they write.
     let inputs = [input];
     let saved = match args.range {
-        Some(span) => {
-            map_part(image_os, span, &opts).map(|part| (part.save_guarded(out_path, &inputs), None))
-        }
+        Some(span) => map_part(image_os, span, &job, &progress)
+            .map(|part| (part.save_guarded(out_path, &inputs), None)),
         None => {
             let mapped = if image_os == "-" {
-                blktools::map_stdin(&opts, false)
+                progress.track("-", None, |p| blkjob::map_stdin(&job, false, p))
             } else {
-                blktools::map_image(image_os, &opts)
+                job.open(image_os).and_then(|input| {
+                    progress.track(&image, input.size(), |p| {
+                        blkjob::map(input, &job, job.cancel(), p)
+                    })
+                })
             };
             mapped.map(|m| {
                 say_rounded(&image, m.rounded);
@@ -211,24 +214,24 @@ fn map(args: &Args) -> ExitCode {
         }
     };
     match map {
-        Some(map) => print_line(&map.checksum_hex(), image_os, None),
+        Some(map) => print_line(&map.checksum().to_hex(), image_os, None),
         // A part has no checksum of its own.
         None => ExitCode::SUCCESS,
     }
 }
 
 /// Hash the bytes `span` of the image `name` into a part.
-fn map_part(name: &OsStr, span: Span, opts: &blktools::MapOptions) -> io::Result<blkmap::Part> {
-    let input = blkimage::open(name, &opts.open)?;
+fn map_part(name: &OsStr, span: Span, job: &Job, progress: &Progress) -> io::Result<blkmap::Part> {
+    let input = job.open(name)?;
     // Asked of the image, not of the range's window over it.
     let rounded = input.rounded();
-    let src = blktools::seekable(input, "--range")?;
+    let src = blkjob::seekable(input, "--range")?;
     let (offset, len) = span
-        .resolve(src.size(), opts.block_size)
+        .resolve(src.size(), job.block_size())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let range = blkmap::Range { offset, len };
     let shown = name.to_string_lossy();
-    let part = blktools::map_range(src, range, opts, &shown)?;
+    let part = progress.track(&shown, Some(len), |p| blkjob::map_range(src, range, job, p))?;
     say_rounded(&shown, rounded);
     Ok(part)
 }
@@ -268,7 +271,11 @@ fn merge(out: &Path, parts: &[PathBuf], line: &LineArgs) -> ExitCode {
             ExitCode::from(signals.exit_status())
         }
         Ok(h) => {
-            let hex = blkhash::to_hex(h.checksum.as_deref().unwrap_or_default());
+            let hex = h
+                .checksum
+                .as_ref()
+                .map(blkhash::Checksum::to_hex)
+                .unwrap_or_default();
             let name = line.name.as_deref().unwrap_or(out.as_os_str());
             print_line(&hex, name, line.tag.then_some((h.algorithm, h.block_size)))
         }
@@ -283,7 +290,11 @@ fn merge(out: &Path, parts: &[PathBuf], line: &LineArgs) -> ExitCode {
 fn checksum(maps: &[PathBuf], line: &LineArgs) -> ExitCode {
     match blkmap::merge_files(maps, None) {
         Ok(h) => {
-            let hex = blkhash::to_hex(h.checksum.as_deref().unwrap_or_default());
+            let hex = h
+                .checksum
+                .as_ref()
+                .map(blkhash::Checksum::to_hex)
+                .unwrap_or_default();
             let name = line.name.as_deref().unwrap_or(maps[0].as_os_str());
             print_line(&hex, name, line.tag.then_some((h.algorithm, h.block_size)))
         }

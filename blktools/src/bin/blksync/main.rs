@@ -1,9 +1,9 @@
 //! blksync: bring a raw copy of an image up to date by writing only the
 //! blocks that differ.
 
+use blkcli::args::InputArgs;
 use blkcli::manual::{ManualArgs, Page};
-use blktools::InputArgs;
-use blktools::sync::{Report, Request};
+use blkjob::sync::{Error, Plan, Report, Request};
 use clap::Parser;
 use std::ffi::OsString;
 use std::io::{self, Write};
@@ -53,7 +53,7 @@ struct Args {
     /// sparse file; qcow2, or another format QEMU writes: `qemu-img
     /// create`), and an existing file must be of it [default: an existing
     /// DST's, else raw].
-    #[arg(short = 'O', long, value_name = "FORMAT", value_parser = blktools::parse_format)]
+    #[arg(short = 'O', long, value_name = "FORMAT", value_parser = blkcli::args::parse_format)]
     output_format: Option<blkimage::Format>,
 
     #[command(flatten)]
@@ -127,7 +127,7 @@ fn main() -> ExitCode {
     if let Some(code) = blkcli::manual::early::<Args>(&PAGE) {
         return code;
     }
-    let args: Args = blktools::parse_args(|a: &Args| &a.input);
+    let args: Args = blkcli::args::parse_map_args(|a: &Args| &a.input);
     let (src, dst) = (
         args.src_path.to_string_lossy().into_owned(),
         args.dst_path.to_string_lossy().into_owned(),
@@ -138,8 +138,7 @@ fn main() -> ExitCode {
         state: args.state.clone(),
         force_rescan: args.force_rescan,
         output_format: args.output_format,
-        input: args.input.clone(),
-        progress: args.progress,
+        job: args.input.spec(),
         dry_run: args.dry_run,
         verify: args.verify,
         checksum: args.checksum,
@@ -150,8 +149,9 @@ fn main() -> ExitCode {
     let signals =
         blkcli::signals::Signals::install(&format!("blksync: {src} -> {dst}: interrupted"));
     let mut warn = |w: &str| eprintln!("blksync: warning: {w}");
-    let printed = blktools::sync::run(&req, &signals.cancel, &mut warn)
-        .map_err(|e| e.to_string())
+    let bar = blkcli::progress::SyncBar::new(args.progress);
+    let printed = blkjob::sync::run(&req, &signals.cancel, &mut warn, &bar)
+        .map_err(|e| message(&e))
         .and_then(|report| print(&args, &src, &dst, &report));
     match printed {
         Ok(()) => ExitCode::SUCCESS,
@@ -163,6 +163,19 @@ fn main() -> ExitCode {
             eprintln!("blksync: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error as blksync says it: the library's message, with the option
+/// that helps where there is one.
+fn message(e: &Error) -> String {
+    match e {
+        Error::Io { name, source } => format!("{name}: {}", blkcli::units::reason(source)),
+        Error::StateRefused { .. } => {
+            format!("{e} (--force-rescan ignores it: DST is then read and compared)")
+        }
+        Error::Busy(_) => format!("{e} (--wait waits for it)"),
+        e => e.to_string(),
     }
 }
 
@@ -180,19 +193,22 @@ fn print(args: &Args, src: &str, dst: &str, r: &Report) -> Result<(), String> {
         }
         return out.flush().map_err(stdout_error);
     }
-    let blocks = r.size.div_ceil(r.block_size as u64);
+    let blocks = blkcli::plural(r.size.div_ceil(r.block_size as u64), "block", "blocks");
+    // A first copy compares nothing: DST held no data.
+    let how = match r.plan {
+        Plan::FirstCopy { .. } => format!("a first copy, {blocks} read, none compared"),
+        _ => format!("{blocks} compared"),
+    };
     eprintln!(
-        "blksync: {src} -> {dst}: {} bytes written, {} zeroed, in {}, of {}; \
-         {} compared, {} bytes saved",
+        "blksync: {src} -> {dst}: {} bytes written, {} zeroed, in {}, of {}; {how}, {} bytes saved",
         r.written,
         r.zeroed,
         blkcli::plural(r.ranges, "range", "ranges"),
         r.size,
-        blkcli::plural(blocks, "block", "blocks"),
         r.size - r.written - r.zeroed,
     );
     if let (true, Some(m)) = (args.checksum, &r.src_map) {
-        let mut line = blkcli::lines::format_line_os(&m.checksum_hex(), &args.src_path, None);
+        let mut line = blkcli::lines::format_line_os(&m.checksum().to_hex(), &args.src_path, None);
         line.push(b'\n');
         out.write_all(&line)
             .and_then(|()| out.flush())

@@ -1,0 +1,80 @@
+//! What a command adds to the libraries' messages. The libraries know
+//! images, digests and servers, not command lines: where their error calls
+//! for an option, the error is typed ([`blkimage::PassphraseNeeded`],
+//! [`blkimage::nbd::RawOnly`], [`blkimage::nbd::NoCaCertificates`],
+//! [`blkhash::UnknownAlgorithm`], an image in use) and the command names
+//! its option here, the same way in every command.
+
+use std::io;
+
+/// `reason`, the library's words for `e`, with the option that helps
+/// where `e` calls for one.
+///
+/// ```
+/// use std::io;
+/// let e = io::Error::new(io::ErrorKind::InvalidInput, blkimage::nbd::RawOnly);
+/// assert_eq!(
+///     blkcli::hints::with_option(&e, e.to_string()),
+///     "an NBD export is read as raw bytes (only -f raw applies)"
+/// );
+/// ```
+pub fn with_option(e: &io::Error, reason: String) -> String {
+    if is::<blkimage::PassphraseNeeded>(e) {
+        return format!("{reason}: give it with --secret-file FILE");
+    }
+    if is::<blkimage::nbd::RawOnly>(e) {
+        return format!("{reason} (only -f raw applies)");
+    }
+    if is::<blkimage::nbd::NoCaCertificates>(e) {
+        return format!("{reason} (--tls-certificates DIR, or tls-certificates=DIR in the URL)");
+    }
+    if e.kind() == io::ErrorKind::ResourceBusy && reason.starts_with("in use") {
+        // The library knows the lock, the command its option.
+        return format!("{reason}; -U (--force-share) reads it anyway");
+    }
+    reason
+}
+
+/// True if `e` is the library's typed error `T`.
+fn is<T: std::error::Error + 'static>(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<T>())
+}
+
+/// An unknown digest's message, with the option that lists the known ones.
+///
+/// ```
+/// let e = "sha257".parse::<blkhash::Algorithm>().unwrap_err();
+/// assert_eq!(
+///     blkcli::hints::unknown_digest(&e),
+///     "unknown digest 'sha257' (see --list-digests)"
+/// );
+/// ```
+pub fn unknown_digest(e: &blkhash::UnknownAlgorithm) -> String {
+    format!("{e} (see --list-digests)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn said(e: io::Error) -> String {
+        with_option(&e, e.to_string())
+    }
+
+    #[test]
+    fn options_named() {
+        let luks = io::Error::new(io::ErrorKind::InvalidInput, blkimage::PassphraseNeeded);
+        assert_eq!(
+            said(luks),
+            "a LUKS image needs its passphrase: give it with --secret-file FILE"
+        );
+        let busy = io::Error::new(io::ErrorKind::ResourceBusy, "in use: qemu-nbd: locked");
+        assert_eq!(
+            said(busy),
+            "in use: qemu-nbd: locked; -U (--force-share) reads it anyway"
+        );
+        let other = io::Error::new(io::ErrorKind::ResourceBusy, "busy");
+        assert_eq!(said(other), "busy");
+        assert_eq!(said(io::Error::other("bad")), "bad");
+    }
+}

@@ -1,0 +1,47 @@
+//! Where the reader's bytes go: the [`Sink`] trait, and the hasher as the
+//! sink everything here feeds. The reader ([`read_image`](crate::read_image),
+//! [`read_stream`](crate::read_stream)) writes to a sink, and so does the
+//! [`ReadAhead`](crate::ReadAhead) in front of one.
+
+use crate::buffer::AlignedBuf;
+use std::io;
+
+// A read to do: the hasher's own type, declared once there.
+pub use blkhash::Fill;
+
+/// Where the bytes go, in guest order.
+pub trait Sink {
+    /// The next `len` bytes, which `fill` produces when the sink runs it.
+    fn read(&mut self, len: usize, fill: Fill) -> io::Result<()>;
+    /// The next bytes, already read, in a buffer the sink owns until it
+    /// gives it back from `reclaim`.
+    fn data(&mut self, buf: AlignedBuf) -> io::Result<()>;
+    /// The next `len` bytes read as zeros.
+    fn zeros(&mut self, len: u64) -> io::Result<()>;
+    /// A buffer the sink is done with, if any.
+    fn reclaim(&mut self) -> Option<AlignedBuf>;
+    /// A buffer the sink is done with, waiting for one if it holds any.
+    fn reclaim_wait(&mut self) -> Option<AlignedBuf>;
+}
+
+/// The hasher is the sink everything here feeds: reads run on its digest
+/// workers, read buffers are handed over without a copy, zeros cost nothing.
+impl Sink for blkhash::Pipeline<AlignedBuf> {
+    fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
+        self.submit_with(len, fill)
+    }
+    fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
+        self.submit(buf);
+        Ok(())
+    }
+    fn zeros(&mut self, len: u64) -> io::Result<()> {
+        self.update_zeros(len);
+        Ok(())
+    }
+    fn reclaim(&mut self) -> Option<AlignedBuf> {
+        blkhash::Pipeline::reclaim(self)
+    }
+    fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
+        blkhash::Pipeline::reclaim_wait(self)
+    }
+}

@@ -1,0 +1,276 @@
+//! Hashing jobs on disk images: the library layer every front end (the
+//! commands, the Python package) calls. One checked [`Job`] describes how
+//! to open, read and hash; one read path ([`hash`], [`map`], [`map_range`])
+//! runs it; the operations on top of it are here too: resumable runs
+//! ([`checkpoint`]), the saved state of a copy ([`state`]), the delta copy
+//! ([`sync`]), and the guards that keep an output from destroying data
+//! ([`guard`]).
+//!
+//! Nothing here parses a command line or prints: the command layer
+//! (`blkcli`) turns flags into a [`JobSpec`], and adds the flags to the
+//! messages where one helps.
+//!
+//! ```no_run
+//! let job = blkjob::JobSpec::default().build().unwrap();
+//! let input = job.open("disk.qcow2").unwrap();
+//! let hashed = blkjob::hash(input, &job, &mut |_| {}).unwrap();
+//! println!("{}  disk.qcow2", hashed.checksum.to_hex());
+//! ```
+
+// Every public item says what it is (cargo doc is part of the API).
+#![warn(missing_docs)]
+
+pub mod checkpoint;
+pub mod guard;
+mod job;
+pub mod record;
+mod span;
+pub mod state;
+pub mod sync;
+
+pub use job::{
+    DEFAULT_QUEUE_DEPTH, DEFAULT_READ_SIZE, Job, JobError, JobSpec, MAX_IO_DEPTH, MAX_QUEUE_DEPTH,
+    MAX_READ_SIZE, MIN_READ_SIZE, check_block_size, check_read_size,
+};
+pub use span::Span;
+
+use blkhash::{BlockEvent, Checksum, Pipeline};
+use blkimage::{AlignedBuf, Input, InputRead, Rounded, Stats};
+use blkmap::{Map, MapBuilder, Part};
+use std::fs::File;
+use std::io::{self, Read};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+/// What hashing one input found.
+#[derive(Debug)]
+pub struct Hashed {
+    /// The checksum.
+    pub checksum: Checksum,
+    /// "raw", "qcow2", another QEMU format name, or "stream" for a pipe.
+    pub format: String,
+    /// Guest-visible bytes of the input.
+    pub size: u64,
+    /// Bytes per block.
+    pub block_size: usize,
+    /// What this run read: data, zero and unallocated bytes.
+    pub stats: Stats,
+    /// The file's size, if the guest size was rounded up from it (a raw
+    /// file whose length is not a multiple of 512): for the caller to say.
+    pub rounded: Option<Rounded>,
+    /// Bytes a checkpoint covered when the run started (0 without one).
+    pub resumed_at: u64,
+}
+
+/// The checksum of `input` (opened with [`Job::open`]); `progress` gets
+/// the bytes read as they are passed on.
+pub fn hash(input: Input, job: &Job, progress: &mut dyn FnMut(u64)) -> io::Result<Hashed> {
+    let sink = Pipeline::new(job.hasher_options())?;
+    let (checksum, read) = read_all(input, sink, job, job.cancel(), progress, Pipeline::finalize)?;
+    Ok(Hashed {
+        checksum,
+        format: read.format,
+        size: read.stats.total(),
+        block_size: job.block_size(),
+        stats: read.stats,
+        rounded: read.rounded,
+        resumed_at: 0,
+    })
+}
+
+/// Read all of `input` into `sink` as `job` asks, until `stop` is set;
+/// then finalize the hasher with `finalize` (always: every block read is
+/// digested and seen by the hasher's observers up to the first failure, as
+/// a checkpoint needs to save them), then check the input. The one read
+/// path of every operation here.
+pub(crate) fn read_all<T>(
+    input: Input,
+    mut sink: Pipeline<AlignedBuf>,
+    job: &Job,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(u64),
+    finalize: impl FnOnce(Pipeline<AlignedBuf>) -> io::Result<T>,
+) -> io::Result<(T, InputRead)> {
+    let read = blkimage::read_input(
+        input,
+        &mut sink,
+        job.read_size(),
+        job.io_depth(),
+        stop,
+        progress,
+    );
+    let value = finalize(sink);
+    let read = read?;
+    let value = value?;
+    // Only now are all reads done: is the image still what we read?
+    read.finish()?;
+    Ok((value, read))
+}
+
+/// Why `map` cannot be compared with images hashed with `algorithm` and
+/// `block_size`, if it cannot.
+pub fn map_mismatch(map: &Map, algorithm: blkhash::Algorithm, block_size: usize) -> Option<String> {
+    (map.algorithm() != algorithm || map.block_size() != block_size).then(|| {
+        format!(
+            "a map of {} digests of {}-byte blocks, not {algorithm} of {block_size}-byte blocks",
+            map.algorithm(),
+            map.block_size()
+        )
+    })
+}
+
+/// A map of an input, and what the input was.
+pub struct Mapped {
+    /// The block map.
+    pub map: Map,
+    /// "raw", "qcow2", ... for images, "stream" for pipes, "map" for a saved map.
+    pub format: String,
+    /// The file's size, if the guest size was rounded up from it (a raw
+    /// file whose length is not a multiple of 512): for the caller to say.
+    pub rounded: Option<Rounded>,
+}
+
+impl Mapped {
+    /// True if the input was a saved map, not an image read now.
+    pub fn is_saved_map(&self) -> bool {
+        self.format == "map"
+    }
+}
+
+/// A hasher for `job` with a map builder observing it.
+pub fn hasher(job: &Job) -> io::Result<(Pipeline<AlignedBuf>, MapBuilder)> {
+    hasher_also(job, |_| {})
+}
+
+/// A hasher for `job` with a map builder observing it, and `also` seeing
+/// every block event first, in block order.
+pub fn hasher_also(
+    job: &Job,
+    mut also: impl FnMut(BlockEvent<'_>) + Send + 'static,
+) -> io::Result<(Pipeline<AlignedBuf>, MapBuilder)> {
+    let mut h = Pipeline::new(job.hasher_options())?;
+    let builder = MapBuilder::new(job.algorithm(), job.block_size())?;
+    let mut build = builder.observer();
+    h.set_observer(move |e| {
+        also(e);
+        build(e);
+    });
+    Ok((h, builder))
+}
+
+/// Hash `input` into a map, stopping with an error once `cancel` is set
+/// (the job's own flag, or another); `progress` gets the bytes read.
+pub fn map(
+    input: Input,
+    job: &Job,
+    cancel: &AtomicBool,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<Mapped> {
+    let (sink, builder) = hasher(job)?;
+    let (map, read) = read_all(input, sink, job, cancel, progress, |sink| {
+        builder.finalize(sink)
+    })?;
+    Ok(Mapped {
+        map,
+        format: read.format,
+        rounded: read.rounded,
+    })
+}
+
+/// The image of `input` as a source that can be read in ranges; a stream
+/// cannot: `what` says what was asked of it.
+pub fn seekable(input: Input, what: &str) -> io::Result<Arc<dyn blkimage::Source>> {
+    match input {
+        Input::Image(src) => Ok(Arc::from(src)),
+        Input::Stream(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} needs an image that can seek, not a pipe or standard input"),
+        )),
+    }
+}
+
+/// Hash the bytes `range` of `src` into a part of its map (see
+/// [`blkmap::merge`]); `progress` gets the bytes read. The range starts at
+/// a block boundary and ends at one or at the image's end.
+///
+/// ```no_run
+/// use blkmap::Range;
+/// let job = blkjob::Job::default();
+/// let src = blkjob::seekable(job.open("disk.qcow2").unwrap(), "a range").unwrap();
+/// let bs = job.block_size() as u64;
+/// let half = (src.size() / 2).next_multiple_of(bs).min(src.size());
+/// let first = blkjob::map_range(src.clone(), Range { offset: 0, len: half }, &job, &mut |_| {}).unwrap();
+/// let rest = Range { offset: half, len: src.size() - half };
+/// let second = blkjob::map_range(src, rest, &job, &mut |_| {}).unwrap();
+/// first.save("disk.0.part").unwrap();
+/// second.save("disk.1.part").unwrap();
+/// let map = blkmap::merge_files(&["disk.1.part", "disk.0.part"], Some("disk.map".as_ref())).unwrap();
+/// println!("{}", map.checksum.unwrap());
+/// ```
+pub fn map_range(
+    src: Arc<dyn blkimage::Source>,
+    range: blkmap::Range,
+    job: &Job,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<Part> {
+    let size = src.size();
+    blkmap::check_range(size, job.block_size(), range)?;
+    let window = blkimage::Window::new(src, range.offset, range.len)?;
+    let (sink, builder) = hasher(job)?;
+    let input = Input::Image(Box::new(window));
+    let (part, _) = read_all(input, sink, job, job.cancel(), progress, |sink| {
+        builder.finalize_part(sink, size, range.offset)
+    })?;
+    Ok(part)
+}
+
+/// A saved map, if `name` is a regular file that starts with the map
+/// magic; `None` if it is something else (an image, a device, a URL).
+pub fn try_load_map(name: impl AsRef<std::path::Path>) -> io::Result<Option<Map>> {
+    let name = name.as_ref();
+    let Ok(meta) = std::fs::metadata(name) else {
+        return Ok(None);
+    };
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    let mut prefix = Vec::with_capacity(8);
+    File::open(name)?.take(8).read_to_end(&mut prefix)?;
+    if !blkmap::is_map(&prefix) {
+        return Ok(None);
+    }
+    Ok(Some(Map::load(name)?))
+}
+
+/// Standard input: a saved map if `detect_map` and it starts with the map
+/// magic, else a stream hashed by `job`.
+pub fn map_stdin(job: &Job, detect_map: bool, progress: &mut dyn FnMut(u64)) -> io::Result<Mapped> {
+    let mut stdin = io::stdin();
+    let mut prefix = Vec::with_capacity(8);
+    (&mut stdin).take(8).read_to_end(&mut prefix)?;
+    let rest = io::Cursor::new(prefix.clone()).chain(stdin);
+    if detect_map && blkmap::is_map(&prefix) {
+        return Ok(Mapped {
+            map: Map::read(io::BufReader::with_capacity(1 << 20, rest))?,
+            format: "map".to_string(),
+            rounded: None,
+        });
+    }
+    map(Input::Stream(Box::new(rest)), job, job.cancel(), progress)
+}
+
+/// An I/O error's reason as the front ends print it: without Rust's
+/// " (os error N)" suffix. The command layer adds its flags where one
+/// helps; the library names none.
+///
+/// ```
+/// let e = std::io::Error::from_raw_os_error(2);
+/// assert_eq!(blkjob::reason(&e), "No such file or directory");
+/// ```
+pub fn reason(e: &io::Error) -> String {
+    let s = e.to_string();
+    match s.rsplit_once(" (os error ") {
+        Some((msg, _)) => msg.to_string(),
+        None => s,
+    }
+}

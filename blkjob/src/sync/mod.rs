@@ -1,0 +1,350 @@
+//! blksync as a library: make DST (a raw file, a block device, an NBD
+//! export, or an image of another format) hold SRC's guest content,
+//! writing only the blocks that differ.
+//!
+//! [`run`] guards the outputs, classifies and locks DST ([`dst`]), judges
+//! the state ([`crate::state::check`]), chooses a [`Plan`] in one place and
+//! carries it out ([`plan`]); it prints nothing (the caller draws progress), and
+//! returns a [`Report`] or a typed [`Error`] for the command to print.
+
+mod copy;
+pub mod dst;
+mod error;
+pub mod plan;
+mod target;
+mod update;
+
+pub use error::Error;
+pub use plan::{DstBlocks, DstKnown, Plan};
+
+use crate::guard;
+use crate::state::check::{DstNow, Verdict};
+use crate::{Job, JobSpec, state};
+use blkimage::{Input, Source};
+use blkmap::{Map, Range};
+pub use copy::{Counts, Progress};
+use dst::Dst;
+use std::ffi::OsString;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+/// What to sync, and how: the command line of `blksync`.
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    /// The image to copy from (any image blksum reads, not a stream).
+    pub src: OsString,
+    /// The file, device, NBD URL or image to bring up to date.
+    pub dst: OsString,
+    /// DST's block map saved by the last run (`--state`).
+    pub state: Option<PathBuf>,
+    /// Ignore the state, whatever it holds; read DST and compare.
+    pub force_rescan: bool,
+    /// DST's format: a DST to create is created in it, an existing one
+    /// must be of it.
+    pub output_format: Option<blkimage::Format>,
+    /// How to open SRC (and DST's format checks) and hash: the digest and
+    /// block size not given here are the state's, else the defaults.
+    pub job: JobSpec,
+    /// Say what would be written; write nothing.
+    pub dry_run: bool,
+    /// Hash DST again after the copy and check it has SRC's checksum.
+    pub verify: bool,
+    /// SRC's checksum is wanted (the report carries SRC's map).
+    pub checksum: bool,
+    /// Wait for another run that holds DST or the state.
+    pub wait: bool,
+}
+
+impl Request {
+    /// Whether the run needs SRC's block digests, even for a first copy.
+    fn needs_src_map(&self) -> bool {
+        self.state.is_some() || self.verify || self.checksum
+    }
+
+    /// How to take a lock another run holds.
+    fn wait<'a>(&self, cancel: &'a AtomicBool) -> guard::Wait<'a> {
+        match self.wait {
+            true => guard::Wait::Until(cancel),
+            false => guard::Wait::No,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug)]
+pub struct Report {
+    /// What the run chose to do.
+    pub plan: Plan,
+    /// SRC's size, and DST's now.
+    pub size: u64,
+    /// The block size hashed with.
+    pub block_size: usize,
+    /// Data bytes written to DST.
+    pub written: u64,
+    /// Bytes made zeros in DST (holes punched or zeros written).
+    pub zeroed: u64,
+    /// Ranges written or zeroed.
+    pub ranges: u64,
+    /// SRC's block map, when the run needed it (a state, `--verify`,
+    /// `--checksum`, a comparison).
+    pub src_map: Option<Map>,
+    /// A dry run: what would have been done.
+    pub would_write: Option<DryRun>,
+}
+
+/// What a dry run would have done to DST.
+#[derive(Debug, PartialEq, Eq)]
+pub struct DryRun {
+    /// The ranges that would be written or zeroed.
+    pub ranges: Vec<Range>,
+    /// DST's resize (from, to), if it would be resized.
+    pub resize: Option<(u64, u64)>,
+}
+
+/// Bring DST up to date with SRC as `req` asks; `cancel` (Ctrl-C,
+/// SIGTERM) stops it between reads and writes, and `warn` hears what the
+/// command should say on the way (a state ignored, and why; a raw SRC
+/// whose size is rounded up to whole sectors).
+///
+/// The state is removed before DST is written and saved again only once
+/// DST is flushed: an interrupted run never leaves a state that claims a
+/// block not written.
+pub fn run(
+    req: &Request,
+    cancel: &AtomicBool,
+    warn: &mut dyn FnMut(&str),
+    progress: &dyn Progress,
+) -> Result<Report, Error> {
+    let src_name = req.src.to_string_lossy().into_owned();
+    let _state_lock = guard_outputs(req, &src_name, cancel)?;
+    let wait = req.wait(cancel);
+    let mut dst = Dst::classify(req, wait)?;
+
+    // The state first: it says how to hash (unless the job does).
+    let loaded = match &req.state {
+        Some(p) if p.exists() => Some(Map::load(p).map_err(|e| e.to_string())),
+        _ => None,
+    };
+    let saved = loaded.as_ref().and_then(|r| r.as_ref().ok());
+    let job = (req.job.clone())
+        .resolve(saved.map(|m| (m.algorithm(), m.block_size())))
+        .map_err(|e| Error::unusable(&src_name, e))?;
+    let src = open_src(req, &job, &src_name, warn)?;
+    let size = src.size();
+    // What SRC reads, to tell a SRC written during the run (an export has
+    // no file to look at: its blocks are checked as they are copied).
+    let src_before = crate::record::Record::of(&req.src, &*src).ok();
+    let src_watch = src.clone();
+    dst.prepare(req, &*src, wait)?;
+    let dst_map = match (&req.state, loaded) {
+        (Some(p), Some(loaded)) => judge_state(req, p, loaded, &dst, &job, warn)?,
+        _ => None,
+    };
+
+    // A DST known to hold only zeros is not read.
+    let known = match dst_map {
+        Some(_) => DstKnown::State,
+        None if dst.known_empty()? => DstKnown::Empty,
+        None => DstKnown::Unknown,
+    };
+    let plan = Plan::choose(req.dry_run, known, req.needs_src_map());
+    let counts = Arc::new(Counts::default());
+    let compares = !matches!(plan, Plan::FirstCopy { .. });
+    progress.start(size, job.block_size(), compares);
+    // From here on DST is written: a failed run leaves it for the next.
+    dst.keep();
+    let ctx = plan::Ctx {
+        req,
+        src_name: &src_name,
+        src,
+        job: &job,
+        dst: &dst,
+        dst_map,
+        cancel,
+        counts: &counts,
+        progress,
+    };
+    let result = plan.carry_out(ctx);
+    progress.finish();
+    let done = result?;
+    if !req.dry_run {
+        save_served_side(req, &mut dst, &done)?;
+    }
+    if let Some(before) = &src_before
+        && let Ok(now) = crate::record::Record::of(&req.src, &*src_watch)
+        && let Some(file) = before.first_changed(&now)
+    {
+        return Err(Error::SrcWritten {
+            src: src_name,
+            file: file.to_path_buf(),
+        });
+    }
+    Ok(Report {
+        plan,
+        size,
+        block_size: job.block_size(),
+        written: Counts::get(&counts.written),
+        zeroed: Counts::get(&counts.zeroed),
+        ranges: Counts::get(&counts.ranges),
+        src_map: done.src_map,
+        would_write: done.would_write,
+    })
+}
+
+/// SRC, opened for random access and kept open for the copy; a raw SRC
+/// whose size is rounded up is said before copying (DST is made SRC's
+/// guest size, not the file's).
+fn open_src(
+    req: &Request,
+    job: &Job,
+    src_name: &str,
+    warn: &mut dyn FnMut(&str),
+) -> Result<Arc<dyn Source>, Error> {
+    let src: Arc<dyn Source> = match job.open(&req.src) {
+        Ok(Input::Image(s)) => Arc::from(s),
+        Ok(Input::Stream(_)) => {
+            return Err(Error::unusable(
+                src_name,
+                "a stream: blksync needs random access",
+            ));
+        }
+        Err(e) => return Err(Error::io(src_name, e)),
+    };
+    if let Some(r) = src.rounded() {
+        warn(&format!(
+            "{src_name}: {} bytes, copied as {} (a raw image's size is rounded up to a \
+             multiple of 512, as QEMU does)",
+            r.file_size, r.size
+        ));
+    }
+    Ok(src)
+}
+
+/// Is the state at `path` DST's? Its map if so; `None` if DST is to be
+/// read and compared instead (a rescan, said through `warn` when the state
+/// was refused for a reason); an error if the state must be refused.
+fn judge_state(
+    req: &Request,
+    path: &std::path::Path,
+    loaded: Result<Map, String>,
+    dst: &Dst,
+    job: &Job,
+    warn: &mut dyn FnMut(&str),
+) -> Result<Option<Map>, Error> {
+    let checked = loaded.and_then(|m| {
+        let now = match (&dst.read, &dst.nbd) {
+            (Some(f), _) => Some(DstNow::File(f)),
+            (None, Some(n)) => Some(DstNow::Nbd(
+                n,
+                dst.served.as_ref().and(dst.file_meta.as_ref()),
+            )),
+            (None, None) => None,
+        };
+        state::check::check(&m, path, job.algorithm(), job.block_size(), now, dst.size)?;
+        Ok(m)
+    });
+    match state::check::verdict(checked, req.force_rescan) {
+        Verdict::Use(m) => Ok(Some(m)),
+        Verdict::Rescan { warning: None } => Ok(None),
+        Verdict::Rescan { warning: Some(why) } => {
+            warn(&format!(
+                "{}: state ignored (--force-rescan): {why}",
+                path.display()
+            ));
+            Ok(None)
+        }
+        Verdict::Refuse(why) => Err(Error::StateRefused {
+            state: path.to_path_buf(),
+            why,
+        }),
+    }
+}
+
+/// A served image's file changes until its server has closed it: its side
+/// record is taken once the server is gone.
+fn save_served_side(req: &Request, dst: &mut Dst, done: &plan::Done) -> Result<(), Error> {
+    if let (Some(t), Some(p), Some(m)) = (dst.served.take(), &req.state, &done.src_map) {
+        drop(t);
+        let meta = std::fs::metadata(&dst.path).map_err(|e| Error::io(&dst.name, e))?;
+        state::save_side(p, Some(state::Side::of(m, &meta, meta.len())))
+            .map_err(|e| Error::io(p.display(), e))?;
+    }
+    Ok(())
+}
+
+/// A lock refused: another run holds it (which [`Request::wait`] would
+/// wait for), or it could not be taken.
+fn locked(e: String) -> Error {
+    match e.contains(": in use by ") {
+        true => Error::Busy(e),
+        false => Error::Guard(e),
+    }
+}
+
+/// Check that the state, its side record and its lock file can be written
+/// without destroying data (none is SRC or DST, each is a regular file of
+/// its own kind or missing), that SRC is not DST, and lock the state for
+/// the run.
+fn guard_outputs(
+    req: &Request,
+    src_name: &str,
+    cancel: &AtomicBool,
+) -> Result<Option<guard::Lock>, Error> {
+    let inputs = [
+        guard::Input {
+            name: &req.src,
+            role: "SRC",
+        },
+        guard::Input {
+            name: &req.dst,
+            role: "DST",
+        },
+    ];
+    if let (Ok(a), Ok(b)) = (std::fs::metadata(&req.src), std::fs::metadata(&req.dst))
+        && (a.dev(), a.ino()) == (b.dev(), b.ino())
+    {
+        return Err(Error::unusable(
+            req.dst.to_string_lossy(),
+            format!("is SRC ({src_name}): nothing to copy"),
+        ));
+    }
+    let Some(p) = &req.state else {
+        return Ok(None);
+    };
+    let (side, lock) = (state::side_path(p), state::lock_path(p));
+    let outputs = [
+        guard::Output {
+            path: p,
+            what: "a block map (the state)",
+            own_kind: Some(blkmap::is_map),
+        },
+        guard::Output {
+            path: &side,
+            what: "the state's side record",
+            own_kind: Some(state::is_side),
+        },
+        guard::Output {
+            path: &lock,
+            what: "the state's lock file",
+            own_kind: None,
+        },
+    ];
+    guard::check_outputs(&outputs, &inputs).map_err(Error::Guard)?;
+    let name = p.display().to_string();
+    // A dry run writes nothing: it creates (and removes) no lock file, and
+    // locks one that exists.
+    if req.dry_run {
+        if !lock.exists() {
+            return Ok(None);
+        }
+        let f = guard::open_lock_file(&lock).map_err(Error::Guard)?;
+        return guard::lock(f, &name, req.wait(cancel))
+            .map(Some)
+            .map_err(locked);
+    }
+    guard::lock_file(&lock, &name, req.wait(cancel))
+        .map(Some)
+        .map_err(locked)
+}

@@ -1,0 +1,522 @@
+//! How DST is brought up to date: the plan chosen from what is known of
+//! DST, and one function to carry out each.
+
+use super::copy::{self, CopyTarget, CopyThrough, Counts, Progress, WriteThrough, Writer};
+use super::dst::{Dst, Kind, SharedNbd};
+use super::target::Target;
+use super::{DryRun, Error, Request, update};
+use crate::{Job, state};
+use blkhash::BlockEvent;
+use blkimage::{Input, ReadAhead, Sink, Source};
+use blkmap::{Block, Map, Range};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What a run does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// DST holds only zeros (new, empty, no data allocated, an export
+    /// that reads as zeros): SRC's data blocks are written as they are
+    /// read, nothing is compared. `hash`: SRC is hashed on the way (a
+    /// state to save, a checksum to print or verify); else it is a plain
+    /// copy, as `qemu-img convert` does.
+    FirstCopy {
+        /// Whether SRC's map is made while it is copied.
+        hash: bool,
+    },
+    /// DST's blocks are known from its state: each block of SRC is
+    /// compared as it is hashed, and the ones that differ are written
+    /// while the rest is still being hashed.
+    Update,
+    /// SRC is hashed, DST's blocks are taken from `DstBlocks`, then the
+    /// ranges that differ are written (or, for a dry run, listed).
+    Compare(DstBlocks),
+}
+
+/// Where a comparison takes DST's blocks from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DstBlocks {
+    /// Its state (a dry run with a state that describes DST).
+    State,
+    /// Zeros: DST is known to hold nothing (a dry run).
+    Zeros,
+    /// DST, read and hashed alongside SRC.
+    Read,
+}
+
+/// What is known of DST's blocks before anything is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DstKnown {
+    /// A state that describes DST.
+    State,
+    /// DST holds only zeros (missing, new, or all holes).
+    Empty,
+    /// Nothing: DST must be read.
+    Unknown,
+}
+
+impl Plan {
+    /// The plan for a run: a dry run only compares; a state that
+    /// describes DST makes an update; a DST known to hold only zeros
+    /// makes a first copy (hashing SRC if `needs_src_map`); anything else
+    /// is read and compared.
+    pub fn choose(dry_run: bool, dst: DstKnown, needs_src_map: bool) -> Plan {
+        match (dry_run, dst) {
+            (false, DstKnown::State) => Plan::Update,
+            (false, DstKnown::Empty) => Plan::FirstCopy {
+                hash: needs_src_map,
+            },
+            (true, DstKnown::State) => Plan::Compare(DstBlocks::State),
+            (true, DstKnown::Empty) => Plan::Compare(DstBlocks::Zeros),
+            (_, DstKnown::Unknown) => Plan::Compare(DstBlocks::Read),
+        }
+    }
+
+    /// Carry the plan out, then flush, verify and save the state as asked.
+    pub(super) fn carry_out(self, mut c: Ctx<'_>) -> Result<Done, Error> {
+        let (src_map, dst) = match self {
+            Plan::FirstCopy { hash } => first_copy(&c, hash)?,
+            Plan::Update => {
+                let known = c.dst_map.take().expect("an update has DST's state");
+                update(&c, known)?
+            }
+            Plan::Compare(from) => match compare(&mut c, from)? {
+                Compared::Written(map, dst) => (Some(map), dst),
+                Compared::DryRun(done) => return Ok(done),
+            },
+        };
+        finish(&c, src_map, dst)
+    }
+}
+
+/// What a run shares between its steps.
+pub(super) struct Ctx<'a> {
+    pub req: &'a Request,
+    pub src_name: &'a str,
+    pub src: Arc<dyn Source>,
+    pub job: &'a Job,
+    pub dst: &'a Dst,
+    /// DST's map from its state, for an update.
+    pub dst_map: Option<Map>,
+    pub cancel: &'a AtomicBool,
+    pub counts: &'a Arc<Counts>,
+    pub progress: &'a dyn Progress,
+}
+
+/// What a plan leaves for the report.
+pub(super) struct Done {
+    pub src_map: Option<Map>,
+    pub would_write: Option<DryRun>,
+}
+
+impl Ctx<'_> {
+    /// What copying ranges from SRC to `dst` needs.
+    fn writer<'a>(&'a self, dst: &'a Target) -> Writer<'a> {
+        Writer {
+            src: &*self.src,
+            src_name: self.src_name,
+            dst,
+            dst_name: &self.dst.name,
+            counts: self.counts,
+            progress: self.progress,
+            cancel: self.cancel,
+            check: (self.req.state.is_some() || self.req.checksum)
+                .then_some((self.job.algorithm(), self.job.block_size() as u64)),
+        }
+    }
+
+    /// Remove the state: it must never describe a DST being written.
+    fn remove_state(&self) -> Result<(), Error> {
+        match &self.req.state {
+            Some(p) => state::remove(p).map_err(|e| Error::io(p.display(), e)),
+            None => Ok(()),
+        }
+    }
+
+    fn src_error(&self, e: io::Error) -> Error {
+        Error::io(self.src_name, e)
+    }
+
+    fn dst_error(&self, e: io::Error) -> Error {
+        Error::io(&self.dst.name, e)
+    }
+}
+
+/// Nothing to compare: every data block of SRC is written as soon as it
+/// is read, on the worker that read it.
+fn first_copy(c: &Ctx<'_>, hash: bool) -> Result<(Option<Map>, Target), Error> {
+    let size = c.src.size();
+    c.remove_state()?;
+    let dst = Arc::new(c.dst.open_target()?);
+    dst.set_len(size).map_err(|e| c.dst_error(e))?;
+    let map = if hash {
+        let failed = Arc::new(Mutex::new(None));
+        let through = Through {
+            dst: dst.clone(),
+            name: Arc::from(c.dst.name.as_str()),
+            failed: failed.clone(),
+            flush_later: c.req.state.is_some(),
+        };
+        let map = hash_src(c, Some(through), |_| {}).map_err(|e| {
+            // DST's failure first: it is why SRC's reading stopped.
+            let failed = failed.lock().unwrap_or_else(|p| p.into_inner()).take();
+            failed.unwrap_or_else(|| c.src_error(e))
+        })?;
+        Some(map)
+    } else {
+        copy_src(c, dst.clone())?;
+        None
+    };
+    Ok((
+        map,
+        Arc::into_inner(dst).expect("workers are done with DST"),
+    ))
+}
+
+/// DST's blocks are known from its state: the blocks that differ are
+/// written while SRC is hashed, not after.
+fn update(c: &Ctx<'_>, known: Map) -> Result<(Option<Map>, Target), Error> {
+    let size = c.src.size();
+    let dst = c.dst.open_target()?;
+    let resize = size != c.dst.size;
+    if resize {
+        c.remove_state()?;
+        dst.set_len(size).map_err(|e| c.dst_error(e))?;
+    }
+    let (mut differ, ops) = update::Differ::new(known, size);
+    let w = c.writer(&dst);
+    let watch = move |e: BlockEvent<'_>| differ.event(e);
+    let (hashed, written) = std::thread::scope(|s| {
+        // The hasher owns `watch`: once it is done, the writers' queue
+        // closes and they end.
+        let spawned = std::thread::Builder::new().spawn_scoped(s, || hash_src(c, None, watch));
+        let hasher = match spawned {
+            Ok(h) => h,
+            // The hashing must run beside the writes it feeds: at the
+            // system's limit on threads, nothing is written.
+            Err(e) => {
+                let e = io::Error::new(e.kind(), format!("cannot start a hashing thread: {e}"));
+                return (Err(e), Ok(()));
+            }
+        };
+        let written = update::write_ops(ops, &w, update::writers(&dst), || match resize {
+            true => Ok(()),
+            false => c.remove_state(),
+        });
+        (hasher.join().expect("hashing thread"), written)
+    });
+    // DST's failure first: SRC's hashing goes on after it.
+    written?;
+    Ok((Some(hashed.map_err(|e| c.src_error(e))?), dst))
+}
+
+/// A comparison's outcome.
+enum Compared {
+    /// The differing ranges were written: SRC's map, and DST.
+    Written(Map, Target),
+    /// A dry run: what would be written.
+    DryRun(Done),
+}
+
+/// Both maps: SRC hashed; DST's from its state, else zeros, else hashed
+/// (at the same time as SRC); then the ranges that differ written.
+fn compare(c: &mut Ctx<'_>, from: DstBlocks) -> Result<Compared, Error> {
+    let size = c.src.size();
+    let known = c.dst_map.take();
+    let c = &*c;
+    let (src_map, dst_map) = std::thread::scope(|s| {
+        // At the system's limit on threads, one after the other.
+        let hs = std::thread::Builder::new().spawn_scoped(s, || hash_src(c, None, |_| {}));
+        let dst_map = match (from, known) {
+            (DstBlocks::State, Some(m)) => Ok(m),
+            (DstBlocks::Zeros, _) => zeros_map(c.job, c.dst.size),
+            _ => map_dst(c, c.cancel),
+        };
+        let src_map = match hs {
+            Ok(h) => h.join().expect("hashing thread"),
+            Err(_) => hash_src(c, None, |_| {}),
+        };
+        (src_map, dst_map)
+    });
+    let src_map = src_map.map_err(|e| c.src_error(e))?;
+    let dst_map = dst_map.map_err(|e| c.dst_error(e))?;
+    let todo = to_write(&src_map, &dst_map, c.dst.size)?;
+    if c.req.dry_run {
+        let resize = (size != c.dst.size).then_some((c.dst.size, size));
+        return Ok(Compared::DryRun(Done {
+            src_map: Some(src_map),
+            would_write: Some(DryRun {
+                ranges: todo,
+                resize,
+            }),
+        }));
+    }
+    if !todo.is_empty() || size != c.dst.size {
+        c.remove_state()?;
+    }
+    let dst = c.dst.open_target()?;
+    if c.dst.kind.is_file() && size != c.dst.size {
+        dst.set_len(size).map_err(|e| c.dst_error(e))?;
+    }
+    copy::copy_ranges(&c.writer(&dst), &src_map, &todo)?;
+    Ok(Compared::Written(src_map, dst))
+}
+
+/// After any plan: DST flushed, verified and its state saved, as asked.
+fn finish(c: &Ctx<'_>, src_map: Option<Map>, dst: Target) -> Result<Done, Error> {
+    // Flushed before a state describes it, even when nothing was written
+    // (a run killed before may have left its writes in the page cache
+    // only). Without a state there is nothing to keep true: like cp and
+    // qemu-img convert, the writes are left to the page cache. An NBD
+    // export is always flushed: once blksync is gone nobody would flush
+    // the server's cache (qemu-nbd keeps qcow2 metadata there; killed,
+    // it loses the writes).
+    if c.req.state.is_some() || c.dst.kind == Kind::Nbd {
+        dst.sync().map_err(|e| c.dst_error(e))?;
+    }
+    if let (true, Some(src_map)) = (c.req.verify, &src_map) {
+        let never = AtomicBool::new(false);
+        let again = map_dst(c, &never).map_err(|e| c.dst_error(e))?;
+        if again.checksum() != src_map.checksum() {
+            return Err(Error::VerifyFailed {
+                dst: c.dst.name.clone(),
+            });
+        }
+    }
+    if let (Some(p), Some(src_map)) = (&c.req.state, &src_map) {
+        let file = match &dst {
+            Target::File(f) => Some(f),
+            Target::Nbd(_) => None,
+        };
+        state::save(p, src_map, file, c.src.size()).map_err(|e| Error::io(p.display(), e))?;
+    }
+    Ok(Done {
+        src_map,
+        would_write: None,
+    })
+}
+
+/// Where SRC's chunks go besides the hasher, when DST is written on the fly.
+struct Through {
+    dst: Arc<Target>,
+    name: Arc<str>,
+    failed: Arc<Mutex<Option<Error>>>,
+    flush_later: bool,
+}
+
+/// Hash SRC into its map, counting what is compared; with `through`, each
+/// chunk is also written to DST. `watch` sees every block event.
+fn hash_src(
+    c: &Ctx<'_>,
+    through: Option<Through>,
+    watch: impl FnMut(BlockEvent<'_>) + Send + 'static,
+) -> io::Result<Map> {
+    let (mut h, builder) = crate::hasher_also(c.job, watch)?;
+    let read_size = c.job.read_size();
+    let mut on_read = |n: u64| {
+        c.counts.compared.fetch_add(n, Ordering::Relaxed);
+        c.progress.update(c.counts);
+    };
+    match through {
+        // The reading threads go between the writes and the hasher: each
+        // chunk is read and written on one of them.
+        Some(t) => std::thread::scope(|scope| {
+            let depth = write_depth(c, read_size);
+            let mut ahead = None;
+            let hasher: &mut dyn Sink = match depth {
+                0 => &mut h,
+                d => ahead.insert(ReadAhead::new(scope, &mut h, d, read_size)?),
+            };
+            let mut sink = WriteThrough {
+                hasher,
+                dst: t.dst,
+                dst_name: t.name,
+                block_size: c.job.block_size(),
+                counts: c.counts.clone(),
+                failed: t.failed,
+                pos: 0,
+                flush_later: t.flush_later,
+            };
+            let src = c.src.clone();
+            blkimage::read_image(src, &mut sink, read_size, Some(0), c.cancel, &mut on_read)?;
+            ahead.map_or(Ok(()), |mut a| a.flush())
+        })?,
+        None => {
+            let depth = c.job.io_depth();
+            blkimage::read_image(
+                c.src.clone(),
+                &mut h,
+                read_size,
+                depth,
+                c.cancel,
+                &mut on_read,
+            )?;
+        }
+    }
+    let map = builder.finalize(h)?;
+    // Only now are all reads done: is SRC still what we read?
+    c.src.finish()?;
+    Ok(map)
+}
+
+/// DST's map, read and hashed: its raw bytes through the page cache (it
+/// is written through it too), or the export through the connection
+/// blksync writes with (a server may take one client only).
+fn map_dst(c: &Ctx<'_>, cancel: &AtomicBool) -> io::Result<Map> {
+    let raw = blkimage::OpenOptions {
+        cache: true,
+        format: Some(blkimage::Format::Raw),
+        ..Default::default()
+    };
+    let input = match &c.dst.nbd {
+        Some(n) => Input::Image(Box::new(SharedNbd(n.clone()))),
+        None => blkimage::open(&c.dst.path, &raw)?,
+    };
+    crate::map(input, c.job, cancel, &mut |_| {}).map(|m| m.map)
+}
+
+/// Copy SRC's data to a DST of zeros, hashing nothing.
+fn copy_src(c: &Ctx<'_>, dst: Arc<Target>) -> Result<(), Error> {
+    let mut sink = CopyThrough::new(CopyTarget {
+        src_name: Arc::from(c.src_name),
+        dst,
+        dst_name: Arc::from(c.dst.name.as_str()),
+        block_size: c.job.block_size(),
+        // Its workers read and write: one per core by default (16 writers to
+        // one DST file made a 2 GiB copy 1.8x slower), more if asked or for
+        // a remote SRC.
+        threads: c.job.threads().max(write_depth(c, c.job.read_size())),
+        counts: c.counts.clone(),
+        flush_later: false,
+    })
+    .map_err(|e| c.dst_error(e))?;
+    let read_size = c.job.read_size();
+    let mut on_read = |n: u64| {
+        c.counts.compared.fetch_add(n, Ordering::Relaxed);
+        c.progress.update(c.counts);
+    };
+    let src = c.src.clone();
+    let read = blkimage::read_image(src, &mut sink, read_size, Some(0), c.cancel, &mut on_read);
+    // The workers' failure first: it names its input; then the read loop's.
+    sink.finish()?;
+    read.map_err(|e| c.src_error(e))?;
+    c.src.finish().map_err(|e| c.src_error(e))
+}
+
+/// Reads in flight when each is also written to DST: as asked, else the
+/// source's default for a remote SRC (an NBD export: latency bounds it),
+/// but none apart from the digest threads for a local one: writers in
+/// parallel to one DST file contend (16 made a 2 GiB first copy 1.19x
+/// slower than the digest workers alone).
+fn write_depth(c: &Ctx<'_>, read_size: usize) -> usize {
+    c.job.io_depth().unwrap_or_else(|| match c.src.is_direct() {
+        true => 0,
+        false => c.src.default_io_depth(read_size),
+    })
+}
+
+/// The map of `size` bytes of zeros.
+fn zeros_map(job: &Job, size: u64) -> io::Result<Map> {
+    let (mut h, builder) = crate::hasher(job)?;
+    h.update_zeros(size);
+    builder.finalize(h)
+}
+
+/// What to write: the differing ranges, and SRC's data past DST's end (a
+/// file grows with a hole, which reads as zeros).
+fn to_write(src_map: &Map, dst_map: &Map, dst_size: u64) -> Result<Vec<Range>, Error> {
+    let d = blkmap::diff(dst_map, src_map).map_err(|e| Error::unusable("DST's map", e))?;
+    let mut todo = d.ranges;
+    let size = src_map.size();
+    if size > dst_size {
+        let bs = src_map.block_size() as u64;
+        for b in dst_size / bs..src_map.blocks() {
+            if let Some(Block::Data(_)) = src_map.block(b) {
+                let offset = (b * bs).max(dst_size);
+                let end = ((b + 1) * bs).min(size);
+                match todo.last_mut() {
+                    Some(r) if r.end() >= offset => r.len = end - r.offset,
+                    _ => todo.push(Range {
+                        offset,
+                        len: end - offset,
+                    }),
+                }
+            }
+        }
+    }
+    Ok(todo)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blkhash::Options;
+
+    #[test]
+    fn the_plan_for_every_case() {
+        // (dry run, state describes DST, DST known empty, SRC's map needed)
+        let cases = [
+            ((false, true, false, true), Plan::Update),
+            ((false, false, true, false), Plan::FirstCopy { hash: false }),
+            ((false, false, true, true), Plan::FirstCopy { hash: true }),
+            ((false, false, false, false), Plan::Compare(DstBlocks::Read)),
+            ((false, false, false, true), Plan::Compare(DstBlocks::Read)),
+            ((true, true, false, true), Plan::Compare(DstBlocks::State)),
+            ((true, false, true, false), Plan::Compare(DstBlocks::Zeros)),
+            ((true, false, false, true), Plan::Compare(DstBlocks::Read)),
+        ];
+        for ((dry, state, empty, needs), want) in cases {
+            let known = match (state, empty) {
+                (true, _) => DstKnown::State,
+                (false, true) => DstKnown::Empty,
+                (false, false) => DstKnown::Unknown,
+            };
+            assert_eq!(
+                Plan::choose(dry, known, needs),
+                want,
+                "{dry} {state} {empty} {needs}"
+            );
+        }
+    }
+
+    fn map(data: &[u8]) -> Map {
+        Map::compute(Options::new().block_size(4096), data).unwrap()
+    }
+
+    #[test]
+    fn what_to_write() {
+        let mut dst = vec![1u8; 3 * 4096];
+        let mut src = dst.clone();
+        src[4096 + 10] = 2;
+        assert_eq!(
+            to_write(&map(&src), &map(&dst), dst.len() as u64).unwrap(),
+            [Range {
+                offset: 4096,
+                len: 4096
+            }]
+        );
+        // A grown SRC: DST's short last block differs, and is written
+        // whole; past it, SRC's data blocks are written and its zero
+        // blocks are not (the file grows with a hole there).
+        dst.truncate(4096 + 100);
+        src.truncate(4096);
+        src.extend(vec![1u8; 100]);
+        src.extend(vec![3u8; 4096 - 100]);
+        src.extend(vec![0u8; 4096]);
+        src.extend(vec![4u8; 10]);
+        assert_eq!(
+            to_write(&map(&src), &map(&dst), dst.len() as u64).unwrap(),
+            [
+                Range {
+                    offset: 4096,
+                    len: 4096
+                },
+                Range {
+                    offset: 3 * 4096,
+                    len: 10
+                }
+            ]
+        );
+    }
+}

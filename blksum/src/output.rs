@@ -1,3 +1,0 @@
-//! Error messages.
-
-pub use blkcli::units::reason;
