@@ -310,10 +310,10 @@ def test_gil_released_while_hashing(tmp_path, serve):
            "--filter=noextents", "pattern", "size=16M", "rdelay=100ms"], sock)
     url = f"nbd+unix:///?socket={sock}"
     result = []
-    # One thread: one read in flight, 16 reads of 100 ms, whatever the
-    # number of cores.
+    # 128 reads of 128 KiB, each 100 ms, at most 16 in flight (an NBD
+    # URL's default): at least 0.8 s, whatever the number of cores.
     t = threading.Thread(
-        target=lambda: result.append(blkhash.checksum(url, read_size=1 << 20, threads=1)))
+        target=lambda: result.append(blkhash.checksum(url, read_size=1 << 17, threads=1)))
     start = last = time.monotonic()
     t.start()
     gap = 0.0
