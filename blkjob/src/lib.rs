@@ -130,13 +130,6 @@ pub struct Mapped {
     pub rounded: Option<Rounded>,
 }
 
-impl Mapped {
-    /// True if the input was a saved map, not an image read now.
-    pub fn is_saved_map(&self) -> bool {
-        self.format == "map"
-    }
-}
-
 /// A hasher for `job` with a map builder observing it.
 pub fn hasher(job: &Job) -> io::Result<(Pipeline<AlignedBuf>, MapBuilder)> {
     hasher_also(job, |_| {})
