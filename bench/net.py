@@ -396,9 +396,20 @@ class NetCases:
                     s = f"remote-{short(size)}-{ms}ms-{transport}"
                     self.r(f"### {human(size)}, {ms} ms per read, {transport}")
                     self.r()
+                    # The same export without multi-conn: one connection
+                    # carries every request in flight.
+                    one_args = ["--filter=multi-conn", *args, "multi-conn-mode=disable"]
+                    one_sock = sock.with_suffix(".one.sock") if sock else None
                     try:
                         server, url = self.serve_remote(nbdkit, args, sock)
                     except (OSError, RuntimeError) as e:
+                        self.r.problem(f"FAILED: {s}: {e}")
+                        continue
+                    try:
+                        one_server, one_url = self.serve_remote(nbdkit, one_args, one_sock)
+                    except (OSError, RuntimeError) as e:
+                        server.terminate()
+                        server.wait()
                         self.r.problem(f"FAILED: {s}: {e}")
                         continue
                     try:
@@ -414,14 +425,18 @@ class NetCases:
                                          ours=True),
                             "ref": (Cmd("ref (default)", [self.ref, url], key=key)
                                     if self.ref else None),
+                            "one": Cmd("blksum (default), one connection (multi-conn off)",
+                                       [self.blksum, one_url], ours=True, key=key),
                         }
                         cmds = [x for x in c.values() if x]
                         run_case(cmds, self.a.runs, self.a.timeout)
                     finally:
-                        server.terminate()
-                        server.wait()
+                        for p in (server, one_server):
+                            p.terminate()
+                            p.wait()
                     self.results(s, cmds, size)
                     self.ratios([(c["default"], c["floor"]), (c["default"], c["ref"]),
+                                 (c["one"], c["default"]),
                                  (c["depth"], c["floor"]), (c["depth"], c["ref"])])
                     self.ratio_target(s, c, "default", "floor", "≤", 1.1,
                                       "our default ≤ 1.1× the time of reading alone")
@@ -442,9 +457,10 @@ class NetCases:
         self.r("### Remote exports, medians (s)")
         self.r()
         self.r.table(["export", "default", "--io-depth 16", "-d null --io-depth 32", "reference",
-                      "default / reading alone", "default / reference",
-                      "default peak RSS MiB"],
+                      "one connection", "default / reading alone", "default / reference",
+                      "one connection / default", "default peak RSS MiB"],
                      [[f"{human(size)}, {ms} ms, {transport}", t(c["default"]), t(c["depth"]),
-                       t(c["floor"]), t(c["ref"]), ratio(c["default"], c["floor"]),
-                       ratio(c["default"], c["ref"]), f"{c['default'].rss_mib:.1f}"]
+                       t(c["floor"]), t(c["ref"]), t(c["one"]), ratio(c["default"], c["floor"]),
+                       ratio(c["default"], c["ref"]), ratio(c["one"], c["default"]),
+                       f"{c['default'].rss_mib:.1f}"]
                       for size, ms, transport, c in summary])

@@ -16,6 +16,7 @@ targets from our issue with PASS/FAIL.
     python3 bench/run.py --only sync_nbd --link-rate 1G # blksync to an NBD export over a link
     python3 bench/run.py --only python   # the Python package against blksum and the library
     python3 bench/run.py --only remote --runs 3   # nbdkit exports with read delays, unix and TCP
+    python3 bench/run.py --only dirty --dirty-size 2g --runs 1   # incremental maps, quick
 
 Environment:
     BLKSUM_REF          the reference blksum binary (rows skipped if unset)
@@ -64,6 +65,7 @@ from common import (
     warm,
 )
 from device import DeviceCases
+from dirty import DirtyCases
 from library import LibCases
 from net import NetCases
 
@@ -199,7 +201,7 @@ IMAGE_CASES = {
 # ---------------------------------------------------------------- the bench
 
 
-class Bench(NetCases, LibCases, DeviceCases):
+class Bench(NetCases, LibCases, DeviceCases, DirtyCases):
     def __init__(self, args, report):
         self.a = args
         self.r = report
@@ -669,6 +671,9 @@ def main():
                     help="pass --block-size to both blksums (default: their 64 KiB)")
     ap.add_argument("--sync-size", type=parse_size,
                     help="image size of the sync case (default 2 GiB; 64 MiB with --quick)")
+    ap.add_argument("--dirty-size", type=parse_size,
+                    help="image size of the dirty case (default 16 GiB, half of it data; "
+                         "1 GiB with --quick)")
     ap.add_argument("--settle", type=float, default=0,
                     help="sync case: seconds to wait after removing a copy's target and "
                          "syncing, before each write (default 0: back to back). On a VM "

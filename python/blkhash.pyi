@@ -6,7 +6,7 @@ an image (a file, a qcow2 or other QEMU image, an NBD URL).
 
 import os
 import sys
-from typing import FrozenSet, Optional, Sequence, Tuple, Union, final
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple, Union, final
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer as _Buffer
@@ -22,6 +22,9 @@ __all__ = [
     "checksum",
     "map_range",
     "merge",
+    "update_map",
+    "dirty_ranges",
+    "bitmaps",
     "algorithms_available",
     "algorithms_guaranteed",
     "__version__",
@@ -164,3 +167,56 @@ def merge(
     Raises ValueError for a gap, an overlap, a mismatch or damage (naming
     the parts), OSError if a part cannot be read or ``out`` written.
     """
+
+def update_map(
+    image: Union[str, "os.PathLike[str]"],
+    base: Union[str, "os.PathLike[str]"],
+    bitmap: str,
+    out: Union[str, "os.PathLike[str]"],
+    *,
+    verify: bool = False,
+    format: Optional[str] = None,
+    cache: bool = False,
+    threads: Optional[int] = None,
+    no_backing: bool = False,
+    force_share: bool = False,
+    secret_file: Optional[Union[str, "os.PathLike[str]"]] = None,
+    timeout: Optional[float] = None,
+    tls_certificates: Optional[Union[str, "os.PathLike[str]"]] = None,
+) -> str:
+    """Update ``base`` (the map when ``bitmap`` was created or cleared) to the map now, in ``out``; return the hex checksum.
+
+    Only the blocks the dirty bitmap marks are read; ``base`` is checked
+    first (size, digest, block size, 16 clean blocks read again).
+    ``verify=True`` reads the clean blocks too. Raises OSError (nothing
+    written) for a missing, in-use or disabled bitmap or a ``base`` that is
+    not the image's earlier map.
+    """
+
+def dirty_ranges(
+    image: Union[str, "os.PathLike[str]"],
+    bitmap: str,
+    *,
+    format: Optional[str] = None,
+    no_backing: bool = False,
+    force_share: bool = False,
+    secret_file: Optional[Union[str, "os.PathLike[str]"]] = None,
+    timeout: Optional[float] = None,
+    tls_certificates: Optional[Union[str, "os.PathLike[str]"]] = None,
+) -> List[Tuple[int, int]]:
+    """The ``(offset, length)`` byte ranges the dirty bitmap marks, in order, merged.
+
+    Raises OSError for a missing, in-use or disabled bitmap.
+    """
+
+def bitmaps(
+    image: Union[str, "os.PathLike[str]"],
+    *,
+    format: Optional[str] = None,
+    no_backing: bool = False,
+    force_share: bool = False,
+    secret_file: Optional[Union[str, "os.PathLike[str]"]] = None,
+    timeout: Optional[float] = None,
+    tls_certificates: Optional[Union[str, "os.PathLike[str]"]] = None,
+) -> List[Dict[str, Union[str, int, bool, None]]]:
+    """The image's dirty bitmaps: ``name``, ``granularity``, ``in_use``, ``enabled`` (None where unknown)."""

@@ -50,6 +50,13 @@ seeds() {
     }
     add v2 compat=0.10,cluster_size=512
     add v3 compat=1.1,cluster_size=512
+    # Dirty bitmaps (qcow2 v3 only): a directory and tables to parse, one
+    # bitmap disabled, both with bits set by the writes after them.
+    qemu-img create -q -f qcow2 -o cluster_size=512 "$tmp/bm.qcow2" 256k
+    qemu-img bitmap --add -g 4k "$tmp/bm.qcow2" a
+    qemu-img bitmap --add -g 512 --disable "$tmp/bm.qcow2" b
+    qemu-io -f qcow2 -c 'write -P 0x55 4k 9k' -c 'write -z 100k 4k' "$tmp/bm.qcow2" >/dev/null
+    cp "$tmp/bm.qcow2" "$dir/seed-bitmaps-made"
     add v3-4k cluster_size=4k
     add extl2 extended_l2=on,cluster_size=16k
     qemu-img create -q -f raw "$tmp/src.raw" 64k

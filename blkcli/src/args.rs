@@ -125,7 +125,13 @@ impl InputArgs {
     /// `saved` (a saved map's), else the defaults; a value the parsers
     /// let through and the library refuses is a usage error.
     pub fn job(&self, saved: Option<(Algorithm, usize)>) -> Job {
-        match self.spec().resolve(saved) {
+        InputArgs::resolve(self.spec(), saved)
+    }
+
+    /// [`InputArgs::job`] for a `spec` the command has added to (say, an
+    /// NBD dirty bitmap to negotiate).
+    pub fn resolve(spec: JobSpec, saved: Option<(Algorithm, usize)>) -> Job {
+        match spec.resolve(saved) {
             Ok(job) => job,
             Err(e) => {
                 clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{e}\n")).exit()

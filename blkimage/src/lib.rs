@@ -12,7 +12,9 @@
 // Every public item says what it is (cargo doc is part of the API).
 #![warn(missing_docs)]
 
+mod bitmap;
 mod buffer;
+mod masked;
 pub mod nbd;
 pub mod qcow2;
 mod qemu;
@@ -23,7 +25,9 @@ mod sink;
 mod source;
 mod window;
 
+pub use bitmap::{BitmapInfo, Dirty};
 pub use buffer::{ALIGN, AlignedBuf};
+pub use masked::Masked;
 pub use qcow2::Qcow2;
 /// The formats read through a private qemu-nbd (QEMU's driver names), for
 /// `--format` and its completions.

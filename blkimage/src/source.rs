@@ -124,4 +124,30 @@ pub trait Source: Send + Sync {
     fn files(&self) -> Vec<std::path::PathBuf> {
         Vec::new()
     }
+
+    /// The files below the image in its backing chain (a qcow2 image's
+    /// backing file, its backing file, ...): what a dirty bitmap of the
+    /// image does not watch, since it records writes to the image that
+    /// holds it only. Empty for every other source.
+    fn backing_files(&self) -> Vec<std::path::PathBuf> {
+        Vec::new()
+    }
+
+    /// The dirty bitmaps this source offers (a qcow2 image's persistent
+    /// bitmaps; an NBD export's `qemu:dirty-bitmap:` contexts). Empty for
+    /// a source that has none.
+    fn bitmaps(&self) -> io::Result<Vec<crate::BitmapInfo>> {
+        Ok(Vec::new())
+    }
+
+    /// The ranges bitmap `name` marks dirty. An error, naming the bitmap
+    /// and the reason, for a bitmap that is not there, is in use
+    /// (inconsistent), or does not cover exactly the image's size; a
+    /// source without bitmaps says so ([`io::ErrorKind::Unsupported`]).
+    /// Whether a disabled bitmap may be used is the caller's choice:
+    /// [`crate::BitmapInfo::enabled`] says.
+    fn dirty(&self, name: &str) -> io::Result<crate::Dirty> {
+        let _ = name;
+        Err(crate::bitmap::unsupported(self.format()))
+    }
 }

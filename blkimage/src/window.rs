@@ -90,4 +90,8 @@ impl Source for Window {
     fn files(&self) -> Vec<std::path::PathBuf> {
         self.inner.files()
     }
+
+    fn backing_files(&self) -> Vec<std::path::PathBuf> {
+        self.inner.backing_files()
+    }
 }

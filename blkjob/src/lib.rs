@@ -22,6 +22,7 @@
 
 pub mod checkpoint;
 pub mod guard;
+pub mod incremental;
 mod job;
 pub mod record;
 mod span;
@@ -128,6 +129,9 @@ pub struct Mapped {
     /// The file's size, if the guest size was rounded up from it (a raw
     /// file whose length is not a multiple of 512): for the caller to say.
     pub rounded: Option<Rounded>,
+    /// What was read: data, zero and unallocated bytes (all zero for a
+    /// saved map).
+    pub stats: Stats,
 }
 
 /// A hasher for `job` with a map builder observing it.
@@ -167,6 +171,7 @@ pub fn map(
         map,
         format: read.format,
         rounded: read.rounded,
+        stats: read.stats,
     })
 }
 
@@ -247,6 +252,7 @@ pub fn map_stdin(job: &Job, detect_map: bool, progress: &mut dyn FnMut(u64)) -> 
             map: Map::read(io::BufReader::with_capacity(1 << 20, rest))?,
             format: "map".to_string(),
             rounded: None,
+            stats: Stats::default(),
         });
     }
     map(Input::Stream(Box::new(rest)), job, job.cancel(), progress)

@@ -227,6 +227,28 @@ impl Body {
         self.blocks += count;
     }
 
+    /// Append blocks `from..to` of `src` (whose digests are `len` bytes
+    /// each), a run at a time.
+    fn copy(&mut self, src: &Body, len: usize, from: u64, to: u64) {
+        let mut at = from;
+        while at < to.min(src.blocks) {
+            let r = &src.runs[src.runs.partition_point(|r| r.first <= at) - 1];
+            let end = (r.first + r.count).min(to);
+            let count = end - at;
+            match r.data {
+                None => self.push_zeros(count),
+                Some(first) => {
+                    let skip = first + (at - r.first) as usize * len;
+                    let start = self.digests.len();
+                    (self.digests)
+                        .extend_from_slice(&src.digests[skip..skip + count as usize * len]);
+                    self.open_data(count, start);
+                }
+            }
+            at = end;
+        }
+    }
+
     fn push_data(&mut self, digest: &[u8]) {
         let at = self.digests.len();
         self.digests.extend_from_slice(digest);
@@ -497,6 +519,114 @@ impl Map {
             Block::Zero => &self.zero_digest[..],
             Block::Data(d) => d,
         })
+    }
+
+    /// The map of an image that differs from this map's only in the blocks
+    /// `ranges` (block indexes, in order, not overlapping), whose blocks
+    /// are `fresh`'s there: every other block is this map's. `fresh` is a
+    /// map of the same digest, block size and size (what its blocks hold
+    /// outside `ranges` does not matter). The checksum is derived anew.
+    ///
+    /// ```
+    /// use blkhash::Options;
+    /// use blkmap::Map;
+    /// let opts = Options::new().block_size(512);
+    /// let old = vec![1u8; 4096];
+    /// let mut new = old.clone();
+    /// new[1024..1536].fill(0);
+    /// new[3584] = 9;
+    /// let old_map = Map::compute(opts.clone(), &old).unwrap();
+    /// let new_map = Map::compute(opts, &new).unwrap();
+    /// let spliced = old_map.splice(&new_map, &[2..3, 7..8]).unwrap();
+    /// assert_eq!(spliced, new_map);
+    /// ```
+    pub fn splice(&self, fresh: &Map, ranges: &[std::ops::Range<u64>]) -> Result<Map, MapError> {
+        let whole = Range {
+            offset: 0,
+            len: fresh.size,
+        };
+        let theirs = (fresh.algorithm, fresh.block_size, fresh.size, whole);
+        self.splice_body(theirs, &fresh.body, ranges)
+    }
+
+    /// [`Map::splice`] with the blocks of `fresh`, a part that covers the
+    /// whole image (as [`MapBuilder::finish_part`] makes it of a hasher
+    /// given every byte): no checksum of its own to derive and check, the
+    /// cheaper way when most of its blocks are thrown away.
+    ///
+    /// ```
+    /// use blkhash::{Hasher, Options};
+    /// use blkmap::{Map, MapBuilder};
+    /// let opts = Options::new().block_size(512);
+    /// let old = vec![1u8; 4096];
+    /// let mut new = old.clone();
+    /// new[100] = 7;
+    /// let mut h = Hasher::with_options(opts.clone()).unwrap();
+    /// let builder = MapBuilder::attach(&mut h).unwrap();
+    /// h.update(&new);
+    /// let fresh = builder.finalize_part(h, 4096, 0).unwrap();
+    /// let old_map = Map::compute(opts.clone(), &old).unwrap();
+    /// let spliced = old_map.splice_part(&fresh, &[0..1]).unwrap();
+    /// assert_eq!(spliced, Map::compute(opts, &new).unwrap());
+    /// ```
+    pub fn splice_part(
+        &self,
+        fresh: &Part,
+        ranges: &[std::ops::Range<u64>],
+    ) -> Result<Map, MapError> {
+        let h = &fresh.header;
+        let theirs = (h.algorithm, h.block_size, h.size, h.range);
+        self.splice_body(theirs, &fresh.body, ranges)
+    }
+
+    fn splice_body(
+        &self,
+        (algorithm, block_size, size, range): (Algorithm, usize, u64, Range),
+        fresh: &Body,
+        ranges: &[std::ops::Range<u64>],
+    ) -> Result<Map, MapError> {
+        let whole = Range {
+            offset: 0,
+            len: self.size,
+        };
+        if (algorithm, block_size, size, range)
+            != (self.algorithm, self.block_size, self.size, whole)
+        {
+            return Err(MapError::Invalid(format!(
+                "blocks {}+{} of an image of {size} bytes in {block_size}-byte {algorithm} blocks \
+                 spliced into a map of {} bytes in {}-byte {} blocks",
+                range.offset, range.len, self.size, self.block_size, self.algorithm
+            )));
+        }
+        let (blocks, len) = (self.blocks(), self.algorithm.output_len());
+        let mut body = Body::default();
+        let mut at = 0;
+        for r in ranges {
+            let (start, end) = (r.start.min(blocks), r.end.min(blocks));
+            if start < at || end < start {
+                return Err(MapError::Invalid(
+                    "block ranges to splice out of order or overlapping".into(),
+                ));
+            }
+            body.copy(&self.body, len, at, start);
+            body.copy(fresh, len, start, end);
+            at = end;
+        }
+        body.copy(&self.body, len, at, blocks);
+        // Both were checked when they were made: runs of whole blocks, a
+        // short last block as data. The checksum is derived once (not
+        // derived again to check it, as assemble would: the outer digest
+        // of every block digest is a good part of an update's time).
+        let mut map = Map {
+            algorithm: self.algorithm,
+            block_size: self.block_size,
+            size: self.size,
+            checksum: self.checksum.clone(),
+            zero_digest: self.zero_digest.clone(),
+            body,
+        };
+        map.checksum = map.derive_checksum();
+        Ok(map)
     }
 
     /// The image checksum computed from the map alone: the outer digest of

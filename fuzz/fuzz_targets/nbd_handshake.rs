@@ -1,9 +1,12 @@
 //! A hostile NBD server's bytes during the handshake: the greeting, then
 //! the option replies through NBD_OPT_GO (structured replies, metadata
 //! contexts, infos, errors, the old NBD_OPT_EXPORT_NAME way). The first
-//! byte's bit 0 says NBD_OPT_STARTTLS is asked first. Errors are fine;
-//! panics, hangs, unbounded allocations and accepted block sizes we could
-//! not honour are not.
+//! byte's bit 0 says NBD_OPT_STARTTLS is asked first, bit 1 that the dirty
+//! bitmap `qemu:dirty-bitmap:b` is asked for too (as
+//! `NbdOptions::dirty_bitmap` does), bit 2 that bitmaps are listed
+//! (NBD_OPT_LIST_META_CONTEXT). Errors are fine; panics, hangs, unbounded
+//! allocations, accepted block sizes we could not honour and an export
+//! accepted without the bitmap asked for are not.
 
 #![no_main]
 

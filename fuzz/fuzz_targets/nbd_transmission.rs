@@ -1,7 +1,9 @@
 //! A hostile NBD server's replies to requests in flight on one connection
 //! (a read, a write, a write zeroes, a block status, a flush): the reply
-//! dispatch, not just the parsing (nbd_reply). Errors are fine; panics,
-//! hangs and writes outside a read's buffer (the sanitizer) are not.
+//! dispatch, not just the parsing (nbd_reply). The first byte says what was
+//! negotiated: structured replies (bit 0), base:allocation (bit 1), a dirty
+//! bitmap's context (bit 2). Errors are fine; panics, hangs and writes
+//! outside a read's buffer (the sanitizer) are not.
 
 #![no_main]
 

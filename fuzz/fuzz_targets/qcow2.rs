@@ -1,6 +1,7 @@
 //! A qcow2 image in memory (no backing file, no data file): open it, walk
-//! its extents, read some of its data. Errors are fine; panics, hangs and
-//! unbounded allocations are not.
+//! its extents, read some of its data, list its dirty bitmaps and read
+//! each one's ranges. Errors are fine; panics, hangs and unbounded
+//! allocations are not.
 
 #![no_main]
 
@@ -55,5 +56,30 @@ fuzz_target!(|data: &[u8]| {
         let _ = q.read_at(&mut buf[..n], size - n as u64);
         let _ = q.read_at(&mut buf[..n], size / 2 - (size / 2).min(n as u64 / 2));
     }
+    bitmaps(&q, size);
     let _ = q.finish();
 });
+
+/// Every bitmap listed, read: a `Dirty` that comes back keeps its contract
+/// (ranges in order, non-empty, neither overlapping nor adjacent, within
+/// the size) and names the bitmap asked for.
+fn bitmaps(q: &Qcow2, size: u64) {
+    let Ok(list) = q.bitmaps() else {
+        return;
+    };
+    for b in &list {
+        let Ok(d) = q.dirty(&b.name) else {
+            continue;
+        };
+        assert_eq!(d.bitmap.name, b.name);
+        assert_eq!(d.bitmap.granularity, b.granularity);
+        let mut prev_end = None;
+        for r in &d.ranges {
+            assert!(r.start < r.end && r.end <= size, "{r:?} of {size}");
+            if let Some(e) = prev_end {
+                assert!(e < r.start, "{:?}", d.ranges);
+            }
+            prev_end = Some(r.end);
+        }
+    }
+}

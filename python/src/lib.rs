@@ -4,6 +4,7 @@
 //! (`checksum.rs`). Nothing here but translating arguments, buffers and
 //! errors.
 
+mod bitmaps;
 mod buffer;
 mod checksum;
 mod hasher;
@@ -91,6 +92,9 @@ fn blkhash_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checksum::checksum, m)?)?;
     m.add_function(wrap_pyfunction!(maps::map_range, m)?)?;
     m.add_function(wrap_pyfunction!(maps::merge, m)?)?;
+    m.add_function(wrap_pyfunction!(bitmaps::update_map, m)?)?;
+    m.add_function(wrap_pyfunction!(bitmaps::dirty_ranges, m)?)?;
+    m.add_function(wrap_pyfunction!(bitmaps::bitmaps, m)?)?;
     let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.name()).collect();
     // Every digest is built in, so both sets are the same.
     m.add("algorithms_available", PyFrozenSet::new(py, &names)?)?;

@@ -184,7 +184,7 @@ pub fn merge(py: Python<'_>, parts: Vec<PathBuf>, out: Option<PathBuf>) -> PyRes
 
 /// An output the guard refused, as the OSError subclass Python code
 /// expects: the message names the output and why.
-fn refused(e: &std::io::Error) -> PyErr {
+pub(crate) fn refused(e: &std::io::Error) -> PyErr {
     use pyo3::exceptions::{PyFileExistsError, PyIsADirectoryError, PyOSError};
     let msg = e.to_string();
     match e.kind() {

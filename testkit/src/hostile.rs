@@ -5,7 +5,8 @@
 //! byte a second, silence, malformed replies.
 //!
 //! It speaks the fixed newstyle handshake (NBD_OPT_STRUCTURED_REPLY,
-//! NBD_OPT_SET_META_CONTEXT for base:allocation, NBD_OPT_GO with the
+//! NBD_OPT_SET_META_CONTEXT for base:allocation, and for a QEMU dirty
+//! bitmap in the bitmap scenarios, NBD_OPT_GO with the
 //! export and block size infos) and the transmission phase (reads answered
 //! with structured data chunks, block status with one data extent, and
 //! disconnect) over a unix socket, one thread per client, with std only:
@@ -46,6 +47,14 @@ const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 const EXPORT_FLAGS: u16 = 1 | 2;
 /// The base:allocation context id given to the client.
 const CONTEXT_ID: u32 = 1;
+/// The dirty bitmap's context id, in the bitmap scenarios.
+const BITMAP_ID: u32 = 2;
+/// In [`Misbehave::DirtyBitmap`], the bitmap's granules and how much of
+/// the export one block status answers for (less than asked, and not a
+/// whole number of granules, so that dirty ranges straddle answers).
+pub const BITMAP_GRANULE: u64 = 4096;
+/// See [`BITMAP_GRANULE`].
+pub const BITMAP_ANSWER: u64 = 6144;
 
 /// What the server does wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +77,26 @@ pub enum Misbehave {
     TrickleRead,
     /// A reply to a read with a bad magic.
     BadReplyMagic,
+    /// A correct server with a dirty bitmap: any `qemu:dirty-bitmap:NAME`
+    /// asked for is given; every other [`BITMAP_GRANULE`] is dirty (the
+    /// first one too), and each block status answers for
+    /// [`BITMAP_ANSWER`] bytes at most.
+    DirtyBitmap,
+    /// Gives the bitmap's context, then answers block status for
+    /// base:allocation only.
+    BitmapChunkMissing,
+    /// Gives the bitmap's context, then answers block status with a
+    /// descriptor after the one that covers the request.
+    BitmapPastRequest,
+}
+
+impl Misbehave {
+    fn has_bitmap(self) -> bool {
+        matches!(
+            self,
+            Misbehave::DirtyBitmap | Misbehave::BitmapChunkMissing | Misbehave::BitmapPastRequest
+        )
+    }
 }
 
 /// Counters the tests look at.
@@ -240,6 +269,17 @@ fn serve(
                     return Ok(());
                 }
                 s.write_all(&one)?;
+                if how.has_bitmap() {
+                    for q in queries(&payload) {
+                        if q.len() > "qemu:dirty-bitmap:".len()
+                            && q.starts_with("qemu:dirty-bitmap:")
+                        {
+                            let mut ctx = BITMAP_ID.to_be_bytes().to_vec();
+                            ctx.extend_from_slice(q.as_bytes());
+                            s.write_all(&option_reply(opt, REP_META_CONTEXT, &ctx))?;
+                        }
+                    }
+                }
                 s.write_all(&option_reply(opt, REP_ACK, &[]))?;
             }
             OPT_GO => {
@@ -271,6 +311,51 @@ fn serve(
             _ => s.write_all(&option_reply(opt, REP_ERR_UNSUP, &[]))?,
         }
     }
+}
+
+/// The queries of NBD_OPT_SET_META_CONTEXT's data (export name, count,
+/// queries), as far as they parse.
+fn queries(d: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    let field = |at: usize| d.get(at..at + 4).map(be32).map(|n| n as usize);
+    let Some(name) = field(0) else { return out };
+    let mut at = 4 + name;
+    let Some(count) = field(at) else { return out };
+    at += 4;
+    for _ in 0..count {
+        let Some(n) = field(at) else { break };
+        let Some(q) = d.get(at + 4..at + 4 + n) else {
+            break;
+        };
+        out.push(String::from_utf8_lossy(q).into_owned());
+        at += 4 + n;
+    }
+    out
+}
+
+/// The bitmap's block status chunk (not the last of its reply) for a
+/// request of `[offset, end)`, as `how` answers it.
+fn bitmap_chunk(how: Misbehave, cookie: u64, offset: u64, end: u64) -> Vec<u8> {
+    let mut p = BITMAP_ID.to_be_bytes().to_vec();
+    let mut desc = |len: u64, flags: u32| {
+        p.extend_from_slice(&(len as u32).to_be_bytes());
+        p.extend_from_slice(&flags.to_be_bytes());
+    };
+    if how == Misbehave::BitmapPastRequest {
+        desc(end - offset, 1);
+        desc(BITMAP_GRANULE, 1);
+    } else {
+        // Granule by granule, the last clipped to the answer's end.
+        let stop = end.min(offset + BITMAP_ANSWER);
+        let mut pos = offset;
+        while pos < stop {
+            let next = ((pos / BITMAP_GRANULE + 1) * BITMAP_GRANULE).min(stop);
+            let dirty = (pos / BITMAP_GRANULE).is_multiple_of(2);
+            desc(next - pos, dirty as u32);
+            pos = next;
+        }
+    }
+    chunk(0, REPLY_TYPE_BLOCK_STATUS, cookie, &p)
 }
 
 /// Requests waiting for replies are gathered until the client pauses
@@ -321,10 +406,15 @@ fn transmission(
                     chunk(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, cookie, &p)
                 }
                 CMD_BLOCK_STATUS => {
+                    let mut reply = Vec::new();
+                    if matches!(how, Misbehave::DirtyBitmap | Misbehave::BitmapPastRequest) {
+                        reply = bitmap_chunk(how, cookie, offset, end);
+                    }
                     let mut p = CONTEXT_ID.to_be_bytes().to_vec();
                     p.extend_from_slice(&((end - offset) as u32).to_be_bytes());
                     p.extend_from_slice(&0u32.to_be_bytes());
-                    chunk(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, cookie, &p)
+                    reply.extend(chunk(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, cookie, &p));
+                    reply
                 }
                 _ => return Ok(()),
             };

@@ -1,6 +1,7 @@
 //! Test support: the vector recipes' image generator, the reference vectors,
 //! and the helpers every crate's tests share: QEMU's tools ([`tools`]),
-//! NBD servers ([`nbd`]) and one that misbehaves on purpose ([`hostile`]).
+//! NBD servers ([`nbd`]) and one that misbehaves on purpose ([`hostile`]),
+//! qemu-storage-daemon driven over QMP ([`qsd`]).
 //!
 //! A recipe is segments separated by spaces, each `SIZE:KIND` (see
 //! `vectors.json`'s README in the shared vectors): `-` a hole, `0` written
@@ -12,6 +13,7 @@
 
 pub mod hostile;
 pub mod nbd;
+pub mod qsd;
 pub mod tools;
 
 use serde::Deserialize;

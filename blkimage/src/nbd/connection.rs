@@ -15,7 +15,7 @@
 //! long for its reply to begin.
 
 use super::handshake::Export;
-use super::pending::{Op, Pending, Shared, Status};
+use super::pending::{Op, Pending, Shared, StatusReply};
 use super::protocol::*;
 use super::replies::{peer_gone, read_loop};
 use super::transport::Split;
@@ -100,7 +100,9 @@ impl Request<'_> {
                 len,
                 covered: BTreeMap::new(),
             },
-            Request::BlockStatus { .. } => Op::Status { result: None },
+            Request::BlockStatus { .. } => Op::Status {
+                result: StatusReply::default(),
+            },
             Request::Write { .. } | Request::WriteZeroes { .. } | Request::Flush => Op::Plain,
         }
     }
@@ -228,17 +230,16 @@ impl Connection {
         self.wait(t).map(|_| ())
     }
 
-    /// Block status of `[offset, offset + len)`: descriptors from `offset`.
-    pub fn block_status(&self, offset: u64, len: u32) -> io::Result<Vec<Status>> {
+    /// Block status of `[offset, offset + len)`: each negotiated context's
+    /// descriptors from `offset`, as far as the server sent them (the
+    /// caller says which context it cannot do without).
+    pub fn block_status(&self, offset: u64, len: u32) -> io::Result<StatusReply> {
         let t = self.send(Request::BlockStatus { offset, len })?;
-        match self.wait(t)? {
-            Some(v) => Ok(v),
-            None => Err(malformed("block status without a status chunk")),
-        }
+        Ok(self.wait(t)?.unwrap_or_default())
     }
 
-    /// Wait for a request: its error, or block status descriptors.
-    pub fn wait(&self, t: Ticket) -> io::Result<Option<Vec<Status>>> {
+    /// Wait for a request: its error, or block status chunks.
+    pub fn wait(&self, t: Ticket) -> io::Result<Option<StatusReply>> {
         let mut st = self.shared.lock();
         loop {
             if st.pending.get(&t.0).is_some_and(|p| p.done) {
@@ -247,7 +248,7 @@ impl Connection {
                     return Err(io::Error::other(e));
                 }
                 return Ok(match p.op {
-                    Op::Status { result, .. } => result,
+                    Op::Status { result, .. } => Some(result),
                     Op::Read { .. } | Op::Plain => None,
                 });
             }
@@ -279,7 +280,8 @@ impl Drop for Connection {
 /// For the `nbd_transmission` fuzz target: a hostile server's `replies`
 /// to one of each request kind in flight on one connection (a read, a
 /// write, a write zeroes, a block status, a flush). Bit 0 of `flags` says
-/// structured replies were negotiated, bit 1 that block status was. Every
+/// structured replies were negotiated, bit 1 that block status was
+/// (base:allocation, context 1), bit 2 a dirty bitmap (context 2). Every
 /// outcome is fine but a panic, a hang or a write outside a read's buffer.
 #[cfg(feature = "fuzzing")]
 pub fn fuzz_replies(replies: &[u8], flags: u8) {
@@ -315,6 +317,8 @@ pub fn fuzz_replies(replies: &[u8], flags: u8) {
         flags: 0,
         structured: flags & 1 != 0,
         allocation: (flags & 2 != 0).then_some(1),
+        bitmap: (flags & 4 != 0).then_some(2),
+        listed: Vec::new(),
         min_block: 1,
         preferred_block: 4096,
         max_payload: 1 << 20,

@@ -1,7 +1,9 @@
 //! The fixed newstyle handshake: greeting, (STARTTLS,) structured replies,
-//! the base:allocation metadata context, and NBD_OPT_GO with the block size
-//! constraints requested and honoured. Old servers work too: oldstyle,
-//! plain newstyle (NBD_OPT_EXPORT_NAME), no structured replies.
+//! the base:allocation metadata context (and a QEMU dirty bitmap's, when
+//! asked for), and NBD_OPT_GO with the block size constraints requested and
+//! honoured. Old servers work too: oldstyle, plain newstyle
+//! (NBD_OPT_EXPORT_NAME), no structured replies; but not with a dirty
+//! bitmap, which needs metadata contexts.
 //!
 //! Nothing the server sends is trusted to end: every stage (the greeting,
 //! each option) has a deadline for all its replies together, not per
@@ -14,13 +16,17 @@ use super::protocol::*;
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
-/// Replies to one option at most. We ask for one metadata context and one
-/// info (the server adds the export info): a few replies are expected, a
-/// few dozen means the server will not stop.
+/// Replies to one option at most. We ask for two metadata contexts at
+/// most and one info (the server adds the export info): a few replies are
+/// expected, a few dozen means the server will not stop.
 pub const MAX_OPTION_REPLIES: usize = 32;
 /// Bytes of replies to one option at most (each is also at most
 /// [`MAX_OPTION_REPLY`]).
 pub const MAX_OPTION_BYTES: usize = 256 << 10;
+/// Replies to NBD_OPT_LIST_META_CONTEXT at most: one per dirty bitmap the
+/// server exports, so more than an option's usual few (the bytes are
+/// still bounded by [`MAX_OPTION_BYTES`]).
+pub const MAX_LIST_REPLIES: usize = 1024;
 /// The smallest maximum payload accepted from a server. Portable clients
 /// send requests aligned to 512 bytes (the NBD spec's advice to clients
 /// when the server gives no constraints), so a server that cannot take a
@@ -118,19 +124,26 @@ struct Replies {
     opt: &'static str,
     count: usize,
     bytes: usize,
+    max: usize,
 }
 
 impl Replies {
     fn new(opt: &'static str) -> Replies {
+        Replies::with_limit(opt, MAX_OPTION_REPLIES)
+    }
+
+    /// At most `max` replies (and [`MAX_OPTION_BYTES`]).
+    fn with_limit(opt: &'static str, max: usize) -> Replies {
         Replies {
             opt,
             count: 0,
             bytes: 0,
+            max,
         }
     }
 
     fn next<S: Read>(&mut self, s: &mut S, opt: u32) -> io::Result<OptionReply> {
-        if self.count >= MAX_OPTION_REPLIES || self.bytes > MAX_OPTION_BYTES {
+        if self.count >= self.max || self.bytes > MAX_OPTION_BYTES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
@@ -163,9 +176,26 @@ pub struct Export {
     pub structured: bool,
     /// The base:allocation context id, if block status can be used.
     pub allocation: Option<u32>,
+    /// The `qemu:dirty-bitmap:NAME` context id, when the bitmap was asked
+    /// for ([`Wanted::bitmap`]); never the same as `allocation`.
+    pub bitmap: Option<u32>,
+    /// The server's dirty bitmaps by name (without the context prefix, in
+    /// the server's order), when [`Wanted::list_bitmaps`] asked; empty if
+    /// the server lists none or cannot list.
+    pub listed: Vec<String>,
     pub min_block: u32,
     pub preferred_block: u32,
     pub max_payload: u32,
+}
+
+/// What to negotiate beyond the export itself.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Wanted<'a> {
+    /// A QEMU dirty bitmap's metadata context (`qemu:dirty-bitmap:NAME`),
+    /// next to base:allocation: an error if the server does not give it.
+    pub bitmap: Option<&'a str>,
+    /// List the server's dirty bitmaps (NBD_OPT_LIST_META_CONTEXT).
+    pub list_bitmaps: bool,
 }
 
 fn be64(b: &[u8]) -> u64 {
@@ -261,6 +291,8 @@ fn oldstyle_export(size: u64, flags: u16) -> Export {
         flags,
         structured: false,
         allocation: None,
+        bitmap: None,
+        listed: Vec::new(),
         min_block: 1,
         preferred_block: 4096,
         max_payload: DEFAULT_MAX_PAYLOAD,
@@ -272,15 +304,30 @@ pub fn negotiate<S: Read + Write + SetReadTimeout>(
     s: &mut Timed<S>,
     greeting: Greeting,
     export: &str,
+    want: Wanted,
 ) -> io::Result<Export> {
     let (fixed, no_zeroes) = match greeting {
-        Greeting::Oldstyle { size, flags } => return Ok(oldstyle_export(size, flags)),
+        Greeting::Oldstyle { size, flags } => {
+            if let Some(name) = want.bitmap {
+                return Err(no_bitmap(
+                    name,
+                    "an oldstyle server, without options".into(),
+                ));
+            }
+            return Ok(oldstyle_export(size, flags));
+        }
         Greeting::Newstyle { fixed, no_zeroes } => (fixed, no_zeroes),
     };
     if !fixed {
+        if let Some(name) = want.bitmap {
+            return Err(no_bitmap(
+                name,
+                "a newstyle server without fixed newstyle options".into(),
+            ));
+        }
         return export_name(s, export, no_zeroes);
     }
-    // Structured replies, then base:allocation.
+    // Structured replies, then base:allocation (and the bitmap).
     s.stage("the server's reply to NBD_OPT_STRUCTURED_REPLY");
     s.write_all(&option(OPT_STRUCTURED_REPLY, &[]))?;
     let r = reply(s, OPT_STRUCTURED_REPLY)?;
@@ -288,31 +335,27 @@ pub fn negotiate<S: Read + Write + SetReadTimeout>(
     if !structured && !r.is_error() {
         return Err(malformed("unexpected reply to NBD_OPT_STRUCTURED_REPLY"));
     }
-    let mut allocation = None;
-    if structured {
-        s.stage("the server's replies to NBD_OPT_SET_META_CONTEXT");
-        let mut replies = Replies::new("NBD_OPT_SET_META_CONTEXT");
-        s.write_all(&option(
-            OPT_SET_META_CONTEXT,
-            &meta_context_data(export, &[BASE_ALLOCATION]),
-        ))?;
-        loop {
-            let r = replies.next(s, OPT_SET_META_CONTEXT)?;
-            match r.kind {
-                REP_META_CONTEXT => {
-                    let (id, name) = parse_meta_context(&r.data)?;
-                    if name == BASE_ALLOCATION {
-                        allocation = Some(id);
-                    }
-                }
-                REP_ACK => break,
-                _ if r.is_error() => {
-                    allocation = None;
-                    break;
-                }
-                k => return Err(malformed(format!("reply {k} to NBD_OPT_SET_META_CONTEXT"))),
-            }
-        }
+    // Listed after structured replies, which some servers (nbdkit) want
+    // first; a refusal only leaves the list empty.
+    let listed = if want.list_bitmaps {
+        list_meta_contexts(s, export, DIRTY_BITMAP_PREFIX)?.unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let bitmap_context = want.bitmap.map(|n| format!("{DIRTY_BITMAP_PREFIX}{n}"));
+    let (allocation, bitmap) = if structured {
+        set_meta_contexts(s, export, bitmap_context.as_deref())?
+    } else {
+        (None, None)
+    };
+    if let (Some(name), None) = (want.bitmap, bitmap) {
+        let why = if structured {
+            offered(s, export)?
+        } else {
+            "it does not do structured replies, which block status needs".into()
+        };
+        abort(s);
+        return Err(no_bitmap(name, why));
     }
     // GO, asking for the block size constraints (which we then honour).
     s.stage("the server's reply to NBD_OPT_GO");
@@ -333,7 +376,17 @@ pub fn negotiate<S: Read + Write + SetReadTimeout>(
                 Info::Other => {}
             },
             REP_ACK => break,
-            REP_ERR_UNSUP => return export_name(s, export, no_zeroes),
+            REP_ERR_UNSUP => {
+                // NBD_OPT_EXPORT_NAME ends the handshake without the
+                // metadata contexts a bitmap needs.
+                if let Some(name) = want.bitmap {
+                    abort(s);
+                    return Err(no_bitmap(name, "it has no NBD_OPT_GO".into()));
+                }
+                let mut e = export_name(s, export, no_zeroes)?;
+                e.listed = listed;
+                return Ok(e);
+            }
             _ if r.is_error() => {
                 return Err(io::Error::other(format!(
                     "the server refused export '{export}': {}",
@@ -354,10 +407,120 @@ pub fn negotiate<S: Read + Write + SetReadTimeout>(
         flags,
         structured,
         allocation,
+        bitmap,
+        listed,
         min_block,
         preferred_block,
         max_payload,
     })
+}
+
+/// NBD_OPT_SET_META_CONTEXT for base:allocation and `bitmap` (a context
+/// name) if given: their ids, each if the server gave it. An error reply
+/// means none (an old server without block status).
+fn set_meta_contexts<S: Read + Write + SetReadTimeout>(
+    s: &mut Timed<S>,
+    export: &str,
+    bitmap: Option<&str>,
+) -> io::Result<(Option<u32>, Option<u32>)> {
+    s.stage("the server's replies to NBD_OPT_SET_META_CONTEXT");
+    let mut queries = vec![BASE_ALLOCATION];
+    queries.extend(bitmap);
+    s.write_all(&option(
+        OPT_SET_META_CONTEXT,
+        &meta_context_data(export, &queries),
+    ))?;
+    let mut replies = Replies::new("NBD_OPT_SET_META_CONTEXT");
+    let (mut allocation, mut dirty) = (None, None);
+    loop {
+        let r = replies.next(s, OPT_SET_META_CONTEXT)?;
+        match r.kind {
+            REP_META_CONTEXT => {
+                let (id, name) = parse_meta_context(&r.data)?;
+                if name == BASE_ALLOCATION {
+                    allocation = Some(id);
+                } else if Some(name.as_str()) == bitmap {
+                    dirty = Some(id);
+                }
+            }
+            REP_ACK => break,
+            _ if r.is_error() => return Ok((None, None)),
+            k => return Err(malformed(format!("reply {k} to NBD_OPT_SET_META_CONTEXT"))),
+        }
+    }
+    // Block status chunks are told apart by id alone.
+    if allocation.is_some() && allocation == dirty {
+        return Err(malformed(
+            "the same metadata context id for base:allocation and the dirty bitmap",
+        ));
+    }
+    Ok((allocation, dirty))
+}
+
+/// NBD_OPT_LIST_META_CONTEXT for `query` on `export`: the names after the
+/// query's prefix (non-empty, each once, in the server's order); `None` if
+/// the server refused the option (its error's text is dropped: listing is
+/// only ever informative).
+fn list_meta_contexts<S: Read + Write + SetReadTimeout>(
+    s: &mut Timed<S>,
+    export: &str,
+    query: &str,
+) -> io::Result<Option<Vec<String>>> {
+    s.stage("the server's replies to NBD_OPT_LIST_META_CONTEXT");
+    s.write_all(&option(
+        OPT_LIST_META_CONTEXT,
+        &meta_context_data(export, &[query]),
+    ))?;
+    let mut replies = Replies::with_limit("NBD_OPT_LIST_META_CONTEXT", MAX_LIST_REPLIES);
+    let mut names: Vec<String> = Vec::new();
+    loop {
+        let r = replies.next(s, OPT_LIST_META_CONTEXT)?;
+        match r.kind {
+            REP_META_CONTEXT => {
+                let (_, name) = parse_meta_context(&r.data)?;
+                if let Some(n) = name.strip_prefix(query)
+                    && !n.is_empty()
+                    && !names.iter().any(|x| x == n)
+                {
+                    names.push(n.to_string());
+                }
+            }
+            REP_ACK => return Ok(Some(names)),
+            _ if r.is_error() => return Ok(None),
+            k => return Err(malformed(format!("reply {k} to NBD_OPT_LIST_META_CONTEXT"))),
+        }
+    }
+}
+
+/// What the server offers instead of a missing bitmap, for the error.
+fn offered<S: Read + Write + SetReadTimeout>(s: &mut Timed<S>, export: &str) -> io::Result<String> {
+    Ok(match list_meta_contexts(s, export, DIRTY_BITMAP_PREFIX)? {
+        None => "it does not list its metadata contexts".into(),
+        Some(v) if v.is_empty() => "it offers no dirty bitmap".into(),
+        Some(v) => {
+            let v: Vec<String> = v
+                .iter()
+                .map(|n| format!("{DIRTY_BITMAP_PREFIX}{n}"))
+                .collect();
+            format!("it offers: {}", v.join(", "))
+        }
+    })
+}
+
+/// The error for a dirty bitmap the server does not give, and why.
+fn no_bitmap(name: &str, why: String) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!(
+            "the server does not offer the metadata context {DIRTY_BITMAP_PREFIX}{name} ({why})"
+        ),
+    )
+}
+
+/// Leave the handshake politely (NBD_OPT_ABORT, a soft disconnect) before
+/// dropping the connection; the server's answer does not matter.
+fn abort<S: Read + Write + SetReadTimeout>(s: &mut Timed<S>) {
+    let _ = s.write_all(&option(OPT_ABORT, &[])).and_then(|_| s.flush());
 }
 
 /// Refuse block size constraints we cannot honour sensibly. The minimum
@@ -427,7 +590,7 @@ impl SetReadTimeout for Scripted<'_> {
 
 /// The whole handshake against `server`'s bytes.
 #[cfg(any(test, feature = "fuzzing"))]
-fn scripted(server: &[u8], starttls: bool) -> io::Result<Export> {
+fn scripted(server: &[u8], starttls: bool, want: Wanted) -> io::Result<Export> {
     let mut s = Scripted(server);
     let mut t = Timed::new(&mut s, None);
     let g = greet(&mut t)?;
@@ -435,19 +598,32 @@ fn scripted(server: &[u8], starttls: bool) -> io::Result<Export> {
         // As if the session were encrypted from here: the same bytes.
         self::starttls(&mut t)?;
     }
-    negotiate(&mut t, g, "disk")
+    negotiate(&mut t, g, "disk", want)
 }
 
 /// For the `nbd_handshake` fuzz target: a hostile server's bytes from the
-/// greeting through NBD_OPT_GO (bit 0 of `flags`: NBD_OPT_STARTTLS first).
+/// greeting through NBD_OPT_GO (bit 0 of `flags`: NBD_OPT_STARTTLS first;
+/// bit 1: the dirty bitmap "b" is asked for; bit 2: bitmaps are listed).
 /// Errors are fine; a panic, a hang or an unbounded allocation is a bug,
-/// and an accepted export must have block sizes we can honour.
+/// and an accepted export must have block sizes we can honour, and the
+/// bitmap asked for, under an id of its own.
 #[cfg(feature = "fuzzing")]
 pub fn fuzz_handshake(server: &[u8], flags: u8) {
-    if let Ok(e) = scripted(server, flags & 1 != 0) {
+    let want = Wanted {
+        bitmap: (flags & 2 != 0).then_some("b"),
+        list_bitmaps: flags & 4 != 0,
+    };
+    if let Ok(e) = scripted(server, flags & 1 != 0, want) {
         assert!(e.min_block.is_power_of_two() && e.min_block <= 65536);
         assert!(e.max_payload >= e.min_block);
         assert!(e.max_payload >= MIN_MAX_PAYLOAD);
+        if want.bitmap.is_some() {
+            assert!(e.structured && e.bitmap.is_some() && e.bitmap != e.allocation);
+        } else {
+            assert!(e.bitmap.is_none());
+        }
+        assert!(e.listed.len() <= MAX_LIST_REPLIES);
+        assert!(want.list_bitmaps || e.listed.is_empty());
     }
 }
 
@@ -503,7 +679,7 @@ mod tests {
         v.extend(info_export());
         v.extend(info_sizes(512, 4096, 1 << 20));
         v.extend(rep(OPT_GO, REP_ACK, &[]));
-        let e = scripted(&v, false).unwrap();
+        let e = scripted(&v, false, Wanted::default()).unwrap();
         assert_eq!(
             (e.size, e.allocation, e.min_block, e.max_payload),
             (1 << 20, Some(7), 512, 1 << 20)
@@ -517,7 +693,7 @@ mod tests {
             v.extend(info_export());
             v.extend(info_sizes(1, 1, max));
             v.extend(rep(OPT_GO, REP_ACK, &[]));
-            let r = scripted(&v, false);
+            let r = scripted(&v, false, Wanted::default());
             assert_eq!(r.is_ok(), ok, "max {max}: {r:?}");
             if let Err(e) = r {
                 assert!(e.to_string().contains("block size"), "{e}");
@@ -532,7 +708,9 @@ mod tests {
         for _ in 0..10 * MAX_OPTION_REPLIES {
             go.extend(info_export());
         }
-        let e = scripted(&go, false).unwrap_err().to_string();
+        let e = scripted(&go, false, Wanted::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("NBD_OPT_GO") && e.contains("replies"), "{e}");
         let mut meta = greeting();
         meta.extend(rep(OPT_STRUCTURED_REPLY, REP_ACK, &[]));
@@ -541,7 +719,136 @@ mod tests {
         for _ in 0..10 * MAX_OPTION_REPLIES {
             meta.extend(rep(OPT_SET_META_CONTEXT, REP_META_CONTEXT, &ctx));
         }
-        let e = scripted(&meta, false).unwrap_err().to_string();
+        let e = scripted(&meta, false, Wanted::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("NBD_OPT_SET_META_CONTEXT"), "{e}");
+    }
+
+    fn context(opt: u32, id: u32, name: &str) -> Vec<u8> {
+        let mut d = id.to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        rep(opt, REP_META_CONTEXT, &d)
+    }
+
+    fn go() -> Vec<u8> {
+        let mut v = info_export();
+        v.extend(rep(OPT_GO, REP_ACK, &[]));
+        v
+    }
+
+    const BITMAP_B: Wanted = Wanted {
+        bitmap: Some("b"),
+        list_bitmaps: false,
+    };
+
+    #[test]
+    fn a_dirty_bitmap_is_negotiated() {
+        let mut v = greeting();
+        v.extend(rep(OPT_STRUCTURED_REPLY, REP_ACK, &[]));
+        v.extend(context(OPT_SET_META_CONTEXT, 8, "qemu:dirty-bitmap:b"));
+        v.extend(context(OPT_SET_META_CONTEXT, 7, BASE_ALLOCATION));
+        v.extend(rep(OPT_SET_META_CONTEXT, REP_ACK, &[]));
+        v.extend(go());
+        let e = scripted(&v, false, BITMAP_B).unwrap();
+        assert_eq!((e.allocation, e.bitmap), (Some(7), Some(8)));
+        // Not asked for, the same context is not kept.
+        let e = scripted(&v, false, Wanted::default()).unwrap();
+        assert_eq!((e.allocation, e.bitmap), (Some(7), None));
+    }
+
+    #[test]
+    fn a_missing_bitmap_names_what_is_offered() {
+        let mut v = before_go();
+        v.extend(context(OPT_LIST_META_CONTEXT, 0, "qemu:dirty-bitmap:other"));
+        v.extend(context(OPT_LIST_META_CONTEXT, 0, "qemu:dirty-bitmap:more"));
+        v.extend(rep(OPT_LIST_META_CONTEXT, REP_ACK, &[]));
+        let e = scripted(&v, false, BITMAP_B).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert_eq!(
+            e.to_string(),
+            "the server does not offer the metadata context qemu:dirty-bitmap:b \
+             (it offers: qemu:dirty-bitmap:other, qemu:dirty-bitmap:more)"
+        );
+        // A server that lists nothing, or cannot list.
+        let mut v = before_go();
+        v.extend(rep(OPT_LIST_META_CONTEXT, REP_ACK, &[]));
+        let e = scripted(&v, false, BITMAP_B).unwrap_err().to_string();
+        assert!(
+            e.contains("qemu:dirty-bitmap:b (it offers no dirty bitmap)"),
+            "{e}"
+        );
+        let mut v = before_go();
+        v.extend(rep(OPT_LIST_META_CONTEXT, REP_ERR_UNSUP, &[]));
+        let e = scripted(&v, false, BITMAP_B).unwrap_err().to_string();
+        assert!(e.contains("qemu:dirty-bitmap:b"), "{e}");
+        // Old servers: no structured replies, no options at all.
+        let mut v = greeting();
+        v.extend(rep(OPT_STRUCTURED_REPLY, REP_ERR_UNSUP, &[]));
+        let e = scripted(&v, false, BITMAP_B).unwrap_err().to_string();
+        assert!(
+            e.contains("qemu:dirty-bitmap:b") && e.contains("structured"),
+            "{e}"
+        );
+        let mut v = NBDMAGIC.to_be_bytes().to_vec();
+        v.extend_from_slice(&CLISERV_MAGIC.to_be_bytes());
+        v.extend_from_slice(&(1u64 << 20).to_be_bytes());
+        v.extend_from_slice(&[0u8; 4 + 124]);
+        let e = scripted(&v, false, BITMAP_B).unwrap_err().to_string();
+        assert!(
+            e.contains("qemu:dirty-bitmap:b") && e.contains("oldstyle"),
+            "{e}"
+        );
+        assert!(scripted(&v, false, Wanted::default()).is_ok());
+    }
+
+    #[test]
+    fn one_id_for_two_contexts_is_refused() {
+        let mut v = greeting();
+        v.extend(rep(OPT_STRUCTURED_REPLY, REP_ACK, &[]));
+        v.extend(context(OPT_SET_META_CONTEXT, 7, BASE_ALLOCATION));
+        v.extend(context(OPT_SET_META_CONTEXT, 7, "qemu:dirty-bitmap:b"));
+        v.extend(rep(OPT_SET_META_CONTEXT, REP_ACK, &[]));
+        v.extend(go());
+        let e = scripted(&v, false, BITMAP_B).unwrap_err().to_string();
+        assert!(e.contains("same metadata context id"), "{e}");
+    }
+
+    #[test]
+    fn bitmaps_are_listed() {
+        let mut v = greeting();
+        v.extend(rep(OPT_STRUCTURED_REPLY, REP_ACK, &[]));
+        for name in [
+            "qemu:dirty-bitmap:a",
+            "qemu:dirty-bitmap:b",
+            "qemu:dirty-bitmap:a",
+        ] {
+            v.extend(context(OPT_LIST_META_CONTEXT, 0, name));
+        }
+        // Not a bitmap, and an empty name: not listed.
+        v.extend(context(OPT_LIST_META_CONTEXT, 0, "qemu:allocation-depth"));
+        v.extend(context(OPT_LIST_META_CONTEXT, 0, "qemu:dirty-bitmap:"));
+        v.extend(rep(OPT_LIST_META_CONTEXT, REP_ACK, &[]));
+        v.extend(context(OPT_SET_META_CONTEXT, 7, BASE_ALLOCATION));
+        v.extend(rep(OPT_SET_META_CONTEXT, REP_ACK, &[]));
+        v.extend(go());
+        let want = Wanted {
+            bitmap: None,
+            list_bitmaps: true,
+        };
+        let e = scripted(&v, false, want).unwrap();
+        assert_eq!(e.listed, ["a", "b"]);
+        // Endless listing is bounded like any option's replies.
+        let mut v = greeting();
+        v.extend(rep(OPT_STRUCTURED_REPLY, REP_ACK, &[]));
+        for i in 0..2 * MAX_LIST_REPLIES {
+            v.extend(context(
+                OPT_LIST_META_CONTEXT,
+                0,
+                &format!("qemu:dirty-bitmap:{i}"),
+            ));
+        }
+        let e = scripted(&v, false, want).unwrap_err().to_string();
+        assert!(e.contains("NBD_OPT_LIST_META_CONTEXT"), "{e}");
     }
 }

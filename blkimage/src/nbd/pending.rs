@@ -8,8 +8,18 @@ use std::io;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-/// A block status descriptor: its length and base:allocation flags.
+/// A block status descriptor: its length and its context's flags.
 pub type Status = (u32, u32);
+
+/// The status chunks of one block status reply, one per negotiated
+/// context (the server must send each exactly once).
+#[derive(Debug, Default)]
+pub struct StatusReply {
+    /// base:allocation's descriptors.
+    pub allocation: Option<Vec<Status>>,
+    /// The dirty bitmap's descriptors.
+    pub bitmap: Option<Vec<Status>>,
+}
 
 /// A request being answered, as the reply reader needs it.
 pub(super) enum Op {
@@ -23,7 +33,7 @@ pub(super) enum Op {
         covered: BTreeMap<u64, u64>,
     },
     Status {
-        result: Option<Vec<Status>>,
+        result: StatusReply,
     },
     /// A write, write zeroes or flush: the reply says done or an error.
     Plain,

@@ -28,9 +28,11 @@ pub const FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 
 // Options.
 pub const OPT_EXPORT_NAME: u32 = 1;
+pub const OPT_ABORT: u32 = 2;
 pub const OPT_STARTTLS: u32 = 5;
 pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
 pub const OPT_SET_META_CONTEXT: u32 = 10;
 
 // Option replies.
@@ -65,6 +67,13 @@ pub const STATE_HOLE: u32 = 1 << 0;
 pub const STATE_ZERO: u32 = 1 << 1;
 
 pub const BASE_ALLOCATION: &str = "base:allocation";
+
+// qemu:dirty-bitmap:NAME status flags (QEMU's docs/interop/nbd.txt).
+pub const STATE_DIRTY: u32 = 1 << 0;
+
+/// QEMU's dirty bitmap contexts: this prefix and the bitmap's name. The
+/// prefix alone lists them all (NBD_OPT_LIST_META_CONTEXT).
+pub const DIRTY_BITMAP_PREFIX: &str = "qemu:dirty-bitmap:";
 
 /// The largest option reply payload accepted (names, messages, infos).
 pub const MAX_OPTION_REPLY: u32 = 64 << 10;

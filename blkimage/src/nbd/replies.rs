@@ -296,7 +296,8 @@ fn hole_chunk(shared: &Shared, cookie: u64, asked: &Asked, at: u64, n: u32) -> i
     Ok(())
 }
 
-/// NBD_REPLY_TYPE_BLOCK_STATUS: the one status chunk of a block status.
+/// NBD_REPLY_TYPE_BLOCK_STATUS: the one status chunk of a block status
+/// for one of the negotiated contexts.
 fn status_chunk(
     shared: &Shared,
     export: &Export,
@@ -310,16 +311,23 @@ fn status_chunk(
             "block status chunk in a reply to no block status",
         ));
     }
-    if Some(context) != export.allocation {
-        return Err(malformed(format!("unknown metadata context {context}")));
-    }
     let mut st = shared.lock();
     let p = st.pending.get_mut(&cookie).unwrap();
     if let Op::Status { result, .. } = &mut p.op {
-        if result.is_some() {
-            return Err(malformed("two block status chunks"));
+        // The ids were checked distinct at the handshake.
+        let slot = if Some(context) == export.allocation {
+            &mut result.allocation
+        } else if Some(context) == export.bitmap {
+            &mut result.bitmap
+        } else {
+            return Err(malformed(format!("unknown metadata context {context}")));
+        };
+        if slot.is_some() {
+            return Err(malformed(format!(
+                "two block status chunks for metadata context {context}"
+            )));
         }
-        *result = Some(extents);
+        *slot = Some(extents);
     }
     Ok(())
 }

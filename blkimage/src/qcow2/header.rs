@@ -37,8 +37,8 @@ const AUTOCLEAR_DATA_FILE_RAW: u64 = 1 << 1;
 const MAX_REFTABLE_BYTES: u64 = 8 << 20;
 const MAX_SNAPSHOTS: u64 = 65536;
 const SNAPSHOT_HEADER_LEN: u64 = 40;
-const MAX_BITMAPS: u32 = 65535;
-const MAX_BITMAP_DIRECTORY_BYTES: u64 = 64 << 20;
+pub(super) const MAX_BITMAPS: u32 = 65535;
+pub(super) const MAX_BITMAP_DIRECTORY_BYTES: u64 = 64 << 20;
 /// QEMU keeps the backing format in 16 bytes with its NUL.
 const MAX_BACKING_FORMAT_LEN: usize = 15;
 
@@ -93,6 +93,25 @@ pub struct Header {
     pub backing_format: Option<String>,
     /// From the external data file name extension.
     pub data_file: Option<Vec<u8>>,
+    /// The bitmaps extension (persistent dirty bitmaps), if present.
+    pub bitmaps: Option<BitmapsExt>,
+}
+
+/// The bitmaps header extension: where the bitmap directory is. Its fields
+/// are checked (as QEMU checks them) only when [`BitmapsExt::consistent`];
+/// the directory itself is read when bitmaps are asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BitmapsExt {
+    /// Bitmaps in the directory (`nb_bitmaps`).
+    pub count: u32,
+    /// Bytes of the directory (`bitmap_directory_size`).
+    pub directory_size: u64,
+    /// File offset of the directory (`bitmap_directory_offset`).
+    pub directory_offset: u64,
+    /// The autoclear bit of the extension is set. When clear, a program
+    /// without bitmap support (an old QEMU) opened the image for writing:
+    /// every bitmap may miss writes, and QEMU drops them all.
+    pub consistent: bool,
 }
 
 /// True if `head` (the first bytes of a file) start a qcow2 header of version 2 or later.
@@ -182,6 +201,7 @@ impl Header {
             backing_file,
             backing_format: exts.backing_format,
             data_file: external_data.then_some(exts.data_file).flatten(),
+            bitmaps: exts.bitmaps,
         })
     }
 }
@@ -509,23 +529,29 @@ fn backing_file_name(
     Ok((!name.is_empty()).then(|| name.to_vec()))
 }
 
-/// The bitmaps extension (the bitmaps themselves are not read): its
-/// length always; its fields when the autoclear bit says it is consistent
-/// (else QEMU ignores it, with a warning).
-fn check_bitmaps(data: &[u8], autoclear: u64, cluster_size: u64) -> io::Result<()> {
+/// The bitmaps extension (the bitmaps themselves are read on demand, see
+/// `bitmaps.rs`): its length always; its fields when the autoclear bit says
+/// it is consistent (else QEMU ignores it, with a warning).
+fn check_bitmaps(data: &[u8], autoclear: u64, cluster_size: u64) -> io::Result<BitmapsExt> {
     if data.len() != 24 {
         return Err(invalid(format!(
             "bitmaps extension of {} bytes (24 expected)",
             data.len()
         )));
     }
-    if autoclear & AUTOCLEAR_BITMAPS == 0 {
-        return Ok(());
-    }
     let count = be32(data, 0);
     let reserved = be32(data, 4);
     let dir_size = be64(data, 8);
     let dir_offset = be64(data, 16);
+    let ext = BitmapsExt {
+        count,
+        directory_size: dir_size,
+        directory_offset: dir_offset,
+        consistent: autoclear & AUTOCLEAR_BITMAPS != 0,
+    };
+    if !ext.consistent {
+        return Ok(ext);
+    }
     let problem = if reserved != 0 {
         "its reserved field is not zero".to_string()
     } else if count == 0 {
@@ -539,7 +565,7 @@ fn check_bitmaps(data: &[u8], autoclear: u64, cluster_size: u64) -> io::Result<(
             "bitmap directory of {dir_size} bytes, more than QEMU allows ({MAX_BITMAP_DIRECTORY_BYTES})"
         )
     } else {
-        return Ok(());
+        return Ok(ext);
     };
     Err(invalid(format!("bitmaps extension: {problem}")))
 }
@@ -548,6 +574,8 @@ fn check_bitmaps(data: &[u8], autoclear: u64, cluster_size: u64) -> io::Result<(
 struct Extensions {
     backing_format: Option<String>,
     data_file: Option<Vec<u8>>,
+    /// The last bitmaps extension (QEMU keeps the last one too).
+    bitmaps: Option<BitmapsExt>,
     /// (type, bit, name) of the feature name table.
     feature_names: Vec<(u8, u8, String)>,
 }
@@ -616,7 +644,7 @@ fn parse_extensions(
                     "a full disk encryption (crypto) header extension in an image that is not encrypted with LUKS".into(),
                 ));
             }
-            EXT_BITMAPS => check_bitmaps(data, autoclear, cluster_size)?,
+            EXT_BITMAPS => exts.bitmaps = Some(check_bitmaps(data, autoclear, cluster_size)?),
             EXT_FEATURE_NAMES => {
                 for entry in data.chunks_exact(48) {
                     let name = &entry[2..];

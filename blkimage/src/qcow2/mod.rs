@@ -16,7 +16,12 @@
 //! (alignment, inside the file, no overflow) before use, memory stays
 //! bounded (L2 tables go through a bounded cache; the L1 table is at most 32
 //! MiB, as QEMU allows, and inside the file), and every loop advances.
+//!
+//! Persistent dirty bitmaps ([`Source::bitmaps`], [`Source::dirty`]) are
+//! read from the qcow2 file itself, the image's own (not its backing
+//! file's, whose bitmaps record writes to the backing file).
 
+mod bitmaps;
 mod chain;
 mod compressed;
 mod header;
@@ -25,7 +30,7 @@ mod mapping;
 mod storage;
 
 pub use chain::MAX_CHAIN_DEPTH;
-pub use header::{Compression, Header};
+pub use header::{BitmapsExt, Compression, Header};
 pub use storage::{ImageFile, Storage};
 
 use crate::source::{Extent, ExtentKind, Source};
@@ -299,6 +304,33 @@ impl Source for Qcow2 {
         Ok(())
     }
 
+    /// The bitmaps of this image's file (never of its backing file). When
+    /// the extension's autoclear bit is clear (a program without bitmap
+    /// support wrote to the image, and QEMU then drops every bitmap), they
+    /// are listed all the same, as in use (`in_use: Some(true)`): the
+    /// caller learns their names and that none can be trusted.
+    fn bitmaps(&self) -> io::Result<Vec<crate::BitmapInfo>> {
+        bitmaps::list(
+            &*self.file,
+            self.header.bitmaps.as_ref(),
+            self.header.cluster_size(),
+        )
+    }
+
+    /// The ranges of the image's own bitmap `name`, over [`Source::size`]
+    /// (QEMU's size of the bitmap). Refused when the whole extension is
+    /// inconsistent (see [`Source::bitmaps`]), when the bitmap is in use,
+    /// or when it is malformed.
+    fn dirty(&self, name: &str) -> io::Result<crate::Dirty> {
+        bitmaps::dirty(
+            &*self.file,
+            self.header.bitmaps.as_ref(),
+            self.header.cluster_size(),
+            self.size(),
+            name,
+        )
+    }
+
     fn files(&self) -> Vec<std::path::PathBuf> {
         let mut v = self.file.files();
         if let Some(d) = &self.data {
@@ -308,6 +340,10 @@ impl Source for Qcow2 {
             v.extend(b.files());
         }
         v
+    }
+
+    fn backing_files(&self) -> Vec<std::path::PathBuf> {
+        self.backing.as_ref().map_or_else(Vec::new, |b| b.files())
     }
 
     fn finish(&self) -> io::Result<()> {

@@ -55,6 +55,11 @@ pub struct Request {
     pub checksum: bool,
     /// Wait for another run that holds DST or the state.
     pub wait: bool,
+    /// SRC's dirty bitmap that records what changed since the state was
+    /// saved: an update reads only the blocks it marks (and a sample of
+    /// the others, checked against the state). Used when the state
+    /// describes DST; a first copy or a comparison reads SRC whole.
+    pub dirty_bitmap: Option<String>,
 }
 
 impl Request {
@@ -92,6 +97,9 @@ pub struct Report {
     pub src_map: Option<Map>,
     /// A dry run: what would have been done.
     pub would_write: Option<DryRun>,
+    /// An update read through SRC's dirty bitmap: the blocks it marked
+    /// (the only ones read and compared, but for the sampled ones).
+    pub dirty_blocks: Option<u64>,
 }
 
 /// What a dry run would have done to DST.
@@ -131,7 +139,7 @@ pub fn run(
     let job = (req.job.clone())
         .resolve(saved.map(|m| (m.algorithm(), m.block_size())))
         .map_err(|e| Error::unusable(&src_name, e))?;
-    let src = open_src(req, &job, &src_name, warn)?;
+    let src = open_src(req, &job, &src_name, false, warn)?;
     let size = src.size();
     // What SRC reads, to tell a SRC written during the run (an export has
     // no file to look at: its blocks are checked as they are copied).
@@ -150,11 +158,36 @@ pub fn run(
         None => DstKnown::Unknown,
     };
     let plan = Plan::choose(req.dry_run, known, req.needs_src_map());
+    let changes: Option<crate::incremental::Changes> = match (
+        &req.dirty_bitmap,
+        &dst_map,
+        &req.state,
+    ) {
+        (Some(name), Some(state_map), Some(p)) if plan == Plan::Update => {
+            Some(src_changes(&*src, &src_name, state_map, p, name)?)
+        }
+        (Some(name), ..) => {
+            warn(&format!(
+                "{src_name}: dirty bitmap '{name}' not used: no state describes DST, so SRC is read whole"
+            ));
+            None
+        }
+        _ => None,
+    };
     let counts = Arc::new(Counts::default());
     let compares = !matches!(plan, Plan::FirstCopy { .. });
     progress.start(size, job.block_size(), compares);
     // From here on DST is written: a failed run leaves it for the next.
     dst.keep();
+    let dirty_blocks = changes.as_ref().map(|c| c.dirty_blocks());
+    // Through a bitmap, the blocks hashed are the ones written: read them
+    // through the page cache, where the writers find them again (a 16 GiB
+    // image, 81 MiB dirty, cold cache: 0.19 s against 0.30-0.44 s with
+    // direct I/O, which reads them twice from the disk).
+    let src = match &changes {
+        Some(_) if src.is_direct() => open_src(req, &job, &src_name, true, &mut |_| {})?,
+        _ => src,
+    };
     let ctx = plan::Ctx {
         req,
         src_name: &src_name,
@@ -162,6 +195,7 @@ pub fn run(
         job: &job,
         dst: &dst,
         dst_map,
+        changes,
         cancel,
         counts: &counts,
         progress,
@@ -190,19 +224,46 @@ pub fn run(
         ranges: Counts::get(&counts.ranges),
         src_map: done.src_map,
         would_write: done.would_write,
+        dirty_blocks,
     })
 }
 
-/// SRC, opened for random access and kept open for the copy; a raw SRC
+/// What SRC's dirty bitmap `name` says changed since the state (`state`,
+/// loaded from `path`, checked to describe DST) was saved, once a sample
+/// of SRC's clean blocks holds what the state says: the state is then
+/// SRC's map as it was when the bitmap started (see
+/// [`crate::incremental`]).
+fn src_changes(
+    src: &dyn Source,
+    src_name: &str,
+    state: &Map,
+    path: &std::path::Path,
+    name: &str,
+) -> Result<crate::incremental::Changes, Error> {
+    let shown = path.display().to_string();
+    let base = crate::incremental::Base::of_file(state, path, &shown);
+    let changes =
+        crate::incremental::changes(src, &base, name).map_err(|e| Error::io(src_name, e))?;
+    crate::incremental::check_clean(src, &base, &changes).map_err(|e| Error::io(src_name, e))?;
+    Ok(changes)
+}
+
+/// SRC, opened for random access (through the page cache if `cache`) and
+/// kept open for the copy; a raw SRC
 /// whose size is rounded up is said before copying (DST is made SRC's
 /// guest size, not the file's).
 fn open_src(
     req: &Request,
     job: &Job,
     src_name: &str,
+    cache: bool,
     warn: &mut dyn FnMut(&str),
 ) -> Result<Arc<dyn Source>, Error> {
-    let src: Arc<dyn Source> = match job.open(&req.src) {
+    let mut open = job.open_options().clone();
+    open.cache |= cache;
+    // An NBD server offers a bitmap only if asked for it while connecting.
+    open.nbd.dirty_bitmap.clone_from(&req.dirty_bitmap);
+    let src: Arc<dyn Source> = match blkimage::open(&req.src, &open) {
         Ok(Input::Image(s)) => Arc::from(s),
         Ok(Input::Stream(_)) => {
             return Err(Error::unusable(

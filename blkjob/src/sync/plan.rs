@@ -99,6 +99,9 @@ pub(super) struct Ctx<'a> {
     pub dst: &'a Dst,
     /// DST's map from its state, for an update.
     pub dst_map: Option<Map>,
+    /// What SRC's dirty bitmap says changed since the state: an update
+    /// reads only those blocks.
+    pub changes: Option<crate::incremental::Changes>,
     pub cancel: &'a AtomicBool,
     pub counts: &'a Arc<Counts>,
     pub progress: &'a dyn Progress,
@@ -184,13 +187,31 @@ fn update(c: &Ctx<'_>, known: Map) -> Result<(Option<Map>, Target), Error> {
         c.remove_state()?;
         dst.set_len(size).map_err(|e| c.dst_error(e))?;
     }
+    // With a dirty bitmap, only its blocks are read (the rest are holes to
+    // the hasher, and not compared); the map is then the state's with them.
+    let base = c.changes.as_ref().map(|_| known.clone());
     let (mut differ, ops) = update::Differ::new(known, size);
     let w = c.writer(&dst);
-    let watch = move |e: BlockEvent<'_>| differ.event(e);
+    let dirty = c.changes.as_ref().map(|ch| ch.blocks.clone());
+    let watch = move |e: BlockEvent<'_>| match &dirty {
+        Some(blocks) => update::dirty_only(blocks, e, &mut |e| differ.event(e)),
+        None => differ.event(e),
+    };
+    let masked = match &c.changes {
+        Some(ch) => {
+            let visible = ch.byte_ranges(c.job.block_size(), size);
+            let m = blkimage::Masked::new(c.src.clone(), visible).map_err(|e| c.src_error(e))?;
+            Some(Arc::new(m) as Arc<dyn Source>)
+        }
+        None => None,
+    };
     let (hashed, written) = std::thread::scope(|s| {
         // The hasher owns `watch`: once it is done, the writers' queue
         // closes and they end.
-        let spawned = std::thread::Builder::new().spawn_scoped(s, || hash_src(c, None, watch));
+        let spawned = std::thread::Builder::new().spawn_scoped(s, || {
+            let src = masked.clone().unwrap_or_else(|| c.src.clone());
+            hash_src_from(c, src, None, watch)
+        });
         let hasher = match spawned {
             Ok(h) => h,
             // The hashing must run beside the writes it feeds: at the
@@ -208,7 +229,14 @@ fn update(c: &Ctx<'_>, known: Map) -> Result<(Option<Map>, Target), Error> {
     });
     // DST's failure first: SRC's hashing goes on after it.
     written?;
-    Ok((Some(hashed.map_err(|e| c.src_error(e))?), dst))
+    let hashed = hashed.map_err(|e| c.src_error(e))?;
+    let map = match (base, &c.changes) {
+        (Some(base), Some(ch)) => base
+            .splice(&hashed, &ch.blocks)
+            .map_err(|e| c.src_error(e.into()))?,
+        _ => hashed,
+    };
+    Ok((Some(map), dst))
 }
 
 /// A comparison's outcome.
@@ -312,6 +340,16 @@ fn hash_src(
     through: Option<Through>,
     watch: impl FnMut(BlockEvent<'_>) + Send + 'static,
 ) -> io::Result<Map> {
+    hash_src_from(c, c.src.clone(), through, watch)
+}
+
+/// [`hash_src`] reading `src` (SRC, or a view of it).
+fn hash_src_from(
+    c: &Ctx<'_>,
+    src: Arc<dyn Source>,
+    through: Option<Through>,
+    watch: impl FnMut(BlockEvent<'_>) + Send + 'static,
+) -> io::Result<Map> {
     let (mut h, builder) = crate::hasher_also(c.job, watch)?;
     let read_size = c.job.read_size();
     let mut on_read = |n: u64| {
@@ -338,14 +376,20 @@ fn hash_src(
                 pos: 0,
                 flush_later: t.flush_later,
             };
-            let src = c.src.clone();
-            blkimage::read_image(src, &mut sink, read_size, Some(0), c.cancel, &mut on_read)?;
+            blkimage::read_image(
+                src.clone(),
+                &mut sink,
+                read_size,
+                Some(0),
+                c.cancel,
+                &mut on_read,
+            )?;
             ahead.map_or(Ok(()), |mut a| a.flush())
         })?,
         None => {
             let depth = c.job.io_depth();
             blkimage::read_image(
-                c.src.clone(),
+                src.clone(),
                 &mut h,
                 read_size,
                 depth,
@@ -356,7 +400,7 @@ fn hash_src(
     }
     let map = builder.finalize(h)?;
     // Only now are all reads done: is SRC still what we read?
-    c.src.finish()?;
+    src.finish()?;
     Ok(map)
 }
 

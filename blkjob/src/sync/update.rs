@@ -125,6 +125,37 @@ impl Drop for Differ {
     }
 }
 
+/// Pass on to `f` the part of the block event `e` that falls in the dirty
+/// blocks `blocks` (in order, merged): an update read through a dirty
+/// bitmap sees the clean blocks as holes, which say nothing of SRC.
+pub fn dirty_only(
+    blocks: &[std::ops::Range<u64>],
+    e: BlockEvent<'_>,
+    f: &mut dyn FnMut(BlockEvent<'_>),
+) {
+    match e {
+        BlockEvent::Data { index, .. } => {
+            let k = blocks.partition_point(|r| r.end <= index);
+            if blocks.get(k).is_some_and(|r| r.start <= index) {
+                f(e);
+            }
+        }
+        BlockEvent::Zeros { index, count } => {
+            let end = index + count;
+            let k = blocks.partition_point(|r| r.end <= index);
+            for r in blocks[k..].iter().take_while(|r| r.start < end) {
+                let (a, b) = (r.start.max(index), r.end.min(end));
+                if a < b {
+                    f(BlockEvent::Zeros {
+                        index: a,
+                        count: b - a,
+                    });
+                }
+            }
+        }
+    }
+}
+
 /// Writers applying ops at once: an NBD export takes requests in flight
 /// (each write waits a round trip, so several hide the link's latency); a
 /// file takes one (parallel writes to one file spin on its inode lock).
@@ -198,6 +229,32 @@ pub fn write_ops(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_dirty_blocks_of_an_event_are_passed_on() {
+        let blocks = [2..4, 6..7, 9..20];
+        let mut seen = Vec::new();
+        let mut pass = |e: BlockEvent<'_>| {
+            seen.push(match e {
+                BlockEvent::Data { index, .. } => (index, 0),
+                BlockEvent::Zeros { index, count } => (index, count),
+            })
+        };
+        for index in [1, 2, 3, 4, 6, 19, 20] {
+            let digest = &[0u8; 4][..];
+            dirty_only(&blocks, BlockEvent::Data { index, digest }, &mut pass);
+        }
+        let zeros = BlockEvent::Zeros {
+            index: 0,
+            count: 10,
+        };
+        dirty_only(&blocks, zeros, &mut pass);
+        dirty_only(&blocks, BlockEvent::Zeros { index: 4, count: 2 }, &mut pass);
+        assert_eq!(
+            seen,
+            [(2, 0), (3, 0), (6, 0), (19, 0), (2, 2), (6, 1), (9, 1)]
+        );
+    }
     use blkhash::{Hasher, Options};
     use blkmap::MapBuilder;
     use proptest::prelude::*;

@@ -172,6 +172,7 @@ fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Mapped>; 2], Str
                     map,
                     format: "map".into(),
                     rounded: None,
+                    stats: Default::default(),
                 })
             }
             Ok(None) => {}

@@ -54,6 +54,41 @@ struct Args {
     #[arg(long, value_name = "RANGE", value_parser = parse_span)]
     range: Option<Span>,
 
+    /// Update OLD, the map of IMAGE when the dirty bitmap --dirty-bitmap
+    /// was created or last cleared: hash only the blocks the bitmap marks
+    /// dirty and take every other digest from OLD. OUT (which may be OLD)
+    /// is the map a full run would write, and the checksum the same. OLD
+    /// is checked first: same size, digest and block size, 16 clean blocks
+    /// read again must hold what OLD says, no backing file written since
+    /// OLD was saved; a bitmap QEMU marks in use (inconsistent) or
+    /// disabled is refused.
+    #[arg(
+        long,
+        value_name = "OLD",
+        requires = "dirty_bitmap",
+        conflicts_with = "range"
+    )]
+    base: Option<PathBuf>,
+
+    /// The dirty bitmap that says which blocks changed since OLD: a qcow2
+    /// image's persistent bitmap (qemu-img bitmap), or an NBD export's
+    /// qemu:dirty-bitmap:NAME context (qemu-nbd -B NAME). `blkmap bitmaps
+    /// IMAGE` lists them.
+    #[arg(long, value_name = "NAME", requires = "base")]
+    dirty_bitmap: Option<String>,
+
+    /// With --base: read the clean blocks too, and fail (exit 1, OUT not
+    /// written) if any changed without the bitmap marking it: an audit of
+    /// the bitmap and OLD, at the cost of a full read.
+    #[arg(long, requires = "base")]
+    verify: bool,
+
+    /// Print one JSON object (image, checksum, digest, block-size, size,
+    /// blocks, dirty-blocks, sampled-blocks, read-bytes) instead of the
+    /// checksum line.
+    #[arg(long, conflicts_with = "range")]
+    json: bool,
+
     #[command(flatten)]
     input: InputArgs,
 
@@ -76,6 +111,20 @@ enum Command {
         parts: Vec<PathBuf>,
         #[command(flatten)]
         line: LineArgs,
+    },
+    /// List the dirty bitmaps of IMAGE (a qcow2 image, or an NBD export's
+    /// qemu:dirty-bitmap: contexts): name, granularity, flags (in-use:
+    /// the writer died, the bitmap is refused; enabled or disabled). An
+    /// NBD server says only the names ("-" for the rest).
+    Bitmaps {
+        /// The image or NBD URL.
+        #[arg(value_name = "IMAGE")]
+        image: OsString,
+        /// One JSON array instead of lines.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        input: InputArgs,
     },
     /// Print the checksum of a map, or of parts that cover an image, as
     /// blksum prints it, checking the map on the way; nothing is written.
@@ -108,7 +157,7 @@ const PAGE: Page = Page {
         ),
         (
             "1",
-            "The image could not be read, the parts do not make a map (a gap, an overlap, a mismatch, damage), or OUT could not be written (or would replace an input or a file that is not a map); OUT is left as it was.",
+            "The image could not be read, the parts do not make a map (a gap, an overlap, a mismatch, damage), a dirty bitmap or OLD was refused or --verify found a change the bitmap missed, or OUT could not be written (or would replace an input or a file that is not a map); OUT is left as it was.",
         ),
         ("2", "Usage error."),
         (
@@ -130,6 +179,10 @@ const PAGE: Page = Page {
             "for k in 1 2 3 4; do blkmap --range $k/4 nbd://server/disk part$k & done; wait; blkmap merge disk.map part*",
         ),
         (
+            "Each night, the map and checksum of a qcow2 image from its dirty bitmap, reading only what changed:",
+            "blkmap --base disk.map --dirty-bitmap nightly disk.qcow2 disk.map && qemu-img bitmap --clear disk.qcow2 nightly",
+        ),
+        (
             "The checksum a map holds, as blksum prints it:",
             "blkmap checksum --name disk.qcow2 disk.map",
         ),
@@ -144,6 +197,7 @@ fn main() -> ExitCode {
     match &args.command {
         Some(Command::Merge { out, parts, line }) => merge(out, parts, line),
         Some(Command::Checksum { maps, line }) => checksum(maps, line),
+        Some(Command::Bitmaps { image, json, input }) => bitmaps(image, *json, input),
         None => map(&args),
     }
 }
@@ -179,6 +233,30 @@ fn map(args: &Args) -> ExitCode {
     };
     // The map-writing functions check OUT again as they write.
     let inputs = [input];
+    if let (Some(base), Some(bitmap)) = (&args.base, &args.dirty_bitmap) {
+        let done = update(args, base, bitmap, &signals, &progress);
+        return match done {
+            Ok((map, read)) => match map.save_guarded(out_path, &inputs) {
+                Ok(()) => print_result(args, &map, read),
+                Err(e) => {
+                    eprintln!("blkmap: {out_name}: {}", reason(&e));
+                    ExitCode::FAILURE
+                }
+            },
+            Err(_) if signals.cancelled() => {
+                eprintln!("blkmap: {image}: interrupted");
+                ExitCode::from(signals.exit_status())
+            }
+            Err((None, msg)) => {
+                eprintln!("blkmap: {image}: {msg}");
+                ExitCode::FAILURE
+            }
+            Err((Some(name), msg)) => {
+                eprintln!("blkmap: {name}: {msg}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let saved = match args.range {
         Some(span) => map_part(image_os, span, &job, &progress)
             .map(|part| (part.save_guarded(out_path, &inputs), None)),
@@ -194,7 +272,12 @@ fn map(args: &Args) -> ExitCode {
             };
             mapped.map(|m| {
                 say_rounded(&image, m.rounded);
-                (m.map.save_guarded(out_path, &inputs), Some(m.map))
+                let read = Read {
+                    dirty_blocks: m.map.blocks(),
+                    sampled: 0,
+                    bytes: m.stats.data,
+                };
+                (m.map.save_guarded(out_path, &inputs), Some((m.map, read)))
             })
         }
     };
@@ -214,10 +297,155 @@ fn map(args: &Args) -> ExitCode {
         }
     };
     match map {
-        Some(map) => print_line(&map.checksum().to_hex(), image_os, None),
+        Some((map, read)) => print_result(args, &map, read),
         // A part has no checksum of its own.
         None => ExitCode::SUCCESS,
     }
+}
+
+/// `blkmap --base OLD --dirty-bitmap NAME IMAGE OUT`: the map of IMAGE
+/// now, or the error with the input it is about (`None`: IMAGE).
+fn update(
+    args: &Args,
+    base_path: &Path,
+    bitmap: &str,
+    signals: &Signals,
+    progress: &Progress,
+) -> Result<(blkmap::Map, Read), (Option<String>, String)> {
+    let image_os = args.image.as_deref().expect("clap requires IMAGE");
+    let image = image_os.to_string_lossy();
+    let base_name = base_path.display().to_string();
+    let old = blkmap::Map::load(base_path).map_err(|e| (Some(base_name.clone()), e.to_string()))?;
+    let mut spec = args.input.spec();
+    // An NBD server offers a bitmap only if asked for it while connecting.
+    spec.open.nbd.dirty_bitmap = Some(bitmap.to_string());
+    let job = InputArgs::resolve(spec, Some((old.algorithm(), old.block_size())))
+        .with_cancel(signals.cancel.clone());
+    let failed = |e: io::Error| (None, reason(&e));
+    let src = job
+        .open(image_os)
+        .and_then(|i| blkjob::seekable(i, "--dirty-bitmap"))
+        .map_err(failed)?;
+    let base = blkjob::incremental::Base::of_file(&old, base_path, &base_name);
+    let size = Some(src.size());
+    let updated = progress
+        .track(&image, size, |p| {
+            blkjob::incremental::update_map(src.clone(), &base, bitmap, &job, p)
+        })
+        .map_err(failed)?;
+    let read = Read {
+        dirty_blocks: updated.changes.dirty_blocks(),
+        sampled: updated.sampled,
+        bytes: updated.read_bytes,
+    };
+    if args.verify {
+        let differ = progress
+            .track(&image, size, |p| {
+                blkjob::incremental::verify(src, &updated.map, &job, p)
+            })
+            .map_err(failed)?;
+        if !differ.is_empty() {
+            let shown: Vec<String> = (differ.iter().take(8))
+                .map(|r| format!("{}+{}", r.offset, r.len))
+                .collect();
+            let more = if differ.len() > 8 { ", ..." } else { "" };
+            return Err((
+                None,
+                format!(
+                    "{} ranges changed since {base_name} without bitmap '{bitmap}' marking them: \
+                     {}{more}; OUT not written",
+                    differ.len(),
+                    shown.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok((updated.map, read))
+}
+
+/// What a run read, for --json.
+struct Read {
+    /// Blocks hashed (every block, for a full run).
+    dirty_blocks: u64,
+    /// Clean blocks read again to check OLD.
+    sampled: u64,
+    /// Bytes read from the image.
+    bytes: u64,
+}
+
+/// The checksum line, or with --json the object describing the run.
+fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
+    let image = args.image.as_deref().expect("clap requires IMAGE");
+    if !args.json {
+        return print_line(&map.checksum().to_hex(), image, None);
+    }
+    let doc = serde_json::json!({
+        "image": image.to_string_lossy(),
+        "checksum": map.checksum().to_hex(),
+        "digest": map.algorithm().to_string(),
+        "block-size": map.block_size(),
+        "size": map.size(),
+        "blocks": map.blocks(),
+        "dirty-blocks": read.dirty_blocks,
+        "sampled-blocks": read.sampled,
+        "read-bytes": read.bytes,
+    });
+    println!("{doc:#}");
+    ExitCode::SUCCESS
+}
+
+/// `blkmap bitmaps IMAGE`.
+fn bitmaps(image: &OsStr, json: bool, input: &InputArgs) -> ExitCode {
+    let mut spec = input.spec();
+    spec.open.nbd.list_bitmaps = true;
+    let job = InputArgs::resolve(spec, None);
+    let name = image.to_string_lossy();
+    let listed = job
+        .open(image)
+        .and_then(|i| blkjob::seekable(i, "listing bitmaps"))
+        .and_then(|src| src.bitmaps());
+    let list = match listed {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("blkmap: {name}: {}", reason(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    if json {
+        let items: Vec<_> = (list.iter())
+            .map(|b| {
+                serde_json::json!({
+                    "name": b.name,
+                    "granularity": b.granularity,
+                    "in-use": b.in_use,
+                    "enabled": b.enabled,
+                })
+            })
+            .collect();
+        println!("{:#}", serde_json::Value::Array(items));
+        return ExitCode::SUCCESS;
+    }
+    let width = list.iter().map(|b| b.name.len()).max().unwrap_or(0).max(4);
+    println!("{:width$}  {:>11}  FLAGS", "NAME", "GRANULARITY");
+    for b in &list {
+        let gran = b.granularity.map_or("-".to_string(), |g| g.to_string());
+        let mut flags = Vec::new();
+        match b.enabled {
+            Some(true) => flags.push("enabled"),
+            Some(false) => flags.push("disabled"),
+            None => {}
+        }
+        if b.in_use == Some(true) {
+            flags.push("in-use");
+        }
+        let flags = if flags.is_empty() {
+            "-".to_string()
+        } else {
+            flags.join(",")
+        };
+        println!("{:width$}  {gran:>11}  {flags}", b.name);
+    }
+    ExitCode::SUCCESS
 }
 
 /// Hash the bytes `span` of the image `name` into a part.

@@ -49,6 +49,16 @@ struct Args {
     #[arg(long)]
     force_rescan: bool,
 
+    /// An incremental copy: SRC's dirty bitmap NAME (a qcow2 SRC's
+    /// persistent bitmap, or an NBD export's qemu:dirty-bitmap:NAME) says
+    /// which blocks changed since the state was saved; with a state that
+    /// describes DST, only those are read, compared and copied (and 16
+    /// others read to check the state is SRC's earlier map). A bitmap QEMU
+    /// marks in use or disabled is refused. Without a usable state (the
+    /// first copy), SRC is read whole, as without it.
+    #[arg(long, value_name = "NAME", requires = "state")]
+    dirty_bitmap: Option<String>,
+
     /// DST's format: a DST that does not exist is created in it (raw: a
     /// sparse file; qcow2, or another format QEMU writes: `qemu-img
     /// create`), and an existing file must be of it [default: an existing
@@ -143,6 +153,7 @@ fn main() -> ExitCode {
         verify: args.verify,
         checksum: args.checksum,
         wait: args.wait,
+        dirty_bitmap: args.dirty_bitmap.clone(),
     };
     // Ctrl-C and SIGTERM stop the run between chunks; a second one kills
     // at once (as in blksum). Either way the state is never ahead of DST.
@@ -197,7 +208,10 @@ fn print(args: &Args, src: &str, dst: &str, r: &Report) -> Result<(), String> {
     // A first copy compares nothing: DST held no data.
     let how = match r.plan {
         Plan::FirstCopy { .. } => format!("a first copy, {blocks} read, none compared"),
-        _ => format!("{blocks} compared"),
+        _ => match r.dirty_blocks {
+            Some(n) => format!("{n} of {blocks} read and compared (the dirty bitmap's)"),
+            None => format!("{blocks} compared"),
+        },
     };
     eprintln!(
         "blksync: {src} -> {dst}: {} bytes written, {} zeroed, in {}, of {}; {how}, {} bytes saved",

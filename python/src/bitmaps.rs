@@ -1,0 +1,252 @@
+//! `blkhash.update_map()`, `blkhash.dirty_ranges()` and
+//! `blkhash.bitmaps()`: QEMU dirty bitmaps, as `blkmap --base
+//! --dirty-bitmap` and `blkmap bitmaps` use them.
+
+use crate::checksum::{image_name, open_options, os_error, run_cancellable};
+use crate::{check_threads, maps::refused};
+use blkjob::JobSpec;
+use blkjob::incremental::{self, Base};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::PathBuf;
+
+/// The job for `image` with the keyword arguments every image function
+/// takes, the NBD options set by `nbd`.
+#[allow(clippy::too_many_arguments)]
+fn spec(
+    name: &str,
+    format: Option<&str>,
+    cache: bool,
+    threads: Option<i64>,
+    no_backing: bool,
+    force_share: bool,
+    secret_file: Option<PathBuf>,
+    timeout: Option<f64>,
+    tls_certificates: Option<PathBuf>,
+    nbd: impl FnOnce(&mut blkimage::nbd::NbdOptions),
+) -> PyResult<JobSpec> {
+    let mut open = open_options(
+        name,
+        format,
+        cache,
+        no_backing,
+        force_share,
+        secret_file,
+        timeout,
+        tls_certificates,
+    )?;
+    nbd(&mut open.nbd);
+    Ok(JobSpec {
+        threads: Some(check_threads(threads)?),
+        open,
+        ..Default::default()
+    })
+}
+
+/// Update the map ``base`` of ``image`` (saved by ``map_range()``,
+/// ``merge()`` or ``blkmap`` when the dirty bitmap ``bitmap`` was created
+/// or last cleared) to the image's map now, written atomically to ``out``
+/// (which may be ``base``), and return the image's checksum in hexadecimal,
+/// as ``checksum()`` gives it. Only the blocks the bitmap marks dirty are
+/// read; every other digest is ``base``'s, checked first: same size,
+/// digest and block size, 16 clean blocks read again must hold what
+/// ``base`` says, no backing file written since ``base`` was saved. With
+/// ``verify=True`` every clean block is read too, and any that changed
+/// without the bitmap marking it is an error (nothing written). ``image``
+/// is a qcow2 image (its persistent bitmap) or an NBD URL whose server
+/// offers ``qemu:dirty-bitmap:NAME``; the other options are
+/// ``checksum()``'s. Raises OSError (nothing written) for a bitmap that is
+/// missing, in use (inconsistent) or disabled, a ``base`` that is not the
+/// image's earlier map, or an image that cannot be read; ValueError for a
+/// bad argument.
+#[pyfunction]
+#[pyo3(
+    text_signature = "(image, base, bitmap, out, *, verify=False, format=None, cache=False, \
+    threads=None, no_backing=False, force_share=False, secret_file=None, timeout=None, \
+    tls_certificates=None)"
+)]
+#[pyo3(signature = (
+    image, base, bitmap, out, *, verify = false, format = None, cache = false, threads = None,
+    no_backing = false, force_share = false, secret_file = None, timeout = None,
+    tls_certificates = None
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn update_map(
+    py: Python<'_>,
+    image: PathBuf,
+    base: PathBuf,
+    bitmap: String,
+    out: PathBuf,
+    verify: bool,
+    format: Option<&str>,
+    cache: bool,
+    threads: Option<i64>,
+    no_backing: bool,
+    force_share: bool,
+    secret_file: Option<PathBuf>,
+    timeout: Option<f64>,
+    tls_certificates: Option<PathBuf>,
+) -> PyResult<String> {
+    let name = image_name(&image)?;
+    let spec = spec(
+        &name,
+        format,
+        cache,
+        threads,
+        no_backing,
+        force_share,
+        secret_file,
+        timeout,
+        tls_certificates,
+        |nbd| nbd.dirty_bitmap = Some(bitmap.clone()),
+    )?;
+    let base_name = base.display().to_string();
+    let old = blkmap::Map::load(&base).map_err(|e| os_error(&base_name, &e.into()))?;
+    let job = spec
+        .resolve(Some((old.algorithm(), old.block_size())))
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    // Before anything is read: `out` must not replace what it would destroy.
+    let image_input = blkmap::guard::Input {
+        name: image.as_os_str(),
+        role: "the image",
+    };
+    blkmap::guard::check_outputs(&[blkmap::guard::Output::map(&out)], &[image_input])
+        .map_err(|e| refused(&e))?;
+    let shown = name.clone();
+    run_cancellable(py, &shown, move |cancel| {
+        let job = job.with_cancel(cancel);
+        let src = blkjob::seekable(job.open(&name)?, "update_map")?;
+        let base = Base::of_file(&old, &base, &base_name);
+        let updated = incremental::update_map(src.clone(), &base, &bitmap, &job, &mut |_| {})?;
+        if verify {
+            let differ = incremental::verify(src, &updated.map, &job, &mut |_| {})?;
+            if let Some(r) = differ.first() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "{} ranges changed since {base_name} without bitmap '{bitmap}' \
+                         marking them (the first: {}+{}); nothing written",
+                        differ.len(),
+                        r.offset,
+                        r.len
+                    ),
+                ));
+            }
+        }
+        let image_input = blkmap::guard::Input {
+            name: image.as_os_str(),
+            role: "the image",
+        };
+        updated.map.save_guarded(&out, &[image_input])?;
+        Ok(updated.map.checksum().to_hex())
+    })
+}
+
+/// The guest ranges the dirty bitmap ``bitmap`` of ``image`` marks, as a
+/// list of ``(offset, length)`` in bytes, in order, merged: what a backup
+/// tool copies. ``image`` is a qcow2 image or an NBD URL whose server
+/// offers ``qemu:dirty-bitmap:NAME``; the other options are
+/// ``checksum()``'s. Raises OSError for a bitmap that is missing, in use
+/// (inconsistent) or disabled (it may not mark every write), or an image
+/// that cannot be read.
+#[pyfunction]
+#[pyo3(
+    text_signature = "(image, bitmap, *, format=None, no_backing=False, force_share=False, \
+    secret_file=None, timeout=None, tls_certificates=None)"
+)]
+#[pyo3(signature = (
+    image, bitmap, *, format = None, no_backing = false, force_share = false,
+    secret_file = None, timeout = None, tls_certificates = None
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn dirty_ranges(
+    py: Python<'_>,
+    image: PathBuf,
+    bitmap: String,
+    format: Option<&str>,
+    no_backing: bool,
+    force_share: bool,
+    secret_file: Option<PathBuf>,
+    timeout: Option<f64>,
+    tls_certificates: Option<PathBuf>,
+) -> PyResult<Vec<(u64, u64)>> {
+    let name = image_name(&image)?;
+    let spec = spec(
+        &name,
+        format,
+        true,
+        None,
+        no_backing,
+        force_share,
+        secret_file,
+        timeout,
+        tls_certificates,
+        |nbd| nbd.dirty_bitmap = Some(bitmap.clone()),
+    )?;
+    let shown = name.clone();
+    run_cancellable(py, &shown, move |_| {
+        let src = blkjob::seekable(blkimage::open(&name, &spec.open)?, "dirty_ranges")?;
+        let dirty = incremental::dirty(&*src, &bitmap)?;
+        Ok(dirty
+            .ranges
+            .iter()
+            .map(|r| (r.start, r.end - r.start))
+            .collect())
+    })
+}
+
+/// The dirty bitmaps of ``image`` (a qcow2 image, or an NBD URL: its
+/// ``qemu:dirty-bitmap:`` contexts), a dict each: ``name``,
+/// ``granularity`` (bytes per bit), ``in_use`` (the writer died: the
+/// bitmap is refused), ``enabled`` (it records writes); an NBD server says
+/// only the name (the rest None). An image format without bitmaps (raw)
+/// gives an empty list. Raises OSError if the image cannot be read.
+#[pyfunction]
+#[pyo3(
+    text_signature = "(image, *, format=None, no_backing=False, force_share=False, \
+    secret_file=None, timeout=None, tls_certificates=None)"
+)]
+#[pyo3(signature = (
+    image, *, format = None, no_backing = false, force_share = false, secret_file = None,
+    timeout = None, tls_certificates = None
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn bitmaps(
+    py: Python<'_>,
+    image: PathBuf,
+    format: Option<&str>,
+    no_backing: bool,
+    force_share: bool,
+    secret_file: Option<PathBuf>,
+    timeout: Option<f64>,
+    tls_certificates: Option<PathBuf>,
+) -> PyResult<Vec<Py<PyDict>>> {
+    let name = image_name(&image)?;
+    let spec = spec(
+        &name,
+        format,
+        true,
+        None,
+        no_backing,
+        force_share,
+        secret_file,
+        timeout,
+        tls_certificates,
+        |nbd| nbd.list_bitmaps = true,
+    )?;
+    let shown = name.clone();
+    let list = run_cancellable(py, &shown, move |_| {
+        let src = blkjob::seekable(blkimage::open(&name, &spec.open)?, "bitmaps")?;
+        src.bitmaps()
+    })?;
+    (list.into_iter())
+        .map(|b| {
+            let d = PyDict::new(py);
+            d.set_item("name", b.name)?;
+            d.set_item("granularity", b.granularity)?;
+            d.set_item("in_use", b.in_use)?;
+            d.set_item("enabled", b.enabled)?;
+            Ok(d.unbind())
+        })
+        .collect()
+}
