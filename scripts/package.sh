@@ -107,7 +107,7 @@ build_deb() {
 # A venv of its own for maturin (pip, from PyPI), kept under target/.
 maturin_venv() {
     local venv=$tools/venv
-    if ! "$venv/bin/maturin" --version 2>/dev/null | grep -q " $maturin_version\$"; then
+    if ! grep -q " $maturin_version\$" <<<"$("$venv/bin/maturin" --version 2>/dev/null)"; then
         rm -rf "$venv"
         python3 -m venv "$venv"
         "$venv/bin/pip" install --quiet --disable-pip-version-check "maturin==$maturin_version"
@@ -217,7 +217,7 @@ build_rpm() {
         rpm2archive - < "$p" | tar -xzf - -C "$r"
     done
     for f in usr/bin/blksum usr/bin/blkmap usr/bin/blkdiff usr/bin/blksync usr/lib64/libblkhash.so.0; do
-        file "$r/$f" | grep -q ', stripped' || fail "$f is not stripped in the RPMs"
+        grep -q ', stripped' <<<"$(file "$r/$f")" || fail "$f is not stripped in the RPMs"
     done
     [ "$(readlink "$r/usr/lib64/libblkhash.so")" = libblkhash.so.0 ] || fail "no libblkhash.so link"
     grep -qx 'libdir=/usr/lib64' "$r/usr/lib64/pkgconfig/blkhash.pc" || fail "blkhash.pc: libdir is not /usr/lib64"
@@ -232,7 +232,7 @@ build_rpm() {
                 fail "$p: no $f in /usr/share/licenses"
         done
     done
-    "$r/usr/bin/blksum" --version | grep -qF "$version" || fail "the RPMs' blksum is not $version"
+    grep -qF "$version" <<<"$("$r/usr/bin/blksum" --version)" || fail "the RPMs' blksum is not $version"
     rm -rf "$stage"
     local p
     for p in "$out"/*.rpm; do

@@ -29,7 +29,7 @@ fi
 missing=()
 if command -v apt-get >/dev/null; then
     for p in "${apt_packages[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+        grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" || missing+=("$p")
     done
     if [ ${#missing[@]} -gt 0 ]; then
         $sudo apt-get update -qq

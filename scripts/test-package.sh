@@ -35,7 +35,10 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 packages=(blkhash libblkhash0 libblkhash-dev)
 for p in "${packages[@]}"; do
-    if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+# Checks read a command's whole output (a here-string), never a pipe into
+# grep -q: with pipefail, grep leaving at its first match can kill the
+# writer with SIGPIPE and fail the check, at random, on a busy machine.
+    if grep -q 'install ok installed' <<<"$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)"; then
         fail "$p is installed already: remove it first (dpkg -r ${packages[*]}), this test installs and removes it"
     fi
 done
@@ -67,10 +70,10 @@ dpkg -L "${packages[@]}" | LC_ALL=C sort -u > "$tmp/files"
 for b in blksum blkmap blkdiff blksync; do
     [ "$(command -v "$b")" = "/usr/bin/$b" ] ||
         fail "$b is $(command -v "$b" || echo missing), not /usr/bin/$b (another install earlier in PATH?)"
-    file -L "/usr/bin/$b" | grep -q ', stripped' || fail "/usr/bin/$b is not stripped"
+    grep -q ', stripped' <<<"$(file -L "/usr/bin/$b")" || fail "/usr/bin/$b is not stripped"
 done
-file -L "$libdir/libblkhash.so.0" | grep -q ', stripped' || fail "libblkhash.so.0 is not stripped"
-blksum --version | grep -qF "$version" || fail "blksum --version: $(blksum --version), not $version"
+grep -q ', stripped' <<<"$(file -L "$libdir/libblkhash.so.0")" || fail "libblkhash.so.0 is not stripped"
+grep -qF "$version" <<<"$(blksum --version)" || fail "blksum --version: $(blksum --version), not $version"
 
 # blksum on a qcow2 image, which must agree with its raw content.
 head -c 1048576 /dev/urandom > "$tmp/disk.raw"
@@ -115,7 +118,7 @@ pkg-config --atleast-version 0.11 blkhash || fail "pkg-config --atleast-version 
     fail "pkg-config finds blkhash.pc with libdir $(pkg-config --variable=libdir blkhash), not $libdir"
 # shellcheck disable=SC2046 # pkg-config's flags are words
 cc -o "$tmp/api" libblkhash/tests/c/api.c $(pkg-config --cflags --libs blkhash)
-"$tmp/api" | grep -q 'api: ok' || fail "the C program failed"
+grep -q 'api: ok' <<<"$("$tmp/api")" || fail "the C program failed"
 grep -Eq "=> (/usr)?/lib/$multiarch/libblkhash.so.0" <<< "$(ldd "$tmp/api")" || fail "the C program does not load $libdir/libblkhash.so.0"
 # shellcheck disable=SC2046 # pkg-config's flags are words
 cc -static -o "$tmp/hex" libblkhash/tests/c/hex.c $(pkg-config --static --cflags --libs blkhash)
