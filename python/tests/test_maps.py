@@ -227,7 +227,11 @@ def test_ctrl_c_stops_a_merge_of_a_huge_zero_image(tmp_path):
     part = tmp_path / "huge.part"
     huge_zero_part(part)
     out = tmp_path / "out.map"
-    code = ("import sys, blkhash\n"
+    # Ctrl-C raises KeyboardInterrupt in the child whatever it inherits: a
+    # test runner started in the background (bash: "&" without job control)
+    # passes SIGINT on ignored, and Python then leaves it ignored.
+    code = ("import signal, sys, blkhash\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "print('ready', flush=True)\n"
             "try:\n"
             f"    blkhash.merge([{str(part)!r}], {str(out)!r})\n"
