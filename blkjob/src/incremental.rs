@@ -282,6 +282,34 @@ fn hash_dirty(
     })
 }
 
+/// [`verify`], as an error naming the ranges (the first 8) when any
+/// differ: what `--verify` and Python's `verify=True` report, before
+/// anything is written.
+pub fn check_verified(
+    src: Arc<dyn Source>,
+    updated: &Map,
+    base: &Base<'_>,
+    bitmap: &str,
+    job: &Job,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<()> {
+    let differ = verify(src, updated, job, progress)?;
+    if differ.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<String> = (differ.iter().take(8))
+        .map(|r| format!("{}+{}", r.offset, r.len))
+        .collect();
+    let more = if differ.len() > 8 { ", ..." } else { "" };
+    Err(invalid(format!(
+        "{} ranges changed since {} without bitmap '{bitmap}' marking them: {}{more}; \
+         nothing written",
+        differ.len(),
+        base.name,
+        shown.join(", ")
+    )))
+}
+
 /// Read all of `src` and compare with `updated` (its incremental map):
 /// the block ranges that differ, each a block the bitmap did not mark
 /// whose content changed (a bitmap that missed a write, or a base that is

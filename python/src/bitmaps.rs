@@ -119,19 +119,7 @@ pub fn update_map(
         let base = Base::of_file(&old, &base, &base_name);
         let updated = incremental::update_map(src.clone(), &base, &bitmap, &job, &mut |_| {})?;
         if verify {
-            let differ = incremental::verify(src, &updated.map, &job, &mut |_| {})?;
-            if let Some(r) = differ.first() {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!(
-                        "{} ranges changed since {base_name} without bitmap '{bitmap}' \
-                         marking them (the first: {}+{}); nothing written",
-                        differ.len(),
-                        r.offset,
-                        r.len
-                    ),
-                ));
-            }
+            incremental::check_verified(src, &updated.map, &base, &bitmap, &job, &mut |_| {})?;
         }
         let image_input = blkmap::guard::Input {
             name: image.as_os_str(),
