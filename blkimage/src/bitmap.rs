@@ -27,7 +27,11 @@ pub struct Dirty {
     /// The bitmap they come from.
     pub bitmap: BitmapInfo,
     /// Byte ranges in order, non-empty, neither overlapping nor adjacent,
-    /// within the image's size.
+    /// within the image's size. Exactly the bitmap's, unless it is split
+    /// into more than [`MAX_DIRTY_RANGES`] pieces: then the ranges are
+    /// widened and merged until they are at most half that many, so they
+    /// cover every dirty byte and some clean ones (hashed again, which is
+    /// safe), and memory stays bounded whatever a file or server holds.
     pub ranges: Vec<Range<u64>>,
 }
 
@@ -61,10 +65,141 @@ impl Dirty {
     }
 }
 
+/// The most ranges a [`Dirty`] holds (64 MiB of them). A bitmap of a TiB
+/// at QEMU's default 64 KiB granularity has 2^24 granules, so a real one
+/// reaches this only when more than a quarter of them are dirty runs of
+/// their own; a hostile image or server reaches it at will.
+pub const MAX_DIRTY_RANGES: usize = 1 << 22;
+
+/// Dirty byte ranges collected in order (each starting at or after the end
+/// of the last), merged as they come, held to a bounded count: past the
+/// limit every range is widened to a grain that doubles until at most half
+/// the limit remain (a superset of the dirty bytes: never a dirty byte
+/// lost, so never an old digest taken for a changed block).
+pub(crate) struct RangeBuilder {
+    out: Vec<Range<u64>>,
+    size: u64,
+    limit: usize,
+    /// Ranges are widened to multiples of this (1: as given).
+    grain: u64,
+}
+
+impl RangeBuilder {
+    /// Ranges of an image of `size` bytes.
+    pub(crate) fn new(size: u64) -> RangeBuilder {
+        RangeBuilder::with_limit(size, MAX_DIRTY_RANGES)
+    }
+
+    fn with_limit(size: u64, limit: usize) -> RangeBuilder {
+        RangeBuilder {
+            out: Vec::new(),
+            size,
+            limit: limit.max(2),
+            grain: 1,
+        }
+    }
+
+    /// Bytes `start..end` are dirty (`start < end <= size`).
+    pub(crate) fn push(&mut self, start: u64, end: u64) {
+        let (start, end) = self.widen(start, end);
+        match self.out.last_mut() {
+            Some(last) if last.end >= start => last.end = last.end.max(end),
+            _ => self.out.push(start..end),
+        }
+        if self.out.len() > self.limit {
+            self.coarsen();
+        }
+    }
+
+    fn widen(&self, start: u64, end: u64) -> (u64, u64) {
+        let g = self.grain;
+        let start = start / g * g;
+        // Saturating: a grain near 2^63 times a quotient of 2 overflows.
+        (start, end.div_ceil(g).saturating_mul(g).min(self.size))
+    }
+
+    /// Double the grain and merge again until at most half the limit
+    /// remain. Ranges widened to a grain G that still stand apart have a
+    /// whole clean grain between them, so at most size / 2G + 1 remain:
+    /// this ends.
+    fn coarsen(&mut self) {
+        while self.out.len() > self.limit / 2 {
+            self.grain = self.grain.saturating_mul(2);
+            let old = std::mem::take(&mut self.out);
+            for r in old {
+                let (start, end) = self.widen(r.start, r.end);
+                match self.out.last_mut() {
+                    Some(last) if last.end >= start => last.end = last.end.max(end),
+                    _ => self.out.push(start..end),
+                }
+            }
+        }
+    }
+
+    pub(crate) fn finish(self) -> Vec<Range<u64>> {
+        self.out
+    }
+}
+
 /// The error for a source that has no dirty bitmaps (a raw file, a pipe).
 pub(crate) fn unsupported(format: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::Unsupported,
         format!("a {format} image has no dirty bitmaps (qcow2 images and NBD exports have)"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn covers(ranges: &[Range<u64>], r: &Range<u64>) -> bool {
+        ranges.iter().any(|o| o.start <= r.start && r.end <= o.end)
+    }
+
+    #[test]
+    fn ranges_under_the_limit_are_kept_exactly() {
+        let mut b = RangeBuilder::with_limit(1 << 20, 8);
+        for r in [0..512, 512..1024, 4096..4608, 8192..9000] {
+            b.push(r.start, r.end);
+        }
+        assert_eq!(b.finish(), vec![0..1024, 4096..4608, 8192..9000]);
+    }
+
+    #[test]
+    fn past_the_limit_ranges_widen_and_still_cover_every_dirty_byte() {
+        // Every other 512-byte granule of 64 MiB dirty: 65536 runs.
+        let size = 64 << 20;
+        let limit = 1000;
+        let mut b = RangeBuilder::with_limit(size, limit);
+        let dirty: Vec<Range<u64>> = (0..size / 1024).map(|i| i * 1024..i * 1024 + 512).collect();
+        for r in &dirty {
+            b.push(r.start, r.end);
+            assert!(b.out.len() <= limit, "{} ranges held", b.out.len());
+        }
+        let got = b.finish();
+        assert!(got.len() <= limit / 2 + 1, "{}", got.len());
+        assert!(dirty.iter().all(|r| covers(&got, r)));
+        assert!(got.windows(2).all(|w| w[0].end < w[1].start));
+        assert!(got.iter().all(|r| r.start < r.end && r.end <= size));
+    }
+
+    #[test]
+    fn a_huge_image_of_scattered_runs_stays_bounded() {
+        // One dirty byte every 2^40 bytes of a 2^62-byte image (a server
+        // may claim any size): the grain grows far, nothing overflows.
+        let size = 1u64 << 62;
+        let mut b = RangeBuilder::with_limit(size, 64);
+        let mut n = 0u64;
+        while n < size >> 40 {
+            let at = n << 40;
+            b.push(at, at + 1);
+            n += 1;
+        }
+        b.push(size - 1, size);
+        let got = b.finish();
+        assert!(got.len() <= 33, "{}", got.len());
+        assert_eq!(got.last().unwrap().end, size);
+        assert!(covers(&got, &(0..1)) && covers(&got, &(size - 1..size)));
+    }
 }

@@ -25,7 +25,7 @@ mod sink;
 mod source;
 mod window;
 
-pub use bitmap::{BitmapInfo, Dirty};
+pub use bitmap::{BitmapInfo, Dirty, MAX_DIRTY_RANGES};
 pub use buffer::{ALIGN, AlignedBuf};
 pub use masked::Masked;
 pub use qcow2::Qcow2;

@@ -11,6 +11,7 @@ use super::protocol::{
 };
 use super::transport::{Socket, Split};
 use super::url::{Address, NbdUrl};
+use crate::bitmap::RangeBuilder;
 use crate::source::{Extent, ExtentKind, Source};
 use crate::{BitmapInfo, Dirty};
 use rustls::ClientConfig;
@@ -412,10 +413,11 @@ impl Nbd {
     /// makes progress (at least one descriptor, none empty) and lies in its
     /// request but for the last descriptor's end, which the spec lets run
     /// past and which is clipped; descriptors after it are an error. The
-    /// ranges grow with what the server sends, never with what it claims.
+    /// ranges grow with what the server sends, never with what it claims,
+    /// and past [`crate::MAX_DIRTY_RANGES`] are widened, not multiplied.
     fn dirty_ranges(&self, context: &str) -> io::Result<Vec<Range<u64>>> {
         let size = self.export.size;
-        let mut ranges: Vec<Range<u64>> = Vec::new();
+        let mut ranges = RangeBuilder::new(size);
         let mut pos = 0;
         while pos < size {
             let (start, end) = (pos, pos + (size - pos).min(STATUS_SIZE));
@@ -437,10 +439,7 @@ impl Nbd {
                 }
                 let n = (n as u64).min(end - pos);
                 if flags & STATE_DIRTY != 0 {
-                    match ranges.last_mut() {
-                        Some(last) if last.end == pos => last.end = pos + n,
-                        _ => ranges.push(pos..pos + n),
-                    }
+                    ranges.push(pos, pos + n);
                 }
                 pos += n;
             }
@@ -449,7 +448,7 @@ impl Nbd {
                 return Err(malformed(format!("empty block status for {context}")));
             }
         }
-        Ok(ranges)
+        Ok(ranges.finish())
     }
 
     /// Read an aligned range: requests in flight together, then waited for.

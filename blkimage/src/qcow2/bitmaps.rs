@@ -15,6 +15,7 @@
 use super::header::{BitmapsExt, MAX_BITMAP_DIRECTORY_BYTES, MAX_BITMAPS};
 use super::invalid;
 use super::storage::Storage;
+use crate::bitmap::RangeBuilder;
 use crate::{BitmapInfo, Dirty};
 use std::io;
 use std::ops::Range;
@@ -328,11 +329,11 @@ pub(super) fn dirty(
     })
 }
 
-/// Dirty byte ranges, built merged as granules come.
+/// Dirty byte ranges, built merged (and bounded) as granules come.
 struct Ranges {
     granularity: u64,
     size: u64,
-    out: Vec<Range<u64>>,
+    out: RangeBuilder,
 }
 
 impl Ranges {
@@ -342,10 +343,7 @@ impl Ranges {
         // size + granularity, which fits (the header bounds the size).
         let start = first * self.granularity;
         let end = (end * self.granularity).min(self.size);
-        match self.out.last_mut() {
-            Some(last) if last.end == start => last.end = end,
-            _ => self.out.push(start..end),
-        }
+        self.out.push(start, end);
     }
 
     /// The dirty granules among the first `count` bits of `data` (granule
@@ -421,7 +419,7 @@ fn read_ranges(
     let mut ranges = Ranges {
         granularity,
         size,
-        out: Vec::new(),
+        out: RangeBuilder::new(size),
     };
     let mut table = vec![0u8; TABLE_CHUNK.min(entry.table_size as usize) * 8];
     let mut data = Vec::new();
@@ -482,7 +480,7 @@ fn read_ranges(
             i += 1;
         }
     }
-    Ok(ranges.out)
+    Ok(ranges.out.finish())
 }
 
 #[cfg(test)]
@@ -801,5 +799,45 @@ mod tests {
         let e = entry_bytes(b"b", 64 * CS, 1, 0, 9, &[]);
         let t = err_text(Image::new(&[e], &[], &[]).dirty(512, "b"));
         assert!(t.contains("beyond the end of the file"), "{t}");
+    }
+
+    #[test]
+    fn a_bitmap_of_more_runs_than_the_limit_is_widened_not_dropped() {
+        // Alternating bits over more granules than MAX_DIRTY_RANGES * 2: a
+        // 1 MiB bitmap that would be 64 MiB of exact ranges. The table
+        // from cluster 4, its data clusters right after it.
+        let granules = crate::MAX_DIRTY_RANGES as u64 * 2 + 8 * 4096;
+        let size = granules * 512;
+        let clusters = granules.div_ceil(CS * 8);
+        let data = TABLE + (clusters * 8).next_multiple_of(CS);
+        let mut file = vec![0x55u8; (data + clusters * CS) as usize];
+        file[..data as usize].fill(0);
+        let e = entry_bytes(b"b", TABLE, clusters as u32, FLAG_AUTO, 9, &[]);
+        file[DIR as usize..DIR as usize + e.len()].copy_from_slice(&e);
+        for i in 0..clusters {
+            let at = (TABLE + i * 8) as usize;
+            file[at..at + 8].copy_from_slice(&(data + i * CS).to_be_bytes());
+        }
+        let ext = BitmapsExt {
+            count: 1,
+            directory_size: e.len() as u64,
+            directory_offset: DIR,
+            consistent: true,
+        };
+        let got = dirty(&file, Some(&ext), CS, size, "b").unwrap().ranges;
+        assert!(
+            got.len() <= crate::MAX_DIRTY_RANGES / 2 + 1,
+            "{}",
+            got.len()
+        );
+        // Every even granule (bit 0 of 0x55) still inside a range.
+        let mut k = 0;
+        for g in (0..granules).step_by(2) {
+            while got[k].end <= g * 512 {
+                k += 1;
+            }
+            assert!(got[k].start <= g * 512, "granule {g} dropped");
+        }
+        assert_eq!(got.last().unwrap().end, size);
     }
 }
