@@ -10,10 +10,10 @@ use common::progress::spawn_with_progress;
 use common::qemu::*;
 use common::*;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use testkit::nbd::{Listen, Server, qemu_nbd_with};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -21,38 +21,12 @@ fn p(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
-/// A writable qemu-nbd holding `img` open (its image locks taken), killed
+/// A writable qemu-nbd holding `img` open (its image locks taken: testkit
+/// waits for its greeting, which comes after the image is opened), killed
 /// when dropped.
-struct Writer(Child);
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn writer(img: &Path, fmt: &str) -> Writer {
+fn writer(img: &Path, fmt: &str) -> Server {
     let sock = img.with_extension("writer.sock");
-    let child = Command::new("qemu-nbd")
-        .args(["--persistent", "-f", fmt, &format!("--socket={}", p(&sock))])
-        .arg(img)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("qemu-nbd runs");
-    let mut w = Writer(child);
-    let start = Instant::now();
-    while UnixStream::connect(&sock).is_err() {
-        assert!(w.0.try_wait().unwrap().is_none(), "qemu-nbd exited");
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "qemu-nbd did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    w
+    qemu_nbd_with(img, fmt, Listen::Unix(&sock), None, &[])
 }
 
 /// `qemu-img convert` of `img` must fail on its lock (what QEMU says).

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -174,21 +175,46 @@ def need(program, package):
 
 
 def wait_for_socket(path, proc, timeout=60.0):
-    # The timeout catches a server that never listens; a loaded machine
+    # Ready once the server greets a client: qemu-nbd listens before it
+    # opens the image and takes its locks, and the kernel accepts
+    # connections meanwhile, so a connection alone proves nothing. The
+    # timeout catches a server that never starts; a loaded machine
     # starting one slowly must not fail the test.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
-        if os.path.exists(path):
+        if os.path.exists(path) and greets(path):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"server did not start on {path}")
+
+
+def greets(path):
+    """Whether the NBD server on the unix socket `path` sends its newstyle
+    greeting; the probe then leaves as the protocol asks (NBD_OPT_ABORT),
+    so that the server logs no error and frees its slot."""
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(2.0)
+            s.connect(str(path))
+            greeting = b""
+            while len(greeting) < 18:
+                chunk = s.recv(18 - len(greeting))
+                if not chunk:
+                    return False
+                greeting += chunk
+            if greeting[:16] != b"NBDMAGICIHAVEOPT":
+                return False
+            # Fixed newstyle client flag, then NBD_OPT_ABORT with no data.
+            s.sendall(struct.pack(">I8sII", 1, b"IHAVEOPT", 2, 0))
             try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(str(path))
-                return
+                s.recv(20)
             except OSError:
                 pass
-        time.sleep(0.05)
-    raise RuntimeError(f"server did not listen on {path}")
+            return True
+    except OSError:
+        return False
 
 
 @pytest.fixture

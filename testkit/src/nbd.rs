@@ -2,6 +2,7 @@
 //! TCP port on 127.0.0.1, killed and waited for when dropped; x509
 //! credentials for the TLS tests.
 
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -86,8 +87,12 @@ fn start(mut cmd: Command, listen: Listen, port: u16, export: &str) -> Server {
     }
 }
 
-/// Wait until the server accepts connections (the socket file appears at
-/// bind, before listen: only a connection proves it is ready).
+/// Wait until the server greets a client. A connection alone proves
+/// nothing: qemu-nbd listens before it opens the image and takes its locks
+/// (strace: listen(), then open and F_OFD_SETLK), and the kernel accepts
+/// connections into the backlog meanwhile; the greeting comes once the
+/// export is set up. The deadline is for a server that never starts, far
+/// above a loaded machine's start.
 fn wait_ready(child: &mut Child, listen: &Listen, port: u16) {
     let start = Instant::now();
     loop {
@@ -95,18 +100,42 @@ fn wait_ready(child: &mut Child, listen: &Listen, port: u16) {
             panic!("server exited early: {s}");
         }
         let ready = match listen {
-            Listen::Unix(p) => std::os::unix::net::UnixStream::connect(p).is_ok(),
-            Listen::Tcp => std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            Listen::Unix(p) => std::os::unix::net::UnixStream::connect(p)
+                .is_ok_and(|s| s.set_read_timeout(Some(GREETING_WAIT)).is_ok() && greets(s)),
+            Listen::Tcp => std::net::TcpStream::connect(("127.0.0.1", port))
+                .is_ok_and(|s| s.set_read_timeout(Some(GREETING_WAIT)).is_ok() && greets(s)),
         };
         if ready {
             return;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(20),
+            start.elapsed() < Duration::from_secs(60),
             "server did not start"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// How long one probe waits for a greeting before trying again.
+const GREETING_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether the server on `s` sends the newstyle greeting (NBDMAGIC,
+/// IHAVEOPT, its flags); the probe then leaves as the protocol asks
+/// (NBD_OPT_ABORT), so that the server logs no error and frees its slot.
+fn greets(mut s: impl Read + Write) -> bool {
+    let mut greeting = [0u8; 18];
+    if s.read_exact(&mut greeting).is_err() || &greeting[..16] != b"NBDMAGICIHAVEOPT" {
+        return false;
+    }
+    let mut abort = Vec::with_capacity(20);
+    abort.extend(1u32.to_be_bytes()); // NBD_FLAG_C_FIXED_NEWSTYLE
+    abort.extend(b"IHAVEOPT");
+    abort.extend(2u32.to_be_bytes()); // NBD_OPT_ABORT
+    abort.extend(0u32.to_be_bytes()); // no data
+    let _ = s.write_all(&abort);
+    // The server's acknowledgement, or its close: either ends the probe.
+    let _ = s.read(&mut [0u8; 20]);
+    true
 }
 
 /// `qemu-nbd --read-only -f FMT [-x NAME] IMG` (persistent: several
