@@ -50,11 +50,7 @@ impl Dirty {
         let bs = block_size as u64;
         let mut out: Vec<Range<u64>> = Vec::new();
         for r in &self.ranges {
-            let (first, end) = (r.start / bs, r.end.div_ceil(bs));
-            match out.last_mut() {
-                Some(last) if last.end >= first => last.end = last.end.max(end),
-                _ => out.push(first..end),
-            }
+            append(&mut out, r.start / bs..r.end.div_ceil(bs));
         }
         out
     }
@@ -102,10 +98,7 @@ impl RangeBuilder {
     /// Bytes `start..end` are dirty (`start < end <= size`).
     pub(crate) fn push(&mut self, start: u64, end: u64) {
         let (start, end) = self.widen(start, end);
-        match self.out.last_mut() {
-            Some(last) if last.end >= start => last.end = last.end.max(end),
-            _ => self.out.push(start..end),
-        }
+        append(&mut self.out, start..end);
         if self.out.len() > self.limit {
             self.coarsen();
         }
@@ -128,16 +121,22 @@ impl RangeBuilder {
             let old = std::mem::take(&mut self.out);
             for r in old {
                 let (start, end) = self.widen(r.start, r.end);
-                match self.out.last_mut() {
-                    Some(last) if last.end >= start => last.end = last.end.max(end),
-                    _ => self.out.push(start..end),
-                }
+                append(&mut self.out, start..end);
             }
         }
     }
 
     pub(crate) fn finish(self) -> Vec<Range<u64>> {
         self.out
+    }
+}
+
+/// Append `r` to ranges in order, merged with the last when they touch or
+/// overlap (`r` starts at or after the last's start).
+fn append(out: &mut Vec<Range<u64>>, r: Range<u64>) {
+    match out.last_mut() {
+        Some(last) if last.end >= r.start => last.end = last.end.max(r.end),
+        _ => out.push(r),
     }
 }
 
