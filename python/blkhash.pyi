@@ -187,10 +187,13 @@ def update_map(
     """Update ``base`` (the map when ``bitmap`` was created or cleared) to the map now, in ``out``; return the hex checksum.
 
     Only the blocks the dirty bitmap marks are read; ``base`` is checked
-    first (size, digest, block size, 16 clean blocks read again).
-    ``verify=True`` reads the clean blocks too. Raises OSError (nothing
-    written) for a missing, in-use or disabled bitmap or a ``base`` that is
-    not the image's earlier map.
+    first (size, digest, block size, the backing and data files it
+    recorded unchanged, clean blocks whose allocation changed read, 16
+    clean blocks read again). ``verify=True`` reads the clean blocks too
+    (needed for a ``base`` that records nothing of its image). Raises
+    OSError (nothing written) for a missing, in-use or disabled bitmap, a
+    change the bitmap cannot have recorded, or a ``base`` that is not the
+    image's earlier map.
     """
 
 def dirty_ranges(

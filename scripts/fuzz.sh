@@ -128,19 +128,25 @@ check_seeds() {
     printf '\24%s *missing\nnot a line\n' "$hex" >"$1/seed-mixed"
 }
 
-# A side record as blksync writes it.
+# A side record as blksync writes it, and as earlier versions wrote it.
 state_seeds() {
     python3 - "$1" <<'PY'
 import hashlib, sys
-body = ("blksync-dst 1\nchecksum ab\nkind file\ndev 1\nino 2\nrdev 0\n"
-        "size 4096\nmtime 5.000000006\nctime 7.000000008\n")
-with open(f"{sys.argv[1]}/seed-side", "w") as f:
-    f.write(body + "sha256 " + hashlib.sha256(body.encode()).hexdigest() + "\n")
+bodies = {
+    "side": "blkhash-input 1\nsize 4096\nmap ab\n"
+            "file file 1 2 0 4096 5.000000006 7.000000008 /backup/dst%20copy.raw\n",
+    "side-1": "blksync-dst 1\nchecksum ab\nkind file\ndev 1\nino 2\nrdev 0\n"
+              "size 4096\nmtime 5.000000006\nctime 7.000000008\n",
+}
+for name, body in bodies.items():
+    with open(f"{sys.argv[1]}/seed-{name}", "w") as f:
+        f.write(body + "sha256 " + hashlib.sha256(body.encode()).hexdigest() + "\n")
 PY
 }
 
 # A checkpoint's record of its image: a qcow2 overlay and its backing
-# file (names with a space and a non-ASCII byte), and an NBD export.
+# file (names with a space and a non-ASCII byte), an image with an
+# external data file, and an NBD export.
 record_seeds() {
     python3 - "$1" <<'PY'
 import hashlib, sys
@@ -148,6 +154,9 @@ bodies = {
     "files": "blkhash-input 1\nsize 1073741824\n"
              "file file 2049 12 0 196616 1700000000.000000001 1700000000.000000002 /img/over%20lay.qcow2\n"
              "file block 5 7 2049 0 1.000000000 2.000000000 /dev/%C3%A9\n",
+    "data": "blkhash-input 1\nsize 67108864\n"
+            "file file 2049 77 0 393216 1795690889.926266915 1795690890.070266924 /img/img.qcow2\n"
+            "data file 2049 78 0 67108864 1795690889.000000001 1795690890.058266923 /img/d.raw\n",
     "export": "blkhash-input 1\nsize 16777216\nnbd unix /run/nbd.sock plain disk\n",
 }
 for name, body in bodies.items():

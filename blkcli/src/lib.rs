@@ -2,7 +2,7 @@
 //! share, written once: the input options ([`args`]), checksum lines as `sha256sum` writes and reads them
 //! ([`lines`]), stopping on Ctrl-C and SIGTERM ([`signals`]), and the guards
 //! that keep an output from destroying data and two runs from writing one
-//! destination ([`guard`]), the manual pages and completions ([`manual`]), progress ([`progress`]), and the options named in the libraries' errors ([`hints`]). The commands only parse, wire and print.
+//! destination ([`guard`]), the manual pages and completions ([`manual`]), standard output that never panics ([`output`]), progress ([`progress`]), and the options named in the libraries' errors ([`hints`]). The commands only parse, wire and print.
 
 // Every public item says what it is (cargo doc is part of the API).
 #![warn(missing_docs)]
@@ -12,6 +12,7 @@ pub mod hints;
 pub use blkjob::guard;
 pub mod lines;
 pub mod manual;
+pub mod output;
 pub mod progress;
 pub mod signals;
 pub mod units;

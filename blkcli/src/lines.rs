@@ -57,6 +57,37 @@ fn escape(name: &[u8]) -> (Vec<u8>, bool) {
     (out, escaped)
 }
 
+/// A name of any bytes as a listing prints it (`blkmap bitmaps`): as a
+/// checksum line escapes it (`\\`, `\n`, `\r`), and any other control
+/// byte (a NUL say) or byte that is not UTF-8 as `\xNN`, so that no name
+/// prints raw control bytes or forges a line.
+///
+/// ```
+/// use blkcli::lines::escape_name;
+/// assert_eq!(escape_name(b"nightly"), "nightly");
+/// assert_eq!(escape_name(b"a\0b\nc\xff"), "a\\x00b\\nc\\xff");
+/// ```
+pub fn escape_name(name: &[u8]) -> String {
+    let mut out = String::with_capacity(name.len());
+    for chunk in name.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                c if c.is_control() && (c as u32) < 0x80 => {
+                    out.push_str(&format!("\\x{:02x}", c as u32))
+                }
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
 fn unescape(s: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(s.len());
     let mut bytes = s.iter();

@@ -60,7 +60,7 @@ impl ManualArgs {
         Some(match result.and_then(|()| out.flush()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("{name}: standard output: {e}");
+                crate::output::failed(&name, &e);
                 ExitCode::FAILURE
             }
         })

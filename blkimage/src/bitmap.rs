@@ -47,12 +47,19 @@ impl Dirty {
     /// assert_eq!(d.blocks(1024), vec![0..1, 4..5, 8..9]);
     /// ```
     pub fn blocks(&self, block_size: usize) -> Vec<Range<u64>> {
+        self.clone().into_blocks(block_size)
+    }
+
+    /// [`Dirty::blocks`], in the memory of the ranges (no second list: a
+    /// bitmap's ranges may be [`MAX_DIRTY_RANGES`] long).
+    pub fn into_blocks(self, block_size: usize) -> Vec<Range<u64>> {
         let bs = block_size as u64;
-        let mut out: Vec<Range<u64>> = Vec::new();
-        for r in &self.ranges {
-            append(&mut out, r.start / bs..r.end.div_ceil(bs));
+        let mut v = self.ranges;
+        for r in v.iter_mut() {
+            *r = r.start / bs..r.end.div_ceil(bs);
         }
-        out
+        merge_in_place(&mut v);
+        v
     }
 
     /// Bytes the bitmap marks dirty.
@@ -61,11 +68,14 @@ impl Dirty {
     }
 }
 
-/// The most ranges a [`Dirty`] holds (64 MiB of them). A bitmap of a TiB
-/// at QEMU's default 64 KiB granularity has 2^24 granules, so a real one
-/// reaches this only when more than a quarter of them are dirty runs of
-/// their own; a hostile image or server reaches it at will.
-pub const MAX_DIRTY_RANGES: usize = 1 << 22;
+/// The most ranges a [`Dirty`] holds (16 MiB of them: an update keeps a
+/// few lists of this length at once, the dirty blocks, the blocks to read
+/// and their byte ranges, so all of them stay under 64 MiB). A bitmap of
+/// a TiB at QEMU's default 64 KiB granularity has 2^24 granules, so a
+/// real one reaches this only when more than a sixteenth of them are
+/// dirty runs of their own (64 GiB dirty, every dirty granule between
+/// clean ones); a hostile image or server reaches it at will.
+pub const MAX_DIRTY_RANGES: usize = 1 << 20;
 
 /// Dirty byte ranges collected in order (each starting at or after the end
 /// of the last), merged as they come, held to a bounded count: past the
@@ -99,16 +109,15 @@ impl RangeBuilder {
     pub(crate) fn push(&mut self, start: u64, end: u64) {
         let (start, end) = self.widen(start, end);
         append(&mut self.out, start..end);
-        if self.out.len() > self.limit {
+        // At the limit, not past it: the list never grows beyond `limit`
+        // (a power of two, so its capacity is the limit too).
+        if self.out.len() >= self.limit {
             self.coarsen();
         }
     }
 
     fn widen(&self, start: u64, end: u64) -> (u64, u64) {
-        let g = self.grain;
-        let start = start / g * g;
-        // Saturating: a grain near 2^63 times a quotient of 2 overflows.
-        (start, end.div_ceil(g).saturating_mul(g).min(self.size))
+        widen_to((self.grain, self.size), start, end)
     }
 
     /// Double the grain and merge again until at most half the limit
@@ -118,17 +127,41 @@ impl RangeBuilder {
     fn coarsen(&mut self) {
         while self.out.len() > self.limit / 2 {
             self.grain = self.grain.saturating_mul(2);
-            let old = std::mem::take(&mut self.out);
-            for r in old {
-                let (start, end) = self.widen(r.start, r.end);
-                append(&mut self.out, start..end);
+            let g = (self.grain, self.size);
+            for r in self.out.iter_mut() {
+                let (start, end) = widen_to(g, r.start, r.end);
+                *r = start..end;
             }
+            merge_in_place(&mut self.out);
         }
     }
 
     pub(crate) fn finish(self) -> Vec<Range<u64>> {
         self.out
     }
+}
+
+/// `start..end` widened to multiples of `grain`, within `size`.
+fn widen_to((grain, size): (u64, u64), start: u64, end: u64) -> (u64, u64) {
+    let start = start / grain * grain;
+    // Saturating: a grain near 2^63 times a quotient of 2 overflows.
+    (start, end.div_ceil(grain).saturating_mul(grain).min(size))
+}
+
+/// Merge ranges in order (each starting at or after the last's start)
+/// that touch or overlap, in place.
+fn merge_in_place(v: &mut Vec<Range<u64>>) {
+    let mut w = 0;
+    for i in 0..v.len() {
+        let r = v[i].clone();
+        if w > 0 && v[w - 1].end >= r.start {
+            v[w - 1].end = v[w - 1].end.max(r.end);
+        } else {
+            v[w] = r;
+            w += 1;
+        }
+    }
+    v.truncate(w);
 }
 
 /// Append `r` to ranges in order, merged with the last when they touch or

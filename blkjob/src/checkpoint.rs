@@ -112,46 +112,11 @@ pub fn hash(
     let (read, failed) = std::thread::scope(|scope| {
         let (builder, saver, stop_reading) = (&builder, &mut saver, &stop_reading);
         let periodic = scope.spawn(move || {
-            let mut next = Instant::now() + ck.interval;
-            let mut warned = false;
-            loop {
-                // Woken often enough to pass a cancel on to the reader.
-                let wait = next.saturating_duration_since(Instant::now()).min(POLL);
-                match stopped.recv_timeout(wait) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    _ => return None,
-                }
-                if job.cancel().load(Ordering::Relaxed) {
-                    stop_reading.store(true, Ordering::Relaxed);
-                }
-                if Instant::now() < next {
-                    continue;
-                }
-                let t = Instant::now();
-                // A save that fails is tried again with more at the next
-                // one: its blocks stay pending, up to a bound.
-                if let Err(e) = saver.save_new(builder, size, resumed_at) {
-                    if saver.unsaved() > MAX_UNSAVED {
-                        stop_reading.store(true, Ordering::Relaxed);
-                        return Some(io::Error::new(
-                            e.kind(),
-                            format!(
-                                "{e}; the run stops: the {} MiB of digests it could not save would \
-                                 keep growing in memory",
-                                saver.unsaved() >> 20
-                            ),
-                        ));
-                    }
-                    if !warned {
-                        (ck.warn)(&format!(
-                            "{e}; trying again every {} s, the run goes on",
-                            ck.interval.as_secs_f64()
-                        ));
-                        warned = true;
-                    }
-                }
-                next = Instant::now() + ck.interval.max(t.elapsed() * 10);
-            }
+            let at = Span {
+                size,
+                from: resumed_at,
+            };
+            save_periodically(ck, job, saver, builder, at, stop_reading, stopped)
         });
         let input = Input::Image(Box::new(window));
         // Every block read is digested and seen by the builder, up to the
@@ -297,6 +262,70 @@ impl Saver {
     }
 }
 
+/// The image a run hashes: its size, and the bytes a checkpoint covered
+/// when it started.
+#[derive(Clone, Copy)]
+struct Span {
+    size: u64,
+    from: u64,
+}
+
+/// Save what `builder` saw every `ck.interval` (or less often, when a
+/// save takes long) until `stopped` says the reading ended; pass a cancel
+/// on to the reader (`stop_reading`). A save that fails is said once and
+/// tried again at the next; the error ends the run once the digests not
+/// saved pass [`MAX_UNSAVED`].
+fn save_periodically(
+    ck: &Checkpoint,
+    job: &Job,
+    saver: &mut Saver,
+    builder: &MapBuilder,
+    at: Span,
+    stop_reading: &AtomicBool,
+    stopped: mpsc::Receiver<()>,
+) -> Option<io::Error> {
+    let mut next = Instant::now() + ck.interval;
+    let mut warned = false;
+    loop {
+        // Woken often enough to pass a cancel on to the reader.
+        let wait = next.saturating_duration_since(Instant::now()).min(POLL);
+        match stopped.recv_timeout(wait) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => return None,
+        }
+        if job.cancel().load(Ordering::Relaxed) {
+            stop_reading.store(true, Ordering::Relaxed);
+        }
+        if Instant::now() < next {
+            continue;
+        }
+        let t = Instant::now();
+        // A save that fails is tried again with more at the next one: its
+        // blocks stay pending, up to a bound.
+        if let Err(e) = saver.save_new(builder, at.size, at.from) {
+            if saver.unsaved() > MAX_UNSAVED {
+                stop_reading.store(true, Ordering::Relaxed);
+                return Some(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{e}; the run stops: the {} MiB of digests it could not save would \
+                         keep growing in memory",
+                        saver.unsaved() >> 20
+                    ),
+                ));
+            }
+            if !warned {
+                (ck.warn)(&format!(
+                    "{e}; trying again every {} s, the run goes on",
+                    ck.interval.as_secs_f64()
+                ));
+                warned = true;
+            }
+        }
+        next = Instant::now() + ck.interval.max(t.elapsed() * 10);
+    }
+}
+
 /// Check the checkpoint at `path` belongs to this image, digest and block
 /// size: the bytes it covers from 0, or why not (an error that says how to
 /// start over).
@@ -321,7 +350,8 @@ fn resume_point(path: &Path, src: &dyn Source, job: &Job, now: &Record) -> io::R
     let h = reader.header().clone();
     let Some(recorded) = h.identity.as_deref() else {
         return Err(refuse(
-            "a block map with no record of its image (blkmap's?), not a checkpoint".into(),
+            "a block map with no record of its image (written by an earlier version?), not a checkpoint"
+                .into(),
         ));
     };
     if (h.algorithm, h.block_size) != (job.algorithm(), job.block_size()) {

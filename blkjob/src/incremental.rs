@@ -4,55 +4,97 @@
 //! of block digests, so the clean blocks' digests taken from the base and
 //! the dirty ones hashed again give the whole checksum exactly.
 //!
-//! What keeps a wrong bitmap from giving a wrong checksum:
-//! - a bitmap QEMU marks in use (inconsistent) is refused by the source;
-//! - a disabled bitmap is refused here: it stopped recording when it was
-//!   disabled, so a block written since would be taken from the base
-//!   (libvirt disables a checkpoint's bitmap when it makes the next one:
-//!   merge it with the newer ones into an enabled bitmap first);
-//! - the base must be of the image's size, digest and block size, and
-//!   [`SAMPLES`] clean blocks, spread over the image (data blocks first:
-//!   they tell more), are read and must hold what the base says;
-//! - a backing file written after the base was saved is refused: the
-//!   bitmap records writes to the image that holds it, never to the files
-//!   below it;
-//! - [`verify`] reads every clean block too: the audit, and the tests'
-//!   oracle.
+//! A dirty bitmap records the guest writes QEMU made to the image that
+//! holds it, from when it was created or last cleared, and nothing else.
+//! What keeps anything else from giving a wrong map ([`Check`] names each):
+//! - the base is of the image's size, digest and block size (`size`,
+//!   `parameters`);
+//! - a bitmap QEMU marks in use (inconsistent) is refused by the source,
+//!   and a disabled one here: it stopped recording when it was disabled
+//!   (`bitmap`);
+//! - the files the image reads besides itself (backing chain, external
+//!   data file, extents) are the ones the base recorded, unchanged
+//!   (`files`), or the export is the one it recorded (`export`): a bitmap
+//!   never sees a write to a backing file, an unsafe rebase, or a data
+//!   file written outside QEMU. A base without that record is refused
+//!   unless the update is verified;
+//! - what the image's extents say now agrees with the base for every clean
+//!   block (`allocation`): a clean block the base records as zeros that
+//!   the image now holds as data, or one it records as data that now reads
+//!   as a hole or zeros, contradicts the bitmap (a write before the bitmap
+//!   existed, a shrink and grow, another image under the same bitmap
+//!   name); such blocks are read, and any that differs refuses the update;
+//! - [`SAMPLES`] clean blocks, spread over the image (data blocks first:
+//!   they tell more), are read and must hold what the base says
+//!   (`samples`);
+//! - with `verify`, every clean block is read too (`verify`): the audit,
+//!   and the tests' oracle.
+//!
+//! Over NBD the files behind an export cannot be seen: only `export`,
+//! `allocation` and `samples` speak for them (the README's list).
 
+use crate::record::Record;
 use crate::state::block_matches;
 use crate::{Job, hasher, read_all};
 use blkimage::{BitmapInfo, Input, Masked, Source};
 use blkmap::{Block, Map};
+use std::ffi::OsStr;
 use std::io;
 use std::ops::Range;
-use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 /// Clean blocks re-read to check the base, at least (fewer only in an
 /// image with fewer clean blocks).
 pub const SAMPLES: u64 = 16;
 
-/// The base an update starts from: a map, and the name and time it was
-/// saved under, for messages and the backing-file check.
+/// A check an update made before trusting the base's digests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// The base is of the image's size.
+    Size,
+    /// The base is of the job's digest and block size.
+    Parameters,
+    /// The bitmap is consistent, enabled and covers the image.
+    Bitmap,
+    /// The files the image reads besides itself are the base's, unchanged.
+    Files,
+    /// The export is the one the base was made from.
+    Export,
+    /// The image's allocation agrees with the base on the clean blocks.
+    Allocation,
+    /// Sampled clean blocks hold what the base says.
+    Samples,
+    /// Every clean block was read and holds what the base says.
+    Verify,
+}
+
+impl Check {
+    /// The check's name in reports (`--json`'s `checks`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Check::Size => "size",
+            Check::Parameters => "parameters",
+            Check::Bitmap => "bitmap",
+            Check::Files => "files",
+            Check::Export => "export",
+            Check::Allocation => "allocation",
+            Check::Samples => "samples",
+            Check::Verify => "verify",
+        }
+    }
+}
+
+/// The base an update starts from: a map, and the name it was loaded
+/// from, for messages.
 pub struct Base<'a> {
     /// The map of the image when the bitmap was created or last cleared.
     pub map: &'a Map,
     /// Its name, as the user gave it.
     pub name: &'a str,
-    /// When it was saved (its file's modification time), if known.
-    pub saved: Option<SystemTime>,
 }
 
-impl<'a> Base<'a> {
-    /// The base `map` loaded from the file `path`.
-    pub fn of_file(map: &'a Map, path: &'a Path, name: &'a str) -> Base<'a> {
-        let saved = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        Base { map, name, saved }
-    }
-}
-
-/// What a bitmap says changed, in blocks of the base's size.
+/// What a bitmap says changed, in blocks of the base's size, and the
+/// checks made so far.
 #[derive(Clone, Debug)]
 pub struct Changes {
     /// The bitmap, as the source described it.
@@ -61,6 +103,8 @@ pub struct Changes {
     pub blocks: Vec<Range<u64>>,
     /// Bytes the bitmap marks dirty (before widening to blocks).
     pub dirty_bytes: u64,
+    /// The checks that passed, in the order they ran.
+    pub checks: Vec<Check>,
 }
 
 impl Changes {
@@ -71,11 +115,7 @@ impl Changes {
 
     /// The dirty blocks as byte ranges of an image of `size` bytes.
     pub fn byte_ranges(&self, block_size: usize, size: u64) -> Vec<Range<u64>> {
-        let bs = block_size as u64;
-        (self.blocks.iter())
-            .map(|r| r.start * bs..(r.end * bs).min(size))
-            .filter(|r| r.start < r.end)
-            .collect()
+        byte_ranges(&self.blocks, block_size, size)
     }
 
     /// Whether block `i` is dirty.
@@ -85,14 +125,33 @@ impl Changes {
     }
 }
 
+/// Block index ranges as byte ranges of an image of `size` bytes.
+fn byte_ranges(blocks: &[Range<u64>], block_size: usize, size: u64) -> Vec<Range<u64>> {
+    let bs = block_size as u64;
+    (blocks.iter())
+        .map(|r| r.start * bs..(r.end * bs).min(size))
+        .filter(|r| r.start < r.end)
+        .collect()
+}
+
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
 /// What bitmap `name` of `src` says changed since `base`, once the base is
-/// known to fit: same size, no backing file written since it was saved,
-/// an enabled bitmap (or one whose state the source does not say).
-pub fn changes(src: &dyn Source, base: &Base<'_>, name: &str) -> io::Result<Changes> {
+/// known to fit: same size, the files the image reads besides itself
+/// unchanged since the base recorded them (`now` is the image's record
+/// now: [`Record::of`]), an enabled bitmap (or one whose state the source
+/// does not say). A base that records nothing of its image (written by an
+/// earlier version) is refused, unless `verified` (every block will be
+/// read and compared: [`verify`]).
+pub fn changes(
+    src: &dyn Source,
+    now: &Record,
+    base: &Base<'_>,
+    name: &str,
+    verified: bool,
+) -> io::Result<Changes> {
     let size = src.size();
     if base.map.size() != size {
         return Err(invalid(format!(
@@ -101,24 +160,50 @@ pub fn changes(src: &dyn Source, base: &Base<'_>, name: &str) -> io::Result<Chan
             base.map.size()
         )));
     }
-    if let Some(saved) = base.saved {
-        for f in src.backing_files() {
-            let written = std::fs::metadata(&f).and_then(|m| m.modified());
-            if written.is_ok_and(|w| w > saved) {
-                return Err(invalid(format!(
-                    "its backing file {} was written after {} was saved, and a dirty bitmap \
-                     records writes to the image that holds it only: make a full map",
-                    f.display(),
-                    base.name
-                )));
-            }
-        }
-    }
+    let mut checks = vec![Check::Size];
+    checks.extend(check_record(now, base, verified)?);
     let dirty = dirty(src, name)?;
+    checks.push(Check::Bitmap);
+    let (dirty_bytes, bitmap) = (dirty.bytes(), dirty.bitmap.clone());
     Ok(Changes {
-        blocks: dirty.blocks(base.map.block_size()),
-        dirty_bytes: dirty.bytes(),
-        bitmap: dirty.bitmap,
+        blocks: dirty.into_blocks(base.map.block_size()),
+        dirty_bytes,
+        bitmap,
+        checks,
+    })
+}
+
+/// Check the files the image reads besides itself (or its export) against
+/// the record the base keeps: the check made, if one could be.
+fn check_record(now: &Record, base: &Base<'_>, verified: bool) -> io::Result<Option<Check>> {
+    let Some(recorded) = base.map.identity() else {
+        if verified {
+            return Ok(None);
+        }
+        return Err(invalid(format!(
+            "{} records nothing of the image it was made from (an earlier version wrote \
+             it), so the files the image reads besides itself cannot be checked: make a \
+             full map, or verify the update (every block read)",
+            base.name
+        )));
+    };
+    let then = Record::parse(recorded).map_err(|why| {
+        invalid(format!(
+            "{}: its record of the image it was made from is not one this version reads \
+             ({why}): make a full map",
+            base.name
+        ))
+    })?;
+    if let Some(why) = then.below_image_changed(now, base.name) {
+        return Err(invalid(format!(
+            "{why}; a dirty bitmap records writes to the image that holds it only, so the \
+             bitmap cannot say what changed: make a full map"
+        )));
+    }
+    Ok(match (&then.export, &now.export) {
+        (Some(_), Some(_)) => Some(Check::Export),
+        (None, None) => Some(Check::Files),
+        _ => None,
     })
 }
 
@@ -135,6 +220,103 @@ pub fn dirty(src: &dyn Source, name: &str) -> io::Result<blkimage::Dirty> {
         )));
     }
     Ok(dirty)
+}
+
+/// The clean blocks whose allocation in `src` now contradicts what `map`
+/// (the base) records: recorded as zeros and now holding data, or
+/// recorded as data and now reading as a hole or zeros throughout. Block
+/// index ranges, in order. The bitmap says none of them was written, yet
+/// the image's metadata says something changed there: each must be read.
+/// Costs the extents only (qcow2 tables, NBD block status).
+pub fn allocation_conflicts(
+    src: &dyn Source,
+    map: &Map,
+    changes: &Changes,
+) -> io::Result<Vec<Range<u64>>> {
+    let bs = map.block_size() as u64;
+    let size = map.size();
+    // Blocks holding any data now.
+    let mut data: Vec<Range<u64>> = Vec::new();
+    let mut at = 0;
+    while at < size {
+        let extents = src.extents(at, size - at)?;
+        let Some(last) = extents.last() else {
+            return Err(invalid(format!(
+                "the image described no extent at offset {at}"
+            )));
+        };
+        at = last.end();
+        for e in extents.iter().filter(|e| !e.kind.is_zero() && e.len > 0) {
+            append(&mut data, e.offset / bs..e.end().div_ceil(bs));
+        }
+    }
+    let (mut zero, mut recorded) = (Vec::new(), Vec::new());
+    for run in map.runs() {
+        let r = run.first..run.first + run.count;
+        match run.digests {
+            Some(_) => append(&mut recorded, r),
+            None => append(&mut zero, r),
+        }
+    }
+    let conflicts = union(&intersect(&zero, &data), &subtract(&recorded, &data));
+    Ok(subtract(&conflicts, &changes.blocks))
+}
+
+/// Add `r` to the ordered ranges `v`, merging it with the last one.
+fn append(v: &mut Vec<Range<u64>>, r: Range<u64>) {
+    match v.last_mut() {
+        Some(last) if last.end >= r.start => last.end = last.end.max(r.end),
+        _ => v.push(r),
+    }
+}
+
+/// Walk two ordered, merged range lists together: `keep(in_a, in_b)` says
+/// which pieces the result holds (ordered, merged). One pass over both,
+/// no list but the result (a bitmap's may be long).
+fn combine(
+    a: &[Range<u64>],
+    b: &[Range<u64>],
+    keep: impl Fn(bool, bool) -> bool,
+) -> Vec<Range<u64>> {
+    let mut pa = a.iter().flat_map(|r| [r.start, r.end]).peekable();
+    let mut pb = b.iter().flat_map(|r| [r.start, r.end]).peekable();
+    let (mut in_a, mut in_b) = (false, false);
+    let mut at: Option<u64> = None;
+    let mut out = Vec::new();
+    loop {
+        let next = match (pa.peek(), pb.peek()) {
+            (Some(&x), Some(&y)) => x.min(y),
+            (Some(&x), None) => x,
+            (None, Some(&y)) => y,
+            (None, None) => break,
+        };
+        if let Some(from) = at
+            && from < next
+            && keep(in_a, in_b)
+        {
+            append(&mut out, from..next);
+        }
+        while pa.next_if_eq(&next).is_some() {
+            in_a = !in_a;
+        }
+        while pb.next_if_eq(&next).is_some() {
+            in_b = !in_b;
+        }
+        at = Some(next);
+    }
+    out
+}
+
+fn union(a: &[Range<u64>], b: &[Range<u64>]) -> Vec<Range<u64>> {
+    combine(a, b, |x, y| x || y)
+}
+
+fn intersect(a: &[Range<u64>], b: &[Range<u64>]) -> Vec<Range<u64>> {
+    combine(a, b, |x, y| x && y)
+}
+
+fn subtract(a: &[Range<u64>], b: &[Range<u64>]) -> Vec<Range<u64>> {
+    combine(a, b, |x, y| x && !y)
 }
 
 /// Clean block indexes to sample: [`SAMPLES`] spread over the clean data
@@ -196,25 +378,109 @@ pub fn check_clean(src: &dyn Source, base: &Base<'_>, changes: &Changes) -> io::
     Ok(read)
 }
 
+/// Read the clean blocks whose allocation contradicts the base
+/// ([`allocation_conflicts`]) and check each holds what the base says:
+/// the blocks and bytes read. Any that does not refuses the update, naming
+/// the first ranges. What blksync checks before it writes anything.
+pub fn check_allocation(
+    src: Arc<dyn Source>,
+    base: &Base<'_>,
+    changes: &Changes,
+    job: &Job,
+) -> io::Result<(u64, u64)> {
+    let conflicts = allocation_conflicts(&*src, base.map, changes)?;
+    if conflicts.is_empty() {
+        return Ok((0, 0));
+    }
+    let (fresh, read) = hash_blocks(src, &conflicts, job, &mut |_| {})?;
+    let now = base.map.splice_part(&fresh, &conflicts)?;
+    refuse_unmarked(base, &now, &conflicts, &changes.bitmap.name)?;
+    Ok((count(&conflicts), read.stats.data))
+}
+
+fn count(blocks: &[Range<u64>]) -> u64 {
+    blocks.iter().map(|r| r.end - r.start).sum()
+}
+
+/// Refuse `now` (the base with `blocks` hashed again) if any of those
+/// blocks differs from the base: the bitmap did not mark them.
+fn refuse_unmarked(
+    base: &Base<'_>,
+    now: &Map,
+    blocks: &[Range<u64>],
+    bitmap: &str,
+) -> io::Result<()> {
+    let bs = now.block_size() as u64;
+    let mut differ: Vec<Range<u64>> = Vec::new();
+    for i in blocks.iter().flat_map(|r| r.clone()) {
+        if now.block(i) != base.map.block(i) {
+            append(&mut differ, i..i + 1);
+        }
+    }
+    if differ.is_empty() {
+        return Ok(());
+    }
+    let ranges: Vec<blkmap::Range> = byte_ranges(&differ, bs as usize, now.size())
+        .into_iter()
+        .map(|r| blkmap::Range {
+            offset: r.start,
+            len: r.end - r.start,
+        })
+        .collect();
+    Err(unmarked(
+        &ranges,
+        base,
+        bitmap,
+        "their allocation is not what it was, and the bitmap does not mark them (written \
+         before the bitmap existed or was cleared, cut off by a shrink, or another image): \
+         make a full map",
+    ))
+}
+
+/// The error for `ranges` that changed since the base without `bitmap`
+/// marking them: the first 8 named, then `why`.
+fn unmarked(ranges: &[blkmap::Range], base: &Base<'_>, bitmap: &str, why: &str) -> io::Error {
+    let shown: Vec<String> = (ranges.iter().take(8))
+        .map(|r| format!("{}+{}", r.offset, r.len))
+        .collect();
+    let more = if ranges.len() > 8 { ", ..." } else { "" };
+    invalid(format!(
+        "{} ranges changed since {} without bitmap '{bitmap}' marking them: {}{more}; {why}; \
+         nothing written",
+        ranges.len(),
+        base.name,
+        shown.join(", ")
+    ))
+}
+
 /// An incremental map, and what it took.
 #[derive(Debug)]
 pub struct Updated {
-    /// The image's map now, byte for byte the map a full run would make.
+    /// The image's map now, byte for byte the map a full run would make,
+    /// with the image's record now as its identity.
     pub map: Map,
     /// "qcow2", "raw" (an NBD export), ...
     pub format: String,
-    /// What the bitmap said.
+    /// What the bitmap said, and the checks that passed.
     pub changes: Changes,
     /// Clean blocks re-read to check the base.
     pub sampled: u64,
-    /// Bytes read from the image: the dirty blocks' data and the samples.
+    /// Clean blocks read because their allocation contradicts the base.
+    pub conflicting: u64,
+    /// Bytes read from the image: the dirty blocks' data, the samples and
+    /// the conflicting blocks (not the verification's).
     pub read_bytes: u64,
 }
 
-/// The map of `src` now, from `base` and the dirty bitmap `bitmap`: the
-/// base checked ([`changes`], [`check_clean`]), then only the dirty blocks
-/// read and hashed, as `job` says (its digest and block size must be the
-/// base's). `progress` gets the bytes passed on, the clean ones included.
+/// The map of `src` (opened from `image`) now, from `base` and the dirty
+/// bitmap `bitmap`: the base checked ([`changes`], [`check_clean`],
+/// [`allocation_conflicts`]), then only the dirty blocks and the clean
+/// blocks whose allocation contradicts the base read and hashed, as `job`
+/// says (its digest and block size must be the base's). With `verify`,
+/// every block is read again after ([`verify`]), and any that changed
+/// without the bitmap marking it refuses the update. `progress` gets the
+/// bytes passed on, the clean ones included (twice the image with
+/// `verify`).
 ///
 /// ```no_run
 /// use blkjob::incremental::{Base, update_map};
@@ -223,27 +489,36 @@ pub struct Updated {
 ///     .resolve(Some((old.algorithm(), old.block_size())))
 ///     .unwrap();
 /// let src = blkjob::seekable(job.open("disk.qcow2").unwrap(), "an update").unwrap();
-/// let base = Base::of_file(&old, "disk.map".as_ref(), "disk.map");
-/// let new = update_map(src, &base, "nightly", &job, &mut |_| {}).unwrap();
+/// let base = Base { map: &old, name: "disk.map" };
+/// let new = update_map(src, "disk.qcow2".as_ref(), &base, "nightly", false, &job, &mut |_| {})
+///     .unwrap();
 /// new.map.save("disk.map").unwrap();
 /// println!("{}  disk.qcow2", new.map.checksum());
 /// ```
 pub fn update_map(
     src: Arc<dyn Source>,
+    image: &OsStr,
     base: &Base<'_>,
     bitmap: &str,
+    verify: bool,
     job: &Job,
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<Updated> {
     if let Some(why) = crate::map_mismatch(base.map, job.algorithm(), job.block_size()) {
         return Err(invalid(format!("{}: {why}", base.name)));
     }
-    let changes = changes(&*src, base, bitmap)?;
-    // The samples are read while the dirty blocks are hashed (nothing is
+    // Taken before anything is read: a file written during the run then
+    // differs from the record at the next update.
+    let now = Record::of(image, &*src)?;
+    let mut changes = changes(&*src, &now, base, bitmap, verify)?;
+    changes.checks.insert(1, Check::Parameters);
+    let conflicts = allocation_conflicts(&*src, base.map, &changes)?;
+    let read = union(&changes.blocks, &conflicts);
+    // The samples are read while the blocks are hashed (nothing is
     // written before both are done): their seeks then cost no time.
     let (sampled_bytes, hashed) = std::thread::scope(|s| {
         let check = s.spawn(|| check_clean(&*src, base, &changes));
-        let hashed = hash_dirty(src.clone(), &changes, job, progress);
+        let hashed = hash_blocks(src.clone(), &read, job, progress);
         let sampled = check
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
@@ -252,28 +527,36 @@ pub fn update_map(
     // A base that is not the image's is the error to report first: it
     // says why the rest is wrong.
     let sampled_bytes = sampled_bytes?;
-    let (fresh, read) = hashed?;
-    let map = base.map.splice_part(&fresh, &changes.blocks)?;
+    let (fresh, stats) = hashed?;
+    let map = base.map.splice_part(&fresh, &read)?;
+    refuse_unmarked(base, &map, &conflicts, bitmap)?;
+    changes.checks.extend([Check::Allocation, Check::Samples]);
+    let map = map.with_identity(now.identity())?;
+    if verify {
+        check_verified(src, &map, base, bitmap, job, progress)?;
+        changes.checks.push(Check::Verify);
+    }
     Ok(Updated {
         map,
-        format: read.format,
+        format: stats.format,
         sampled: samples(base.map, &changes).len() as u64,
-        read_bytes: read.stats.data + sampled_bytes,
+        conflicting: count(&conflicts),
+        read_bytes: stats.stats.data + sampled_bytes,
         changes,
     })
 }
 
-/// Hash the dirty blocks of `src` alone (every other range a hole to the
-/// reader, never read): a part covering the image whose dirty blocks are
-/// the image's.
-fn hash_dirty(
+/// Hash the blocks `blocks` of `src` alone (every other range a hole to
+/// the reader, never read): a part covering the image whose blocks in
+/// `blocks` are the image's.
+fn hash_blocks(
     src: Arc<dyn Source>,
-    changes: &Changes,
+    blocks: &[Range<u64>],
     job: &Job,
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<(blkmap::Part, blkimage::InputRead)> {
     let size = src.size();
-    let visible = changes.byte_ranges(job.block_size(), src.size());
+    let visible = byte_ranges(blocks, job.block_size(), size);
     let masked = Masked::new(src, visible)?;
     let (sink, builder) = hasher(job)?;
     let input = Input::Image(Box::new(masked));
@@ -297,17 +580,12 @@ pub fn check_verified(
     if differ.is_empty() {
         return Ok(());
     }
-    let shown: Vec<String> = (differ.iter().take(8))
-        .map(|r| format!("{}+{}", r.offset, r.len))
-        .collect();
-    let more = if differ.len() > 8 { ", ..." } else { "" };
-    Err(invalid(format!(
-        "{} ranges changed since {} without bitmap '{bitmap}' marking them: {}{more}; \
-         nothing written",
-        differ.len(),
-        base.name,
-        shown.join(", ")
-    )))
+    Err(unmarked(
+        &differ,
+        base,
+        bitmap,
+        "found by reading every block",
+    ))
 }
 
 /// Read all of `src` and compare with `updated` (its incremental map):
@@ -341,6 +619,19 @@ mod tests {
         dirty: Vec<Range<u64>>,
         enabled: bool,
         read: AtomicU64,
+        /// Every range allocated (a preallocated image), rather than holes
+        /// where 512-byte sectors read as zeros (a sparse one).
+        preallocated: bool,
+    }
+
+    fn mem(data: Vec<u8>, dirty: Vec<Range<u64>>) -> Mem {
+        Mem {
+            data,
+            dirty,
+            enabled: true,
+            read: AtomicU64::new(0),
+            preallocated: false,
+        }
     }
 
     impl Source for Mem {
@@ -351,8 +642,24 @@ mod tests {
             self.data.len() as u64
         }
         fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
-            let kind = ExtentKind::Data;
-            Ok(vec![Extent { offset, len, kind }])
+            let mut v: Vec<Extent> = Vec::new();
+            for at in (offset..offset + len).step_by(512) {
+                let end = (at + 512).min(offset + len);
+                let zero = self.data[at as usize..end as usize].iter().all(|&b| b == 0);
+                let kind = match zero && !self.preallocated {
+                    true => ExtentKind::Hole,
+                    false => ExtentKind::Data,
+                };
+                match v.last_mut() {
+                    Some(e) if e.kind == kind => e.len += end - at,
+                    _ => v.push(Extent {
+                        offset: at,
+                        len: end - at,
+                        kind,
+                    }),
+                }
+            }
+            Ok(v)
         }
         fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
             self.read.fetch_add(buf.len() as u64, Ordering::Relaxed);
@@ -392,15 +699,33 @@ mod tests {
         v
     }
 
+    /// The record of a `Mem` image: no file, no export.
+    fn record(size: u64) -> Option<Vec<u8>> {
+        let r = Record {
+            size,
+            map: None,
+            export: None,
+            files: vec![],
+        };
+        Some(r.to_text().into_bytes())
+    }
+
     fn update(old: &[u8], new: Mem) -> (io::Result<Updated>, Arc<Mem>) {
-        let base_map = map_of(old);
+        let base_map = map_of(old).with_identity(record(old.len() as u64)).unwrap();
         let base = Base {
             map: &base_map,
             name: "old.map",
-            saved: None,
         };
         let src = Arc::new(new);
-        let r = update_map(src.clone(), &base, "b", &job(), &mut |_| {});
+        let r = update_map(
+            src.clone(),
+            "mem".as_ref(),
+            &base,
+            "b",
+            false,
+            &job(),
+            &mut |_| {},
+        );
         (r, src)
     }
 
@@ -421,16 +746,25 @@ mod tests {
             end as u64 - 512..end as u64,
         ];
         let full = map_of(&new);
-        let mem = Mem {
-            data: new,
-            dirty,
-            enabled: true,
-            read: AtomicU64::new(0),
-        };
-        let (r, src) = update(&old, mem);
+        let (r, src) = update(&old, mem(new, dirty));
         let up = r.unwrap();
         assert_eq!(up.map, full);
-        assert_eq!(up.map.to_bytes(), full.to_bytes());
+        // Byte for byte the full map, but for the record it carries.
+        let bare = up.map.clone().with_identity(None).unwrap();
+        assert!(bare.to_bytes() == full.to_bytes());
+        assert_eq!(up.map.identity(), record(full.size()).as_deref());
+        let names: Vec<_> = up.changes.checks.iter().map(|c| c.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "size",
+                "parameters",
+                "files",
+                "bitmap",
+                "allocation",
+                "samples"
+            ]
+        );
         assert_eq!(up.changes.dirty_blocks(), 5);
         assert_eq!(up.sampled, SAMPLES);
         // The dirty blocks (one short) and the samples, nothing else.
@@ -447,13 +781,10 @@ mod tests {
         let mut new = old.clone();
         // Block 0 is always sampled: a change there the bitmap missed.
         new[100] ^= 1;
-        let mem = Mem {
-            data: new.clone(),
-            dirty: vec![],
-            enabled: true,
-            read: AtomicU64::new(0),
-        };
-        let e = update(&old, mem).0.unwrap_err().to_string();
+        let e = update(&old, mem(new.clone(), vec![]))
+            .0
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("old.map is not its map") && e.contains("block 0"),
             "{e}"
@@ -461,13 +792,7 @@ mod tests {
         // Elsewhere, only --verify is sure to see it.
         let mut new = old.clone();
         new[33 * BS + 5] ^= 1;
-        let mem = Mem {
-            data: new,
-            dirty: vec![],
-            enabled: true,
-            read: AtomicU64::new(0),
-        };
-        let (r, src) = update(&old, mem);
+        let (r, src) = update(&old, mem(new, vec![]));
         match r {
             Ok(up) => {
                 let differ = verify(src, &up.map, &job(), &mut |_| {}).unwrap();
@@ -489,10 +814,8 @@ mod tests {
     fn a_disabled_bitmap_another_size_or_parameters_are_refused() {
         let old = image();
         let mem = |data: Vec<u8>, enabled| Mem {
-            data,
-            dirty: vec![],
             enabled,
-            read: AtomicU64::new(0),
+            ..mem(data, vec![])
         };
         let e = update(&old, mem(old.clone(), false)).0.unwrap_err();
         assert!(e.to_string().contains("'b' is disabled"), "{e}");
@@ -504,15 +827,102 @@ mod tests {
         let base = Base {
             map: &base_map,
             name: "old.map",
-            saved: None,
         };
         let src = Arc::new(mem(old.clone(), true));
-        let e = update_map(src, &base, "b", &job(), &mut |_| {}).unwrap_err();
+        let e =
+            update_map(src, "mem".as_ref(), &base, "b", false, &job(), &mut |_| {}).unwrap_err();
         assert!(
             e.to_string()
                 .contains("old.map: a map of sha256 digests of 512-byte blocks"),
             "{e}"
         );
+    }
+
+    /// Old and new images differing in `blocks` (new bytes) with an empty
+    /// bitmap: the error, or the update.
+    fn unmarked_change(old: &[u8], new: Vec<u8>) -> io::Result<Updated> {
+        update(old, mem(new, vec![])).0
+    }
+
+    #[test]
+    fn allocation_that_contradicts_the_base_is_read() {
+        let old = image();
+        // Written into a hole of OLD before the bitmap existed.
+        let mut new = old.clone();
+        new[25 * BS + 100] = 1;
+        let e = unmarked_change(&old, new).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "1 ranges changed since old.map without bitmap 'b' marking them: 102400+4096"
+            ) && e.contains("allocation"),
+            "{e}"
+        );
+        // Cut off (a shrink and grow): data of OLD now a hole (blocks no
+        // sample reads: samples_are_clean_blocks_data_first).
+        let mut new = old.clone();
+        new[44 * BS..46 * BS].fill(0);
+        let e = unmarked_change(&old, new).unwrap_err().to_string();
+        assert!(e.contains(": 180224+8192;"), "{e}");
+        // Allocated zeros where OLD has zero blocks (a preallocated
+        // image): read, found equal, the update goes on.
+        let pre = Mem {
+            preallocated: true,
+            ..mem(old.clone(), vec![])
+        };
+        let (r, src) = update(&old, pre);
+        let up = r.unwrap();
+        assert_eq!(up.conflicting, 10);
+        assert_eq!(up.map, map_of(&old));
+        assert!(src.read.load(Ordering::Relaxed) >= 10 * BS as u64);
+    }
+
+    #[test]
+    fn a_base_without_a_record_needs_verify() {
+        let old = image();
+        let base_map = map_of(&old);
+        let base = Base {
+            map: &base_map,
+            name: "old.map",
+        };
+        let src = Arc::new(mem(old.clone(), vec![]));
+        let e = update_map(
+            src.clone(),
+            "mem".as_ref(),
+            &base,
+            "b",
+            false,
+            &job(),
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("records nothing of the image"),
+            "{e}"
+        );
+        let up = update_map(src, "mem".as_ref(), &base, "b", true, &job(), &mut |_| {}).unwrap();
+        let names: Vec<_> = up.changes.checks.iter().map(|c| c.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "size",
+                "parameters",
+                "bitmap",
+                "allocation",
+                "samples",
+                "verify"
+            ]
+        );
+    }
+
+    #[test]
+    fn range_sets() {
+        let a = vec![0..4, 6..10];
+        let b = vec![2..7, 9..12];
+        assert_eq!(union(&a, &b), vec![0..12_u64]);
+        assert_eq!(intersect(&a, &b), [2..4, 6..7, 9..10]);
+        assert_eq!(subtract(&a, &b), [0..2, 7..9]);
+        assert_eq!(subtract(&b, &a), [4..6, 10..12]);
+        assert!(intersect(&a, &[]).is_empty());
     }
 
     #[test]
@@ -529,6 +939,7 @@ mod tests {
             bitmap,
             blocks: std::iter::once(0..10).collect(),
             dirty_bytes: 0,
+            checks: vec![],
         };
         let s = samples(&base, &changes);
         assert_eq!(s.len(), SAMPLES as usize);

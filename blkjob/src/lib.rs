@@ -175,6 +175,27 @@ pub fn map(
     })
 }
 
+/// [`map`] of the image `input` opened from `name`, the map recording what
+/// the image read ([`record::Record`]: its files, or its export) as its
+/// identity, taken before anything is read, for whatever later trusts the
+/// map instead of reading again (an incremental update checks it). A
+/// stream records nothing.
+pub fn map_image(
+    name: &std::ffi::OsStr,
+    input: Input,
+    job: &Job,
+    cancel: &AtomicBool,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<Mapped> {
+    let identity = match &input {
+        Input::Image(src) => record::Record::of(name, &**src)?.identity(),
+        Input::Stream(_) => None,
+    };
+    let mut mapped = map(input, job, cancel, progress)?;
+    mapped.map = mapped.map.with_identity(identity)?;
+    Ok(mapped)
+}
+
 /// The image of `input` as a source that can be read in ranges; a stream
 /// cannot: `what` says what was asked of it.
 pub fn seekable(input: Input, what: &str) -> io::Result<Arc<dyn blkimage::Source>> {
@@ -187,9 +208,11 @@ pub fn seekable(input: Input, what: &str) -> io::Result<Arc<dyn blkimage::Source
     }
 }
 
-/// Hash the bytes `range` of `src` into a part of its map (see
-/// [`blkmap::merge`]); `progress` gets the bytes read. The range starts at
-/// a block boundary and ends at one or at the image's end.
+/// Hash the bytes `range` of `src` (opened from `name`) into a part of its
+/// map (see [`blkmap::merge`]), the part recording what the image read as
+/// [`map_image`] does (parts of one unchanged image record the same, and
+/// their merge keeps it); `progress` gets the bytes read. The range starts
+/// at a block boundary and ends at one or at the image's end.
 ///
 /// ```no_run
 /// use blkmap::Range;
@@ -197,15 +220,17 @@ pub fn seekable(input: Input, what: &str) -> io::Result<Arc<dyn blkimage::Source
 /// let src = blkjob::seekable(job.open("disk.qcow2").unwrap(), "a range").unwrap();
 /// let bs = job.block_size() as u64;
 /// let half = (src.size() / 2).next_multiple_of(bs).min(src.size());
-/// let first = blkjob::map_range(src.clone(), Range { offset: 0, len: half }, &job, &mut |_| {}).unwrap();
+/// let name = "disk.qcow2".as_ref();
+/// let first = blkjob::map_range(name, src.clone(), Range { offset: 0, len: half }, &job, &mut |_| {}).unwrap();
 /// let rest = Range { offset: half, len: src.size() - half };
-/// let second = blkjob::map_range(src, rest, &job, &mut |_| {}).unwrap();
+/// let second = blkjob::map_range(name, src, rest, &job, &mut |_| {}).unwrap();
 /// first.save("disk.0.part").unwrap();
 /// second.save("disk.1.part").unwrap();
 /// let map = blkmap::merge_files(&["disk.1.part", "disk.0.part"], Some("disk.map".as_ref())).unwrap();
 /// println!("{}", map.checksum.unwrap());
 /// ```
 pub fn map_range(
+    name: &std::ffi::OsStr,
     src: Arc<dyn blkimage::Source>,
     range: blkmap::Range,
     job: &Job,
@@ -213,12 +238,16 @@ pub fn map_range(
 ) -> io::Result<Part> {
     let size = src.size();
     blkmap::check_range(size, job.block_size(), range)?;
+    let identity = record::Record::of(name, &*src)?.identity();
     let window = blkimage::Window::new(src, range.offset, range.len)?;
     let (sink, builder) = hasher(job)?;
     let input = Input::Image(Box::new(window));
-    let (part, _) = read_all(input, sink, job, job.cancel(), progress, |sink| {
+    let (mut part, _) = read_all(input, sink, job, job.cancel(), progress, |sink| {
         builder.finalize_part(sink, size, range.offset)
     })?;
+    if let Some(identity) = identity {
+        part.set_identity(identity)?;
+    }
     Ok(part)
 }
 

@@ -1,5 +1,9 @@
-//! The record a checkpoint keeps of the image it is of, to refuse resuming
-//! into a checksum of another image, or of this one changed since.
+//! The record of what an image is, kept by whatever later trusts its
+//! digests instead of reading again: a checkpoint (to refuse resuming
+//! into a checksum of another image, or of this one changed since), a map
+//! (to refuse an incremental update when a file the image reads changed
+//! behind its dirty bitmap), and blksync's side record of DST (to tell a
+//! DST written behind the state's back). One format, one check.
 //!
 //! An image is more than the file named: a qcow2 overlay reads its backing
 //! chain and its external data file, a vmdk its extents. The record holds
@@ -16,13 +20,18 @@
 //! ```text
 //! blkhash-input 1
 //! size <the image's guest size in bytes>
+//! map <the checksum of the map it belongs to, hex>                  (a side record)
 //! nbd <tcp HOST:PORT | unix SOCKET> <tls|plain> <export name>      (an export)
 //! file <file|block> <dev> <ino> <rdev> <size> <mtime> <ctime> <path>  (each file read)
+//! data <file|block> <dev> <ino> <rdev> <size> <mtime> <ctime> <path>  (the same, for the
+//!                                       image's external data file: its writes are the image's)
 //! sha256 <SHA-256 of the lines above, hex>
 //! ```
 //!
 //! Names are percent-escaped (any byte outside `!`..`~`, and `%`), so that
-//! a line splits on spaces and any file name survives.
+//! a line splits on spaces and any file name survives. The older side
+//! record of blksync (`blksync-dst 1`, one field per line) is still read
+//! ([`Record::parse_side`]).
 
 use blkhash::{Algorithm, to_hex};
 use std::ffi::OsStr;
@@ -31,7 +40,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-const MAGIC: &str = "blkhash-input 1";
+/// The first line of every record.
+pub const MAGIC: &str = "blkhash-input 1";
 
 /// What identifies a file's content: where it is and when it last changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +63,11 @@ pub struct Stamp {
     /// Last status change (seconds, nanoseconds): changes on any write,
     /// even one that restores mtime.
     pub ctime: (i64, i64),
+    /// The file holds the image's own guest data besides the image file
+    /// (its external data file): QEMU writes it with the image, and the
+    /// image's dirty bitmaps record those writes (a backing file's are
+    /// never recorded).
+    pub own_data: bool,
 }
 
 impl Stamp {
@@ -62,8 +77,14 @@ impl Stamp {
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
         let m = std::fs::metadata(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        Ok(Stamp::of_meta(path, &m))
+    }
+
+    /// The stamp of the file at `path` whose metadata is `m` (a file kept
+    /// open: its metadata, whatever its name now leads to).
+    pub fn of_meta(path: PathBuf, m: &std::fs::Metadata) -> Stamp {
         let block = m.file_type().is_block_device();
-        Ok(Stamp {
+        Stamp {
             block,
             dev: m.dev(),
             ino: m.ino(),
@@ -71,14 +92,26 @@ impl Stamp {
             size: if block { 0 } else { m.len() },
             mtime: (m.mtime(), m.mtime_nsec()),
             ctime: (m.ctime(), m.ctime_nsec()),
+            own_data: false,
             path,
-        })
+        }
+    }
+
+    /// Whether `now` is the same file or device: a file by its device and
+    /// inode, a block device by its device number (a device node made
+    /// again, as udev does at each boot, is the same device).
+    fn same_node(&self, now: &Stamp) -> bool {
+        self.block == now.block
+            && match self.block {
+                true => self.rdev == now.rdev,
+                false => (self.dev, self.ino) == (now.dev, now.ino),
+            }
     }
 
     /// How the file changed between this stamp and `now`, if it did; `it`
     /// is how the message calls the file.
     fn changed(&self, now: &Stamp, it: &str, saved: &str) -> Option<String> {
-        if (self.dev, self.ino, self.rdev, self.block) != (now.dev, now.ino, now.rdev, now.block) {
+        if !self.same_node(now) {
             return Some(format!(
                 "{it} is another file or device than the one {saved} was saved for"
             ));
@@ -112,6 +145,9 @@ impl Stamp {
 pub struct Record {
     /// The guest size in bytes.
     pub size: u64,
+    /// For a side record, the checksum (hex) of the map whose target it
+    /// describes: a record bound to another map is stale.
+    pub map: Option<String>,
     /// An NBD export: its address, TLS or not, and export name.
     pub export: Option<String>,
     /// The files read, in the order the image opened them.
@@ -126,26 +162,48 @@ impl Record {
             Some(url) => Some(export_of(url)?),
             None => None,
         };
-        let files = src
+        let backing: Vec<PathBuf> = (src.backing_files().iter())
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .collect();
+        let mut files = src
             .files()
             .iter()
             .map(|p| Stamp::of(p))
-            .collect::<io::Result<_>>()?;
+            .collect::<io::Result<Vec<_>>>()?;
+        for f in files.iter_mut().skip(1) {
+            f.own_data = !backing.contains(&f.path);
+        }
         Ok(Record {
             size: src.size(),
+            map: None,
             export,
             files,
         })
     }
 
+    /// The side record of blksync's DST, the file at `path` (`meta`, its
+    /// metadata; `size` bytes), as the map with checksum `map` describes it.
+    pub fn of_target(map: String, path: &Path, meta: &std::fs::Metadata, size: u64) -> Record {
+        Record {
+            size,
+            map: Some(map),
+            export: None,
+            files: vec![Stamp::of_meta(path.to_path_buf(), meta)],
+        }
+    }
+
     fn body(&self) -> String {
         let mut s = format!("{MAGIC}\nsize {}\n", self.size);
+        if let Some(m) = &self.map {
+            s += &format!("map {m}\n");
+        }
         if let Some(e) = &self.export {
             s += &format!("nbd {e}\n");
         }
         for f in &self.files {
             s += &format!(
-                "file {} {} {} {} {} {}.{:09} {}.{:09} {}\n",
+                "{} {} {} {} {} {} {}.{:09} {}.{:09} {}\n",
+                if f.own_data { "data" } else { "file" },
                 if f.block { "block" } else { "file" },
                 f.dev,
                 f.ino,
@@ -159,6 +217,15 @@ impl Record {
             );
         }
         s
+    }
+
+    /// The record as a map carries it ([`blkmap::Map::identity`]), or
+    /// none when it is over the bound a map holds
+    /// ([`blkmap::MAX_IDENTITY`]: a backing chain of many hundreds of
+    /// files), which leaves that map without a record rather than without
+    /// a map.
+    pub fn identity(&self) -> Option<Vec<u8>> {
+        Some(self.to_text().into_bytes()).filter(|t| t.len() <= blkmap::MAX_IDENTITY)
     }
 
     /// The record as saved: its lines and their SHA-256.
@@ -190,15 +257,30 @@ impl Record {
             .ok_or("no size line")?;
         let mut record = Record {
             size,
+            map: None,
             export: None,
             files: Vec::new(),
         };
         for line in lines {
             match line.split_once(' ') {
+                Some(("map", m))
+                    if record.map.is_none()
+                        && record.export.is_none()
+                        && record.files.is_empty()
+                        && !m.is_empty()
+                        && m.bytes().all(|b| b.is_ascii_hexdigit()) =>
+                {
+                    record.map = Some(m.to_string())
+                }
                 Some(("nbd", e)) if record.export.is_none() && record.files.is_empty() => {
                     record.export = Some(e.to_string())
                 }
                 Some(("file", f)) => record.files.push(parse_stamp(f)?),
+                Some(("data", f)) if !record.files.is_empty() => {
+                    let mut stamp = parse_stamp(f)?;
+                    stamp.own_data = true;
+                    record.files.push(stamp);
+                }
                 _ => return Err(format!("a line not understood: '{line}'")),
             }
         }
@@ -209,17 +291,8 @@ impl Record {
     /// ("the checkpoint") keeps, if it does: the first difference, naming
     /// the file or export.
     pub fn changed_since(&self, now: &Record, saved: &str) -> Option<String> {
-        match (&self.export, &now.export) {
-            (Some(a), Some(b)) if a != b => {
-                return Some(format!(
-                    "{saved} is of the export {}, not {}",
-                    show_export(a),
-                    show_export(b)
-                ));
-            }
-            (Some(a), None) => return Some(format!("{saved} is of the export {}", show_export(a))),
-            (None, Some(_)) => return Some(format!("{saved} is of an image file, not an export")),
-            _ => {}
+        if let Some(why) = self.export_changed(now, saved) {
+            return Some(why);
         }
         if self.size != now.size {
             return Some(format!(
@@ -229,15 +302,7 @@ impl Record {
         }
         // The image itself, by what it is (the name may differ: a link, a
         // file moved), then the files it reads, by name.
-        let (top, rest) = self
-            .files
-            .split_first()
-            .map_or((None, &[][..]), |(t, r)| (Some(t), r));
-        let (now_top, now_rest) = now
-            .files
-            .split_first()
-            .map_or((None, &[][..]), |(t, r)| (Some(t), r));
-        match (top, now_top) {
+        match (self.files.first(), now.files.first()) {
             (Some(a), Some(b)) => {
                 if let Some(why) = a.changed(b, "it", saved) {
                     return Some(why);
@@ -250,13 +315,63 @@ impl Record {
                 ));
             }
         }
-        for f in rest {
+        self.files_changed(now, saved, false)
+    }
+
+    /// How the files the image reads besides itself (its backing chain,
+    /// its external data file, a vmdk's extents) differ `now` from this
+    /// record that `saved` ("OLD") keeps, if they do, or the export is
+    /// another: what a dirty bitmap of the image cannot see, since it
+    /// records writes to the image that holds it only. The image itself
+    /// may have changed in any way (its bitmap says where). A side that
+    /// cannot list its files (an export) against one that reads files
+    /// besides the image is a difference too: they cannot be checked.
+    pub fn below_image_changed(&self, now: &Record, saved: &str) -> Option<String> {
+        self.files_changed(now, saved, true)
+    }
+
+    /// How the files after the image itself differ `now`, or the export;
+    /// an external data file may hold QEMU's writes (`qemu_writes`: the
+    /// image's bitmaps recorded them) or must be unchanged.
+    fn files_changed(&self, now: &Record, saved: &str, qemu_writes: bool) -> Option<String> {
+        let rest = |r: &Record| r.files.get(1..).unwrap_or(&[]).to_vec();
+        let (rest, now_rest) = (rest(self), rest(now));
+        match (&self.export, &now.export) {
+            (Some(_), Some(_)) => return self.export_changed(now, saved),
+            (None, Some(e)) => {
+                return rest.first().map(|f| {
+                    format!(
+                        "{saved} was made from an image that reads {} besides itself, and the \
+                         export {} cannot show whether that file changed",
+                        f.path.display(),
+                        show_export(e)
+                    )
+                });
+            }
+            (Some(e), None) => {
+                return now_rest.first().map(|f| {
+                    format!(
+                        "the image reads {} besides itself, and {saved} was made from the \
+                         export {}, which cannot show whether that file changed since",
+                        f.path.display(),
+                        show_export(e)
+                    )
+                });
+            }
+            (None, None) => {}
+        }
+        for f in &rest {
             match now_rest.iter().find(|n| n.path == f.path) {
                 None => {
                     return Some(format!(
                         "the image no longer reads {} (a backing, data or extent file when {saved} was saved)",
                         f.path.display()
                     ));
+                }
+                Some(n) if qemu_writes && f.own_data && n.own_data => {
+                    if let Some(why) = data_changed(f, n, now.files.first(), saved) {
+                        return Some(why);
+                    }
                 }
                 Some(n) => {
                     if let Some(why) = f.changed(n, &f.path.display().to_string(), saved) {
@@ -276,9 +391,22 @@ impl Record {
         }
         None
     }
-}
 
-impl Record {
+    /// Whether this record and `now` are of other exports, or one of an
+    /// export and the other of an image file.
+    fn export_changed(&self, now: &Record, saved: &str) -> Option<String> {
+        match (&self.export, &now.export) {
+            (Some(a), Some(b)) if a != b => Some(format!(
+                "{saved} is of the export {}, not {}",
+                show_export(a),
+                show_export(b)
+            )),
+            (Some(a), None) => Some(format!("{saved} is of the export {}", show_export(a))),
+            (None, Some(_)) => Some(format!("{saved} is of an image file, not an export")),
+            _ => None,
+        }
+    }
+
     /// The first file of this record that `now` says was written, replaced
     /// or removed since (a file `now` reads and this did not counts too).
     pub fn first_changed<'a>(&'a self, now: &'a Record) -> Option<&'a Path> {
@@ -294,6 +422,94 @@ impl Record {
             .find(|n| !self.files.iter().any(|f| f.path == n.path))
             .map(|n| n.path.as_path())
     }
+
+    /// Parse a side record of blksync's DST: this format, or the one
+    /// versions before it wrote (`blksync-dst 1`, a field per line).
+    pub fn parse_side(text: &[u8]) -> Result<Record, String> {
+        if text.starts_with(LEGACY_SIDE.as_bytes()) {
+            return parse_legacy_side(text);
+        }
+        Record::parse(text)
+    }
+}
+
+/// How the image's external data file `then` changed into `now` in a way
+/// its dirty bitmaps cannot record, if it did. QEMU writes the image's
+/// guest data there and records it in the bitmaps, so new contents and
+/// times are expected; but QEMU writes the image file last (it stores the
+/// bitmaps and clears their in-use flag when it closes the image), so a
+/// data file written after the image file (`image`: its stamp now) was
+/// written by something else. Another file is never the image's data.
+fn data_changed(then: &Stamp, now: &Stamp, image: Option<&Stamp>, saved: &str) -> Option<String> {
+    let it = then.path.display().to_string();
+    if !then.same_node(now) {
+        return Some(format!(
+            "{it} (the image's data file) is another file or device than the one {saved} was saved for"
+        ));
+    }
+    let image_written = image.map_or((i64::MAX, 0), |i| i.mtime);
+    if !now.block && now.mtime > image_written {
+        return Some(format!(
+            "{it} (the image's data file) was written after QEMU last wrote the image (its \
+             modification time is {}, the image's {}): not by QEMU, whose writes the bitmap records",
+            when(now.mtime),
+            when(image_written)
+        ));
+    }
+    None
+}
+
+/// The first line of the side record blksync wrote before this format.
+const LEGACY_SIDE: &str = "blksync-dst 1\n";
+
+/// A `blksync-dst 1` side record: a field per line (checksum, kind, dev,
+/// ino, rdev, size, mtime, ctime), then its SHA-256; no path (DST's name
+/// is not compared).
+fn parse_legacy_side(text: &[u8]) -> Result<Record, String> {
+    let text = std::str::from_utf8(text).map_err(|_| "damaged: not text".to_string())?;
+    let (body, sum) = text
+        .trim_end_matches('\n')
+        .rsplit_once('\n')
+        .ok_or("truncated")?;
+    let body = format!("{body}\n");
+    match sum.strip_prefix("sha256 ") {
+        Some(hex) if hex == sha256_hex(body.as_bytes()) => {}
+        _ => return Err("damaged: its digest does not match its contents".into()),
+    }
+    let mut lines = body.lines().skip(1);
+    let mut field = |name: &str| -> Result<&str, String> {
+        lines
+            .next()
+            .and_then(|l| l.strip_prefix(name))
+            .and_then(|l| l.strip_prefix(' '))
+            .ok_or_else(|| format!("no '{name}' line"))
+    };
+    let map = field("checksum")?.to_string();
+    let kind = field("kind")?;
+    let rest: Vec<&str> = ["dev", "ino", "rdev", "size", "mtime", "ctime"]
+        .iter()
+        .map(|n| field(n))
+        .collect::<Result<_, _>>()?;
+    let block = match kind {
+        "file" => "file",
+        "block" => "block",
+        k => return Err(format!("a target of kind '{k}'")),
+    };
+    let size: u64 = rest[3]
+        .parse()
+        .map_err(|_| format!("bad number '{}'", rest[3]))?;
+    let line = format!("{block} {} -", rest.join(" "));
+    let mut stamp = parse_stamp(&line)?;
+    stamp.path = PathBuf::new();
+    if stamp.block {
+        stamp.size = 0;
+    }
+    Ok(Record {
+        size,
+        map: Some(map),
+        export: None,
+        files: vec![stamp],
+    })
 }
 
 /// An export's line: where it is, TLS or not, and its name.
@@ -354,6 +570,7 @@ fn parse_stamp(line: &str) -> Result<Stamp, String> {
         size: num(size)?,
         mtime: time(mtime)?,
         ctime: time(ctime)?,
+        own_data: false,
     })
 }
 
@@ -418,6 +635,7 @@ mod tests {
             size: 4096,
             mtime: (5, 6),
             ctime: (7, 8),
+            own_data: false,
         }
     }
 
@@ -425,6 +643,7 @@ mod tests {
     fn round_trip_damage_and_names_of_any_bytes() {
         let r = Record {
             size: 1 << 30,
+            map: None,
             export: None,
             files: vec![stamp("/a b/over lay.qcow2"), stamp("/x/100%\n\u{e9}.raw")],
         };
@@ -440,6 +659,7 @@ mod tests {
         assert!(Record::parse(b"").is_err());
         let e = Record {
             size: 5,
+            map: None,
             export: Some(export_of("nbd+unix:///disk?socket=/run/s").unwrap()),
             files: vec![],
         };
@@ -450,6 +670,7 @@ mod tests {
     fn every_difference_is_named() {
         let then = Record {
             size: 100,
+            map: None,
             export: None,
             files: vec![stamp("/top"), stamp("/base")],
         };
@@ -486,6 +707,7 @@ mod tests {
         assert!(why.contains("now reads /data"), "{why}");
         let a = Record {
             size: 100,
+            map: None,
             export: Some(export_of("nbd://h:1/a").unwrap()),
             files: vec![],
         };
@@ -498,5 +720,140 @@ mod tests {
             why.contains("export 'a' at tcp h:1, not 'b' at tcp h:1"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn below_the_image_only_files_and_exports_count() {
+        let then = Record {
+            size: 100,
+            map: None,
+            export: None,
+            files: vec![stamp("/top"), stamp("/base")],
+        };
+        // The image itself written, moved or replaced: its bitmap's business.
+        let mut top = then.clone();
+        top.files[0].mtime = (9, 0);
+        top.files[0].ino = 77;
+        assert_eq!(then.below_image_changed(&top, "OLD"), None);
+        let mut written = then.clone();
+        written.files[1].ctime = (9, 0);
+        let why = then.below_image_changed(&written, "OLD").unwrap();
+        assert!(why.starts_with("/base was written after OLD"), "{why}");
+        let mut rebased = then.clone();
+        rebased.files[1] = stamp("/other");
+        let why = then.below_image_changed(&rebased, "OLD").unwrap();
+        assert!(why.contains("no longer reads /base"), "{why}");
+        let mut device = then.clone();
+        device.files[1].block = true;
+        let why = then.below_image_changed(&device, "OLD").unwrap();
+        assert!(why.contains("another file or device"), "{why}");
+        // An export cannot show the files below an image.
+        let export = Record {
+            size: 100,
+            map: None,
+            export: Some(export_of("nbd+unix:///top?socket=/s").unwrap()),
+            files: vec![],
+        };
+        let why = then.below_image_changed(&export, "OLD").unwrap();
+        assert!(why.contains("reads /base besides itself"), "{why}");
+        let why = export.below_image_changed(&then, "OLD").unwrap();
+        assert!(why.contains("made from the export 'top'"), "{why}");
+        // An image alone, against an export of it: nothing to check below.
+        let alone = Record {
+            files: vec![stamp("/top")],
+            ..then.clone()
+        };
+        assert_eq!(alone.below_image_changed(&export, "OLD"), None);
+        assert_eq!(export.below_image_changed(&alone, "OLD"), None);
+        let other = Record {
+            export: Some(export_of("nbd+unix:///other?socket=/s").unwrap()),
+            ..export.clone()
+        };
+        let why = export.below_image_changed(&other, "OLD").unwrap();
+        assert!(
+            why.contains("export 'top' at unix /s, not 'other'"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn block_devices_by_device_number() {
+        let mut a = stamp("/dev/sdb");
+        a.block = true;
+        a.rdev = 0x810;
+        a.size = 0;
+        let mut again = a.clone();
+        // The node made again (another inode), the device the same.
+        again.ino = 99;
+        again.mtime = (1, 1);
+        assert_eq!(a.changed(&again, "it", "OLD"), None);
+        again.rdev = 0x820;
+        assert!(a.changed(&again, "it", "OLD").is_some());
+    }
+
+    #[test]
+    fn side_records_old_and_new() {
+        let r = Record {
+            size: 4096,
+            map: Some("ab12".into()),
+            export: None,
+            files: vec![stamp("/dst raw")],
+        };
+        let t = r.to_text();
+        assert_eq!(Record::parse_side(t.as_bytes()), Ok(r.clone()));
+        assert!(Record::parse(b"blkhash-input 1\nsize 1\nmap zz\nsha256 0\n").is_err());
+        // Written by earlier versions: the same identity, without a path.
+        let body = "blksync-dst 1\nchecksum ab12\nkind file\ndev 1\nino 2\nrdev 0\n\
+                    size 4096\nmtime 5.000000006\nctime 7.000000008\n";
+        let old = format!("{body}sha256 {}\n", sha256_hex(body.as_bytes()));
+        let legacy = Record::parse_side(old.as_bytes()).unwrap();
+        assert_eq!(legacy.map.as_deref(), Some("ab12"));
+        assert_eq!(legacy.size, 4096);
+        assert_eq!(r.changed_since(&legacy, "the state"), None);
+        let damaged = old.replace("ino 2", "ino 3");
+        assert!(
+            Record::parse_side(damaged.as_bytes())
+                .unwrap_err()
+                .contains("damaged")
+        );
+    }
+
+    #[test]
+    fn a_data_file_may_hold_qemus_writes_only() {
+        let mut data = stamp("/d.raw");
+        data.own_data = true;
+        let then = Record {
+            size: 100,
+            map: None,
+            export: None,
+            files: vec![stamp("/img.qcow2"), data.clone()],
+        };
+        let t = then.to_text();
+        assert!(t.contains("\ndata file "), "{t}");
+        assert_eq!(Record::parse(t.as_bytes()), Ok(then.clone()));
+        // QEMU wrote the data, then the image (its bitmaps) on closing.
+        let mut qemu = then.clone();
+        qemu.files[1].mtime = (20, 0);
+        qemu.files[1].ctime = (20, 0);
+        qemu.files[0].mtime = (21, 0);
+        assert_eq!(then.below_image_changed(&qemu, "OLD"), None);
+        // Written after QEMU last closed the image: not QEMU.
+        let mut dd = qemu.clone();
+        dd.files[1].mtime = (30, 0);
+        let why = then.below_image_changed(&dd, "OLD").unwrap();
+        assert!(
+            why.contains("/d.raw (the image's data file) was written after QEMU"),
+            "{why}"
+        );
+        let mut swapped = qemu.clone();
+        swapped.files[1].ino = 50;
+        let why = then.below_image_changed(&swapped, "OLD").unwrap();
+        assert!(why.contains("another file"), "{why}");
+        // A checkpoint takes no change at all, of the data file alone too.
+        let mut touched = then.clone();
+        touched.files[1].ctime = (9, 0);
+        assert_eq!(then.below_image_changed(&touched, "OLD"), None);
+        let why = then.changed_since(&touched, "the checkpoint").unwrap();
+        assert!(why.starts_with("/d.raw was written after"), "{why}");
     }
 }

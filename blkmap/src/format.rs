@@ -14,8 +14,10 @@ use std::path::Path;
 pub const MAGIC: [u8; 8] = *b"\x89BKM\r\n\x1a\n";
 /// The format version written and read.
 pub const VERSION: u32 = 1;
-/// The largest identity record a map may carry.
-pub const MAX_IDENTITY: usize = 4096;
+/// The largest identity record a map may carry: 64 KiB, the record of an
+/// image with a backing chain of hundreds of files (a line of about 100
+/// bytes and its path each).
+pub const MAX_IDENTITY: usize = 64 << 10;
 
 /// Bytes of the fixed part of the header.
 pub(crate) const FIXED_HEADER: usize = 48;
@@ -284,7 +286,7 @@ impl Map {
                 len: self.size,
             },
             checksum: Some(self.checksum.clone()),
-            identity: None,
+            identity: self.identity.clone(),
         }
     }
 
@@ -311,7 +313,7 @@ impl Map {
     /// record lengths against the size, the digest of its contents, nothing
     /// after it, and the checksum derived from its block digests. A part
     /// (see [`Part`](crate::Part)) is refused: merge the parts first. An
-    /// identity record is checked and dropped.
+    /// identity record is kept ([`Map::identity`]).
     ///
     /// Memory grows with the digests actually read, never with what a
     /// header claims.
@@ -325,7 +327,7 @@ impl Map {
             });
         };
         let body = reader.read_body()?;
-        Map::assemble(h.algorithm, h.block_size, h.size, checksum, body)
+        Map::assemble(h.algorithm, h.block_size, h.size, checksum, body)?.with_identity(h.identity)
     }
 
     /// [`read`](Map::read) from bytes in memory.
@@ -335,7 +337,10 @@ impl Map {
 
     /// Read the map saved at `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<Map, MapError> {
-        Map::read(BufReader::with_capacity(1 << 20, File::open(path)?))
+        Map::read(BufReader::with_capacity(
+            1 << 20,
+            open_map_file(path.as_ref())?,
+        ))
     }
 
     /// Save the map at `path` atomically: written to a temporary file in the
@@ -357,6 +362,29 @@ impl Map {
     ) -> io::Result<()> {
         save_map(path.as_ref(), inputs, |w| self.write_to(w))
     }
+}
+
+/// Open the file at `path` to read a map or a part from it, refusing at
+/// once what cannot be one: a directory, a FIFO (opening one waits for a
+/// writer), a device or a socket.
+pub(crate) fn open_map_file(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = fs::metadata(path)?.file_type();
+    let what = if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_block_device() || t.is_char_device() {
+        "a device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        return File::open(path);
+    };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{what}, not a block map file"),
+    ))
 }
 
 /// Write a map or a part to `path` with `write`, atomically, once the

@@ -256,11 +256,12 @@ impl Body {
     }
 }
 
-/// The block digests of an image, its size and its checksum.
+/// The block digests of an image, its size and its checksum, and what
+/// its writer recorded of the input it read (its identity, if any).
 ///
 /// Two maps are equal if they describe the same content with the same
-/// digest and block size.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// digest and block size, whatever identity each carries.
+#[derive(Clone, Debug)]
 pub struct Map {
     algorithm: Algorithm,
     block_size: usize,
@@ -268,7 +269,28 @@ pub struct Map {
     checksum: Checksum,
     zero_digest: Vec<u8>,
     body: Body,
+    identity: Option<Vec<u8>>,
 }
+
+impl PartialEq for Map {
+    fn eq(&self, other: &Map) -> bool {
+        (
+            self.algorithm,
+            self.block_size,
+            self.size,
+            &self.checksum,
+            &self.body,
+        ) == (
+            other.algorithm,
+            other.block_size,
+            other.size,
+            &other.checksum,
+            &other.body,
+        )
+    }
+}
+
+impl Eq for Map {}
 
 /// Check a digest and block size can make a map.
 fn check_params(algorithm: Algorithm, block_size: usize) -> Result<(), MapError> {
@@ -387,6 +409,7 @@ impl Map {
             checksum,
             zero_digest: zero_digest(algorithm, block_size),
             body,
+            identity: None,
         };
         if map.derive_checksum() != map.checksum {
             return Err(MapError::Checksum);
@@ -624,9 +647,43 @@ impl Map {
             checksum: self.checksum.clone(),
             zero_digest: self.zero_digest.clone(),
             body,
+            identity: None,
         };
         map.checksum = map.derive_checksum();
         Ok(map)
+    }
+
+    /// What the map's writer recorded of the input it read (the files an
+    /// image read, or the export it was: see `blkjob::record`), as bytes
+    /// blkmap only keeps; `None` for a map written without one.
+    pub fn identity(&self) -> Option<&[u8]> {
+        self.identity.as_deref()
+    }
+
+    /// The map with `identity` recorded (at most
+    /// [`MAX_IDENTITY`] bytes), or none.
+    ///
+    /// ```
+    /// use blkmap::Map;
+    /// let map = Map::compute(blkhash::Options::new().block_size(512), &[1; 512]).unwrap();
+    /// let kept = map.clone().with_identity(Some(b"disk.qcow2".to_vec())).unwrap();
+    /// let again = Map::from_bytes(&kept.to_bytes()).unwrap();
+    /// assert_eq!(again.identity(), Some(&b"disk.qcow2"[..]));
+    /// // Equal maps: the same content, whatever identity each carries.
+    /// assert_eq!(again, map);
+    /// ```
+    pub fn with_identity(mut self, identity: Option<Vec<u8>>) -> Result<Map, MapError> {
+        if identity
+            .as_ref()
+            .is_some_and(|i| i.len() > crate::MAX_IDENTITY)
+        {
+            return Err(MapError::Invalid(format!(
+                "an identity record over {} bytes",
+                crate::MAX_IDENTITY
+            )));
+        }
+        self.identity = identity;
+        Ok(self)
     }
 
     /// The image checksum computed from the map alone: the outer digest of

@@ -5,7 +5,6 @@
 use crate::format::{FIXED_HEADER, Header, MapReader, Piece, TAG_DATA, TAG_ZEROS, write_atomic};
 use crate::{MapError, Outer, Range, zero_digest};
 use blkhash::{Algorithm, Checksum};
-use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -34,7 +33,9 @@ impl<T: Read + Write + Seek> Output for T {}
 /// the digests of a part's zero runs costs one digest per block, so a
 /// damaged part that claims a huge sparse range is refused before that
 /// work, not after it. A complete map given alone has its checksum
-/// checked. `identity` is recorded in the result.
+/// checked. `identity` is recorded in the result; without one, the
+/// identity every part carries, if they all carry the same (parts hashed
+/// from one unchanged image), else none.
 ///
 /// The result is the map a single run would have written, byte for byte:
 /// runs of one kind that meet at a boundary between parts are one record.
@@ -64,6 +65,7 @@ pub fn merge_until(
     cancel: &AtomicBool,
 ) -> Result<Header, MapError> {
     let mut parts = read_parts(inputs)?;
+    let identity = identity.or_else(|| common_identity(&parts));
     let want = parts[0].1.header().clone();
     let range = check_coverage(&mut parts, want.size, allow_partial)?;
     let complete = range.offset == 0 && range.end() == want.size;
@@ -103,6 +105,14 @@ pub fn merge_until(
         w.finish(header.checksum.as_ref().map(Checksum::as_bytes))?;
     }
     Ok(header)
+}
+
+/// The identity all `parts` record, if they record one and the same.
+fn common_identity(parts: &[Part<'_>]) -> Option<Vec<u8>> {
+    let first = parts.first()?.1.header().identity.clone()?;
+    (parts.iter())
+        .all(|(_, r)| r.header().identity.as_ref() == Some(&first))
+        .then_some(first)
 }
 
 /// A checksum of zeros, in place of the one computed at the end (the
@@ -279,7 +289,7 @@ pub fn merge_files_until(
     for p in parts {
         let p = p.as_ref();
         let name = p.display().to_string();
-        let f = File::open(p).map_err(|e| MapError::Io(e).of(&name))?;
+        let f = crate::format::open_map_file(p).map_err(|e| MapError::Io(e).of(&name))?;
         inputs.push((name, Box::new(BufReader::new(f))));
     }
     match out {

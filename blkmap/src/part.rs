@@ -4,7 +4,6 @@
 use crate::format::{Header, MapReader, write_map};
 use crate::{Body, MapError, Range, Run};
 use blkhash::Algorithm;
-use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
 use std::path::Path;
 
@@ -177,6 +176,7 @@ impl Part {
 
     /// Read the part saved at `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<Part, MapError> {
-        Part::read(BufReader::with_capacity(1 << 20, File::open(path)?))
+        let f = crate::format::open_map_file(path.as_ref())?;
+        Part::read(BufReader::with_capacity(1 << 20, f))
     }
 }

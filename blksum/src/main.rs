@@ -30,10 +30,11 @@ fn main() -> ExitCode {
     let mut args = cli::Args::parse();
     args.json |= args.output.as_deref() == Some("json");
     if args.list_digests {
-        for a in blkhash::ALGORITHMS {
-            println!("{a}");
-        }
-        return ExitCode::SUCCESS;
+        return blkcli::output::print_code("blksum", |out| {
+            blkhash::ALGORITHMS
+                .iter()
+                .try_for_each(|a| writeln!(out, "{a}"))
+        });
     }
     if let Some(code) = args.manual.print::<cli::Args>(&cli::PAGE) {
         return code;
@@ -179,7 +180,7 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
                 hashing
                     .progress
                     .suspend(|| out.write_all(&line).and_then(|_| out.flush()))
-                    .map_err(|_| Stop::Output)?;
+                    .map_err(|e| stdout_failed(&e))?;
             }
             Ok(_) => {}
             Err(_) if hashing.cancelled() => {
@@ -208,7 +209,7 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
         let mut out = io::stdout().lock();
         writeln!(out, "{doc:#}")
             .and_then(|_| out.flush())
-            .map_err(|_| Stop::Output)?;
+            .map_err(|e| stdout_failed(&e))?;
     }
     Ok(all_ok)
 }
@@ -330,7 +331,7 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
                 eprintln!("blksum: {list}: interrupted");
                 return Err(Stop::Signal);
             }
-            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(Stop::Output),
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(stdout_failed(&e)),
             Err(e) => {
                 eprintln!("blksum: {list}: {}", blkcli::units::reason(&e));
                 all_ok = false;
@@ -338,6 +339,13 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
         }
     }
     Ok(all_ok)
+}
+
+/// Standard output failed: said (unless the reader went away), and the
+/// run stops.
+fn stdout_failed(e: &io::Error) -> Stop {
+    blkcli::output::failed("blksum", e);
+    Stop::Output
 }
 
 /// A writer that clears the progress bars while it writes.

@@ -15,6 +15,7 @@
 mod common;
 
 use blkmap::Map;
+use common::dirty::*;
 use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -24,102 +25,6 @@ const KIB: u64 = 1024;
 
 /// The blocks the incremental run samples at least (or all clean ones).
 const SAMPLE: u64 = 16;
-
-/// The checksum of `image` (a path or a URL) with blocks of `bs`: blksum's
-/// if it was built next to blkmap (`cargo build -p blksum`), else the
-/// construction's on qemu-img's raw conversion.
-fn oracle(dir: &Path, image: &str, bs: u64) -> String {
-    let blksum = Path::new(BLKMAP).with_file_name("blksum");
-    if blksum.exists() {
-        let out = run(s(&blksum), &["--block-size", &bs.to_string(), image]);
-        assert_eq!(out.code, 0, "blksum {image}: {}", out.stderr);
-        return out.stdout.split_whitespace().next().unwrap().to_string();
-    }
-    reference_checksum(
-        dir,
-        Path::new(image),
-        blkhash::Algorithm::Sha256,
-        bs as usize,
-    )
-}
-
-/// `blkmap EXTRA... IMAGE OUT`, which must succeed: the checksum printed.
-fn full(image: &str, out: &Path, extra: &[&str]) -> String {
-    let mut args = extra.to_vec();
-    args.extend([image, s(out)]);
-    let o = run(BLKMAP, &args);
-    assert_eq!(o.code, 0, "blkmap {args:?}: {}", o.stderr);
-    checksum_of(&o.stdout, image)
-}
-
-/// The checksum of a checksum line `CHECKSUM  IMAGE`, checking the name.
-fn checksum_of(line: &str, image: &str) -> String {
-    let (sum, name) = line
-        .trim_end()
-        .split_once("  ")
-        .unwrap_or_else(|| panic!("not a checksum line: {line:?}"));
-    assert_eq!(name, image, "{line:?}");
-    sum.to_string()
-}
-
-/// `blkmap --base OLD --dirty-bitmap NAME EXTRA... IMAGE OUT`.
-fn incremental(old: &Path, name: &str, image: &str, out: &Path, extra: &[&str]) -> Out {
-    let mut args = vec!["--base", s(old), "--dirty-bitmap", name];
-    args.extend(extra);
-    args.extend([image, s(out)]);
-    run(BLKMAP, &args)
-}
-
-/// [`incremental`] with `--json`, which must succeed: the object printed.
-fn incremental_json(old: &Path, name: &str, image: &str, out: &Path) -> Value {
-    let o = incremental(old, name, image, out, &["--json"]);
-    assert_eq!(o.code, 0, "{}", o.stderr);
-    serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{e}: {:?}", o.stdout))
-}
-
-/// The two files hold the same bytes.
-fn assert_same_map(got: &Path, want: &Path) {
-    let (a, b) = (std::fs::read(got).unwrap(), std::fs::read(want).unwrap());
-    if a != b {
-        let (ma, mb) = (Map::load(got), Map::load(want));
-        panic!(
-            "{got:?} ({} bytes) is not {want:?} ({} bytes); same map loaded: {}",
-            a.len(),
-            b.len(),
-            matches!((&ma, &mb), (Ok(x), Ok(y)) if x == y)
-        );
-    }
-}
-
-/// A refused run: exit 1, every one of `words` in its message, `out` not
-/// created (or, if it existed, unchanged: `before`).
-fn assert_refused(o: &Out, words: &[&str], out: &Path, before: Option<&[u8]>) {
-    assert_eq!(o.code, 1, "exit status {}: {}", o.code, o.stderr);
-    for w in words {
-        assert!(o.stderr.contains(w), "{w:?} not in {:?}", o.stderr);
-    }
-    match before {
-        None => assert!(!out.exists(), "{out:?} written"),
-        Some(b) => assert_eq!(std::fs::read(out).unwrap(), b, "{out:?} changed"),
-    }
-    // No temporary file left beside OUT either.
-    let dir = out.parent().unwrap();
-    let name = out.file_name().unwrap().to_str().unwrap();
-    let left: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n != name && n.contains(name))
-        .collect();
-    assert!(left.is_empty(), "left beside {out:?}: {left:?}");
-}
-
-/// `qemu-img bitmap ARGS... IMG NAME`.
-fn bitmap(img: &Path, args: &[&str], name: &str) {
-    let mut a = vec!["bitmap"];
-    a.extend(args);
-    a.extend([s(img), name]);
-    sh("qemu-img", &a);
-}
 
 /// The ranges (start, end) the bitmap `name` of the qcow2 image `img`
 /// marks dirty, as QEMU exports them: qemu-nbd -r -B NAME read by

@@ -337,7 +337,8 @@ fn dst_changed_behind_the_state() {
 
     // A damaged side record.
     let text = std::fs::read_to_string(&side).unwrap();
-    std::fs::write(&side, text.replace("kind file", "kind fila")).unwrap();
+    assert!(text.contains("\nfile file "), "{text}");
+    std::fs::write(&side, text.replace("\nfile file ", "\nfile fila ")).unwrap();
     let (code, err) = sync_state(&[]);
     assert_eq!(code, 1);
     assert!(err.contains("damaged"), "{err}");
@@ -429,7 +430,7 @@ fn block_device_destination() {
     assert!(
         std::fs::read_to_string(d.join("dev.map.dst"))
             .unwrap()
-            .contains("kind block")
+            .contains("\nfile block ")
     );
     write(&src, "qcow2", &["write -P 0x22 12M 64k", "discard 0 64k"]);
     let (code, err) = sync(&[s(&src), &dev.0, "--state", s(&state), "--verify"]);

@@ -49,10 +49,13 @@ fn spec(
 /// (which may be ``base``), and return the image's checksum in hexadecimal,
 /// as ``checksum()`` gives it. Only the blocks the bitmap marks dirty are
 /// read; every other digest is ``base``'s, checked first: same size,
-/// digest and block size, 16 clean blocks read again must hold what
-/// ``base`` says, no backing file written since ``base`` was saved. With
-/// ``verify=True`` every clean block is read too, and any that changed
-/// without the bitmap marking it is an error (nothing written). ``image``
+/// digest and block size; the files the image reads besides itself
+/// (backing chain, data file) the ones ``base`` recorded, unchanged (or the
+/// same NBD export); clean blocks whose allocation now contradicts
+/// ``base`` read and equal to it; 16 clean blocks read again must hold
+/// what ``base`` says. With ``verify=True`` every clean block is read too,
+/// and any that changed without the bitmap marking it is an error (nothing
+/// written); a ``base`` written before maps recorded their image needs it. ``image``
 /// is a qcow2 image (its persistent bitmap) or an NBD URL whose server
 /// offers ``qemu:dirty-bitmap:NAME``; the other options are
 /// ``checksum()``'s. Raises OSError (nothing written) for a bitmap that is
@@ -116,11 +119,13 @@ pub fn update_map(
     run_cancellable(py, &shown, move |cancel| {
         let job = job.with_cancel(cancel);
         let src = blkjob::seekable(job.open(&name)?, "update_map")?;
-        let base = Base::of_file(&old, &base, &base_name);
-        let updated = incremental::update_map(src.clone(), &base, &bitmap, &job, &mut |_| {})?;
-        if verify {
-            incremental::check_verified(src, &updated.map, &base, &bitmap, &job, &mut |_| {})?;
-        }
+        let base = Base {
+            map: &old,
+            name: &base_name,
+        };
+        let opened = std::ffi::OsStr::new(&name);
+        let updated =
+            incremental::update_map(src, opened, &base, &bitmap, verify, &job, &mut |_| {})?;
         let image_input = blkmap::guard::Input {
             name: image.as_os_str(),
             role: "the image",

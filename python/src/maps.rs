@@ -122,7 +122,7 @@ pub fn map_range(
             Ok(r) => r,
             Err(why) => return Ok(Err(why)),
         };
-        let part = blkjob::map_range(src, range, &job, &mut |_| {})?;
+        let part = blkjob::map_range(std::ffi::OsStr::new(&name), src, range, &job, &mut |_| {})?;
         let image_input = blkmap::guard::Input {
             name: image.as_os_str(),
             role: "the image",

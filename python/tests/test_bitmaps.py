@@ -120,3 +120,91 @@ def test_an_nbd_export_with_the_bitmap(disk, tmp_path, serve):
     assert blkhash.update_map(url, base, "b", out) == blkhash.checksum(url)
     with pytest.raises(OSError, match="qemu:dirty-bitmap:nope"):
         blkhash.dirty_ranges(url, "nope")
+
+
+def overlay(tmp_path):
+    """top.qcow2 over base.qcow2 (data in both), bitmap 'b' on top, and
+    top's map then (old.map)."""
+    need("qemu-img", "qemu-utils")
+    need("qemu-io", "qemu-utils")
+    base = tmp_path / "base.qcow2"
+    top = tmp_path / "top.qcow2"
+    run("qemu-img", "create", "-q", "-f", "qcow2", str(base), "16M")
+    qemu_io(base, "write -P 1 0 12M")
+    run("qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2", str(top))
+    qemu_io(top, "write -P 2 2M 1M")
+    run("qemu-img", "bitmap", "--add", str(top), "b")
+    old = tmp_path / "old.map"
+    full_map(top, old)
+    return base, top, old
+
+
+def refused(img, old, out, match):
+    with pytest.raises(OSError, match=match):
+        blkhash.update_map(img, old, "b", out)
+    assert not out.exists()
+    with pytest.raises(OSError):
+        blkhash.update_map(img, old, "b", out, verify=True)
+    assert not out.exists()
+
+
+def test_changes_no_bitmap_records_are_refused(disk, tmp_path):
+    """What a dirty bitmap never sees ends in OSError, nothing written:
+    a shrink and grow, a base made before the bitmap, a backing file
+    written, an unsafe rebase, a data file written outside QEMU."""
+    img, base = disk
+    out = tmp_path / "out.map"
+    # Data at 8 MiB cut off, then the image grown again.
+    run("qemu-img", "resize", "-q", "--shrink", str(img), "6M")
+    run("qemu-img", "resize", "-q", str(img), "16M")
+    refused(img, base, out, "bitmap 'b'")
+
+    # A write into a hole of the base before the bitmap was made.
+    d = tmp_path / "before"
+    d.mkdir()
+    img = d / "disk.qcow2"
+    run("qemu-img", "create", "-q", "-f", "qcow2", str(img), "16M")
+    qemu_io(img, "write -P 1 0 4M")
+    old = d / "old.map"
+    full_map(img, old)
+    qemu_io(img, "write -P 2 12M 64k")
+    run("qemu-img", "bitmap", "--add", str(img), "b")
+    refused(img, old, out, "12582912\\+65536.*allocation")
+
+    d = tmp_path / "backing"
+    d.mkdir()
+    backing, top, old = overlay(d)
+    qemu_io(backing, "write -P 7 6M 64k")
+    refused(top, old, out, "base.qcow2 was written after")
+
+    d = tmp_path / "rebase"
+    d.mkdir()
+    other = d / "other.qcow2"
+    run("qemu-img", "create", "-q", "-f", "qcow2", str(other), "16M")
+    backing, top, old = overlay(d)
+    run("qemu-img", "rebase", "-u", "-b", str(other), "-F", "qcow2", str(top))
+    refused(top, old, out, "no longer reads .*base.qcow2")
+
+    d = tmp_path / "data"
+    d.mkdir()
+    img = d / "img.qcow2"
+    run("qemu-img", "create", "-q", "-f", "qcow2", "-o",
+        f"data_file={d / 'd.raw'},data_file_raw=on", str(img), "16M")
+    qemu_io(img, "write -P 1 0 4M")
+    run("qemu-img", "bitmap", "--add", str(img), "b")
+    old = d / "old.map"
+    full_map(img, old)
+    with open(d / "d.raw", "r+b") as f:
+        f.seek(2 * MiB)
+        f.write(b"\x55" * 4096)
+    refused(img, old, out, "d.raw \\(the image's data file\\) was written after QEMU")
+    # Written through QEMU, the bitmap records it: the update goes on.
+    img2 = d / "img2.qcow2"
+    run("qemu-img", "create", "-q", "-f", "qcow2", "-o",
+        f"data_file={d / 'd2.raw'},data_file_raw=on", str(img2), "16M")
+    qemu_io(img2, "write -P 1 0 4M")
+    run("qemu-img", "bitmap", "--add", str(img2), "b")
+    old2 = d / "old2.map"
+    full_map(img2, old2)
+    qemu_io(img2, "write -P 3 1M 4k")
+    assert blkhash.update_map(img2, old2, "b", out) == blkhash.checksum(img2)

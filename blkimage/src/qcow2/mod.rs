@@ -229,7 +229,19 @@ impl Source for Qcow2 {
             }
             let (map, mut n) = self.mapper.map(&*self.file, pos, end - pos)?;
             match map {
-                Map::Data { .. } | Map::Compressed { .. } => out.push(pos, n, ExtentKind::Data),
+                // Data clusters over a hole of their file (preallocated
+                // metadata, a sparse raw data file) read as zeros.
+                Map::Data { host } => match self.data_file().data_at(host, n)? {
+                    (false, m) => {
+                        n = m.clamp(1, n);
+                        out.push(pos, n, ExtentKind::Zero)
+                    }
+                    (true, m) => {
+                        n = m.clamp(1, n);
+                        out.push(pos, n, ExtentKind::Data)
+                    }
+                },
+                Map::Compressed { .. } => out.push(pos, n, ExtentKind::Data),
                 Map::Zero => out.push(pos, n, ExtentKind::Zero),
                 Map::Unallocated => {
                     // Take the whole unallocated run, then ask the backing once.

@@ -34,6 +34,15 @@ pub trait Storage: Send + Sync {
     fn files(&self) -> Vec<std::path::PathBuf> {
         Vec::new()
     }
+
+    /// Whether the bytes from `offset` on hold data, as far as the storage
+    /// knows cheaply, and for how many of the next `len` (at least 1):
+    /// `(false, n)` for a hole of `n` bytes, which reads as zeros. Every
+    /// byte may be data unless the storage knows better.
+    fn data_at(&self, offset: u64, len: u64) -> io::Result<(bool, u64)> {
+        let _ = offset;
+        Ok((true, len))
+    }
 }
 
 fn past_end(offset: u64, len: usize, size: u64) -> io::Error {
@@ -79,18 +88,23 @@ impl Storage for File {
 pub struct ImageFile {
     raw: RawFile,
     len: u64,
+    /// Fewer blocks allocated than its length: it has holes worth asking
+    /// for (a file with none answers every question with data: no call).
+    sparse: bool,
 }
 
 impl ImageFile {
     /// `raw`, opened from `path`.
     pub fn new(raw: RawFile, path: &std::path::Path) -> io::Result<ImageFile> {
+        use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(path)?;
         let len = if meta.is_file() {
             meta.len().min(raw.size())
         } else {
             raw.size()
         };
-        Ok(ImageFile { raw, len })
+        let sparse = meta.is_file() && meta.blocks().saturating_mul(512) < meta.len();
+        Ok(ImageFile { raw, len, sparse })
     }
 }
 
@@ -114,5 +128,17 @@ impl Storage for ImageFile {
 
     fn files(&self) -> Vec<std::path::PathBuf> {
         Source::files(&self.raw)
+    }
+
+    fn data_at(&self, offset: u64, len: u64) -> io::Result<(bool, u64)> {
+        let len = len.min(self.len.saturating_sub(offset));
+        if !self.sparse || len == 0 {
+            return Ok((true, len.max(1)));
+        }
+        let e = self.raw.extents(offset, len)?;
+        match e.first() {
+            Some(e) if e.offset == offset && e.len > 0 => Ok((!e.kind.is_zero(), e.len)),
+            _ => Ok((true, len)),
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! Whether a loaded state describes DST, and what a run does with it.
 
-use super::{Side, check_samples, load_side};
+use super::{check_samples, load_side, side_of};
 use crate::{map_mismatch, reason};
 use blkhash::Algorithm;
 use blkimage::Source;
@@ -53,16 +53,18 @@ pub fn check(
             map.size()
         ));
     }
+    // DST's name is not compared: the file it leads to is.
+    let unnamed = Path::new("");
     let now = match &dst {
         DstNow::File(f) => {
             let meta = f.metadata().map_err(|e| reason(&e))?;
-            Some(Side::of(map, &meta, dst_size))
+            Some(side_of(map, unnamed, &meta, dst_size))
         }
-        DstNow::Nbd(_, Some(meta)) => Some(Side::of(map, meta, meta.len())),
+        DstNow::Nbd(_, Some(meta)) => Some(side_of(map, unnamed, meta, meta.len())),
         DstNow::Nbd(_, None) => None,
     };
     if let (Some(now), Some(side)) = (now, load_side(path, map)?)
-        && let Some(why) = side.changed(&now)
+        && let Some(why) = side.changed_since(&now, "the state")
     {
         return Err(format!("DST changed since the state was saved: {why}"));
     }
@@ -119,7 +121,7 @@ mod tests {
         let map = Map::compute(Options::new().block_size(BS), &data).unwrap();
         let state = dir.join("dst.map");
         let f = File::options().read(true).write(true).open(&path).unwrap();
-        save(&state, &map, Some(&f), data.len() as u64).unwrap();
+        save(&state, &map, Some(&f), &path, data.len() as u64).unwrap();
         (f, state, map)
     }
 
@@ -214,7 +216,7 @@ mod tests {
         let (f, state, map) = dst_and_state(dir.path(), 2);
         let side = side_path(&state);
         let text = std::fs::read_to_string(&side).unwrap();
-        std::fs::write(&side, text.replace("kind file", "kind fool")).unwrap();
+        std::fs::write(&side, text.replace("file file", "file fool")).unwrap();
         let why = check_file(&map, &state, &f).unwrap_err();
         assert!(why.contains("dst.map.dst: damaged"), "{why}");
     }

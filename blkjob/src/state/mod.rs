@@ -3,21 +3,12 @@
 //! a DST changed behind the state's back.
 //!
 //! The map is a plain block map (`blkmap DST MAP` makes one too): blkdiff
-//! reads it, and its format stays blkmap's. The side record is a few lines
-//! of text bound to the map by its checksum:
-//!
-//! ```text
-//! blksync-dst 1
-//! checksum <the map's checksum, hex>
-//! kind file|block
-//! dev <st_dev>
-//! ino <st_ino>
-//! rdev <st_rdev>
-//! size <bytes>
-//! mtime <seconds>.<nanoseconds>
-//! ctime <seconds>.<nanoseconds>
-//! sha256 <SHA-256 of the lines above, hex>
-//! ```
+//! reads it, and its format stays blkmap's. It records SRC's identity
+//! ([`crate::record`]: the files SRC read, or its export), which an update
+//! through SRC's dirty bitmap checks. The side record is a
+//! [`Record`] of DST (one file: device, inode,
+//! size, times) bound to the map by a `map` line holding its checksum; the
+//! side records of earlier versions (`blksync-dst 1`) are still read.
 //!
 //! A record bound to another checksum is stale and ignored; a damaged one
 //! refuses the state. A block device's times do not change when it is
@@ -26,17 +17,18 @@
 
 pub mod check;
 
-use blkhash::{Algorithm, to_hex};
+use crate::record::Record;
+use blkhash::Algorithm;
 use blkmap::{Block, Map};
-use std::fs::{File, Metadata};
+use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// Blocks of DST read and digested to check a state against it.
 pub const SAMPLES: u64 = 16;
 
-const MAGIC: &str = "blksync-dst 1";
+/// The first line of the side records earlier versions wrote.
+const LEGACY_MAGIC: &str = "blksync-dst 1";
 
 /// The side record's path: the state's with `.dst` appended.
 pub fn side_path(state: &Path) -> PathBuf {
@@ -55,209 +47,26 @@ pub fn lock_path(state: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// Whether `prefix` (a file's first bytes) starts as a side record.
+/// Whether `prefix` (a file's first bytes) starts as a side record (this
+/// version's or an earlier one's).
 pub fn is_side(prefix: &[u8]) -> bool {
-    MAGIC.as_bytes().starts_with(prefix) || prefix.starts_with(MAGIC.as_bytes())
-}
-
-/// What identifies DST's content as the state saw it.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Side {
-    /// The checksum of the state's map (hex), which this record belongs to.
-    pub checksum: String,
-    /// "file", "block" or "nbd".
-    pub kind: String,
-    /// The device DST's file is on.
-    pub dev: u64,
-    /// DST's inode number.
-    pub ino: u64,
-    /// The device number, for a block device.
-    pub rdev: u64,
-    /// DST's size in bytes.
-    pub size: u64,
-    /// Last modification (seconds, nanoseconds).
-    pub mtime: (i64, i64),
-    /// Last status change (seconds, nanoseconds): changes on any write,
-    /// even one that restores mtime.
-    pub ctime: (i64, i64),
-}
-
-impl Side {
-    /// The record of DST (`meta`, `size` bytes) as `map` describes it.
-    pub fn of(map: &Map, meta: &Metadata, size: u64) -> Side {
-        Side::of_file(map.checksum().to_hex(), meta, size)
-    }
-
-    /// The record of a file or device (`meta`, `size` bytes), bound to
-    /// `checksum`.
-    pub fn of_file(checksum: String, meta: &Metadata, size: u64) -> Side {
-        let block = meta.file_type().is_block_device();
-        Side {
-            checksum,
-            kind: if block { "block" } else { "file" }.to_string(),
-            dev: meta.dev(),
-            ino: meta.ino(),
-            rdev: meta.rdev(),
-            size,
-            mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
-        }
-    }
-
-    /// The record of an export (kind `nbd`): only its size; samples check
-    /// the rest.
-    pub fn of_export(checksum: String, size: u64) -> Side {
-        Side {
-            checksum,
-            kind: "nbd".to_string(),
-            dev: 0,
-            ino: 0,
-            rdev: 0,
-            size,
-            mtime: (0, 0),
-            ctime: (0, 0),
-        }
-    }
-
-    fn body(&self) -> String {
-        format!(
-            "{MAGIC}\nchecksum {}\nkind {}\ndev {}\nino {}\nrdev {}\nsize {}\nmtime {}.{:09}\nctime {}.{:09}\n",
-            self.checksum,
-            self.kind,
-            self.dev,
-            self.ino,
-            self.rdev,
-            self.size,
-            self.mtime.0,
-            self.mtime.1,
-            self.ctime.0,
-            self.ctime.1
-        )
-    }
-
-    /// The record as saved: its fields and their sha256.
-    pub fn to_text(&self) -> String {
-        let body = self.body();
-        format!("{body}sha256 {}\n", sha256_hex(body.as_bytes()))
-    }
-
-    /// Parse a record; `Err` says why it is not one.
-    pub fn parse(text: &str) -> Result<Side, String> {
-        let (body, sum) = text
-            .trim_end_matches('\n')
-            .rsplit_once('\n')
-            .ok_or("truncated")?;
-        let body = format!("{body}\n");
-        match sum.strip_prefix("sha256 ") {
-            Some(hex) if hex == sha256_hex(body.as_bytes()) => {}
-            _ => return Err("damaged: its digest does not match its contents".into()),
-        }
-        let mut lines = body.lines();
-        if lines.next() != Some(MAGIC) {
-            return Err(format!("not a '{MAGIC}' record"));
-        }
-        let mut field = |name: &str| -> Result<String, String> {
-            lines
-                .next()
-                .and_then(|l| l.strip_prefix(name))
-                .and_then(|l| l.strip_prefix(' '))
-                .map(str::to_string)
-                .ok_or_else(|| format!("no '{name}' line"))
-        };
-        let num = |v: String| v.parse::<u64>().map_err(|_| format!("bad number '{v}'"));
-        let time = |v: String| -> Result<(i64, i64), String> {
-            let (s, ns) = v.split_once('.').ok_or(format!("bad time '{v}'"))?;
-            Ok((
-                s.parse().map_err(|_| format!("bad time '{v}'"))?,
-                ns.parse().map_err(|_| format!("bad time '{v}'"))?,
-            ))
-        };
-        Ok(Side {
-            checksum: field("checksum")?,
-            kind: field("kind")?,
-            dev: num(field("dev")?)?,
-            ino: num(field("ino")?)?,
-            rdev: num(field("rdev")?)?,
-            size: num(field("size")?)?,
-            mtime: time(field("mtime")?)?,
-            ctime: time(field("ctime")?)?,
-        })
-    }
-
-    /// How `now` (DST as it is) differs from this record, if it does.
-    pub fn changed(&self, now: &Side) -> Option<String> {
-        self.changed_since(now, "the state")
-    }
-
-    /// How `now` differs from this record that `saved` ("the state", "the
-    /// checkpoint") keeps, if it does.
-    pub fn changed_since(&self, now: &Side, saved: &str) -> Option<String> {
-        if self.kind != now.kind {
-            return Some(format!("it was a {} and is now a {}", self.kind, now.kind));
-        }
-        let same_node = if self.kind == "block" {
-            self.rdev == now.rdev
-        } else {
-            (self.dev, self.ino) == (now.dev, now.ino)
-        };
-        if !same_node {
-            return Some(format!(
-                "it is another file or device than the one {saved} was saved for"
-            ));
-        }
-        if self.size != now.size {
-            return Some(format!(
-                "its size changed from {} to {}",
-                self.size, now.size
-            ));
-        }
-        // A device's times do not follow writes to it: samples check those.
-        if self.kind == "file" && (self.mtime, self.ctime) != (now.mtime, now.ctime) {
-            let (what, now, then) = if self.mtime != now.mtime {
-                ("modification", now.mtime, self.mtime)
-            } else {
-                ("change", now.ctime, self.ctime)
-            };
-            return Some(format!(
-                "it was written after {saved} was saved (its {what} time is {}, {saved} recorded {})",
-                when(now),
-                when(then)
-            ));
-        }
-        None
-    }
-}
-
-/// A file time as people read it: `2026-11-23T22:15:07.123456789Z` (UTC).
-fn when((secs, nanos): (i64, i64)) -> String {
-    let t = match u64::try_from(secs) {
-        Ok(s) => {
-            std::time::UNIX_EPOCH + std::time::Duration::new(s, nanos.clamp(0, 999_999_999) as u32)
-        }
-        Err(_) => return format!("{secs}.{nanos:09} s since 1970"),
-    };
-    humantime::format_rfc3339_nanos(t).to_string()
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    let mut d = [0u8; 32];
-    Algorithm::Sha256.digest_into(data, &mut d);
-    to_hex(&d)
+    [crate::record::MAGIC, LEGACY_MAGIC]
+        .iter()
+        .any(|m| m.as_bytes().starts_with(prefix) || prefix.starts_with(m.as_bytes()))
 }
 
 /// The side record of `state` that belongs to `map`: `Ok(None)` if there is
 /// none, or one left from another map (a run stopped between saving the
 /// two: it describes nothing now).
-pub fn load_side(state: &Path, map: &Map) -> Result<Option<Side>, String> {
+pub fn load_side(state: &Path, map: &Map) -> Result<Option<Record>, String> {
     let path = side_path(state);
     let text = match std::fs::read(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {}", path.display(), crate::reason(&e))),
     };
-    let text = String::from_utf8(text).map_err(|_| format!("{}: damaged", path.display()))?;
-    let side = Side::parse(&text).map_err(|why| format!("{}: {why}", path.display()))?;
-    Ok((side.checksum == map.checksum().to_hex()).then_some(side))
+    let side = Record::parse_side(&text).map_err(|why| format!("{}: {why}", path.display()))?;
+    Ok((side.map == Some(map.checksum().to_hex())).then_some(side))
 }
 
 /// Block indexes to sample: the first block, then spread over the image,
@@ -347,22 +156,35 @@ pub fn remove(state: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Save `map` as the state of DST (already flushed), then its side record,
-/// each atomically (temporary file, fsync, rename, directory fsync).
-pub fn save(state: &Path, map: &Map, dst: Option<&File>, dst_size: u64) -> io::Result<()> {
+/// Save `map` as the state of DST (already flushed; `dst`: the file at
+/// `dst_path`, none for an export), then its side record, each atomically
+/// (temporary file, fsync, rename, directory fsync).
+pub fn save(
+    state: &Path,
+    map: &Map,
+    dst: Option<&File>,
+    dst_path: &Path,
+    dst_size: u64,
+) -> io::Result<()> {
     map.save(state)?;
     let side = match dst {
-        Some(f) => Some(Side::of(map, &f.metadata()?, dst_size)),
+        Some(f) => Some(side_of(map, dst_path, &f.metadata()?, dst_size)),
         None => None,
     };
     save_side(state, side)
+}
+
+/// The side record of DST, the file at `path` (`meta`, `size` bytes), as
+/// `map` describes it.
+pub fn side_of(map: &Map, path: &Path, meta: &std::fs::Metadata, size: u64) -> Record {
+    Record::of_target(map.checksum().to_hex(), path, meta, size)
 }
 
 /// Save the side record of the state (atomically), or remove it: an NBD
 /// export has no identity or times to record (its state is checked by
 /// size and sampled blocks only), and a record left by an earlier DST
 /// would not be this one's.
-pub fn save_side(state: &Path, side: Option<Side>) -> io::Result<()> {
+pub fn save_side(state: &Path, side: Option<Record>) -> io::Result<()> {
     let path = side_path(state);
     let Some(side) = side else {
         return match std::fs::remove_file(&path) {
@@ -385,25 +207,6 @@ fn sync_dir(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn side_round_trip_and_damage() {
-        let s = Side {
-            checksum: "ab".into(),
-            kind: "file".into(),
-            dev: 1,
-            ino: 2,
-            rdev: 0,
-            size: 4096,
-            mtime: (5, 6),
-            ctime: (7, 8),
-        };
-        let t = s.to_text();
-        assert_eq!(Side::parse(&t), Ok(s));
-        let bad = t.replace("size 4096", "size 4097");
-        assert!(Side::parse(&bad).unwrap_err().contains("damaged"));
-        assert!(Side::parse(&t[..t.len() / 2]).is_err());
-    }
 
     #[test]
     fn samples_in_range() {

@@ -25,6 +25,7 @@ use blkmap::{Map, Range};
 pub use copy::{Counts, Progress};
 use dst::Dst;
 use std::ffi::OsString;
+use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -143,7 +144,7 @@ pub fn run(
     let size = src.size();
     // What SRC reads, to tell a SRC written during the run (an export has
     // no file to look at: its blocks are checked as they are copied).
-    let src_before = crate::record::Record::of(&req.src, &*src).ok();
+    let src_before = crate::record::Record::of(&req.src, &*src);
     let src_watch = src.clone();
     dst.prepare(req, &*src, wait)?;
     let dst_map = match (&req.state, loaded) {
@@ -158,22 +159,7 @@ pub fn run(
         None => DstKnown::Unknown,
     };
     let plan = Plan::choose(req.dry_run, known, req.needs_src_map());
-    let changes: Option<crate::incremental::Changes> = match (
-        &req.dirty_bitmap,
-        &dst_map,
-        &req.state,
-    ) {
-        (Some(name), Some(state_map), Some(p)) if plan == Plan::Update => {
-            Some(src_changes(&*src, &src_name, state_map, p, name)?)
-        }
-        (Some(name), ..) => {
-            warn(&format!(
-                "{src_name}: dirty bitmap '{name}' not used: no state describes DST, so SRC is read whole"
-            ));
-            None
-        }
-        _ => None,
-    };
+    let changes = bitmap_changes(req, plan, &dst_map, &src, &src_before, &job, warn)?;
     let counts = Arc::new(Counts::default());
     let compares = !matches!(plan, Plan::FirstCopy { .. });
     progress.start(size, job.block_size(), compares);
@@ -196,6 +182,7 @@ pub fn run(
         dst: &dst,
         dst_map,
         changes,
+        src_record: src_before.as_ref().ok(),
         cancel,
         counts: &counts,
         progress,
@@ -206,15 +193,7 @@ pub fn run(
     if !req.dry_run {
         save_served_side(req, &mut dst, &done)?;
     }
-    if let Some(before) = &src_before
-        && let Ok(now) = crate::record::Record::of(&req.src, &*src_watch)
-        && let Some(file) = before.first_changed(&now)
-    {
-        return Err(Error::SrcWritten {
-            src: src_name,
-            file: file.to_path_buf(),
-        });
-    }
+    src_unwritten(req, &src_name, &src_before, &*src_watch)?;
     Ok(Report {
         plan,
         size,
@@ -228,23 +207,82 @@ pub fn run(
     })
 }
 
-/// What SRC's dirty bitmap `name` says changed since the state (`state`,
-/// loaded from `path`, checked to describe DST) was saved, once a sample
-/// of SRC's clean blocks holds what the state says: the state is then
-/// SRC's map as it was when the bitmap started (see
-/// [`crate::incremental`]).
-fn src_changes(
-    src: &dyn Source,
+/// What SRC's dirty bitmap says changed since the state, for an update
+/// through a bitmap (`--dirty-bitmap` with a state that describes DST):
+/// `None` otherwise, said through `warn` when a bitmap was asked for but
+/// no state describes DST (SRC is then read whole).
+fn bitmap_changes(
+    req: &Request,
+    plan: Plan,
+    state: &Option<Map>,
+    src: &Arc<dyn Source>,
+    src_record: &io::Result<crate::record::Record>,
+    job: &Job,
+    warn: &mut dyn FnMut(&str),
+) -> Result<Option<crate::incremental::Changes>, Error> {
+    let src_name = req.src.to_string_lossy();
+    match (&req.dirty_bitmap, state, &req.state) {
+        (Some(name), Some(state_map), Some(p)) if plan == Plan::Update => {
+            let now = src_record
+                .as_ref()
+                .map_err(|e| Error::io(&src_name, io::Error::new(e.kind(), e.to_string())))?;
+            let base = crate::incremental::Base {
+                map: state_map,
+                name: &p.display().to_string(),
+            };
+            src_changes(src, now, job, &src_name, &base, name).map(Some)
+        }
+        (Some(name), ..) => {
+            warn(&format!(
+                "{src_name}: dirty bitmap '{name}' not used: no state describes DST, so SRC is read whole"
+            ));
+            Ok(None)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The run's end: an error if a file SRC reads was written while it ran
+/// (`before`: SRC's record when it started; an export has no file to
+/// look at: its blocks are checked as they are copied).
+fn src_unwritten(
+    req: &Request,
     src_name: &str,
-    state: &Map,
-    path: &std::path::Path,
+    before: &io::Result<crate::record::Record>,
+    src: &dyn Source,
+) -> Result<(), Error> {
+    if let Ok(before) = before
+        && let Ok(now) = crate::record::Record::of(&req.src, src)
+        && let Some(file) = before.first_changed(&now)
+    {
+        return Err(Error::SrcWritten {
+            src: src_name.to_string(),
+            file: file.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// What SRC's dirty bitmap `name` says changed since the state (`base`,
+/// checked to describe DST) was saved, once the checks of an update
+/// passed: the files SRC reads besides itself unchanged since the state
+/// recorded them (`now`: SRC's record), a sample of SRC's clean blocks and
+/// every clean block whose allocation contradicts the state hold what the
+/// state says. The state is then SRC's map as it was when the bitmap
+/// started (see [`crate::incremental`]). All before DST is written.
+fn src_changes(
+    src: &Arc<dyn Source>,
+    now: &crate::record::Record,
+    job: &Job,
+    src_name: &str,
+    base: &crate::incremental::Base<'_>,
     name: &str,
 ) -> Result<crate::incremental::Changes, Error> {
-    let shown = path.display().to_string();
-    let base = crate::incremental::Base::of_file(state, path, &shown);
-    let changes =
-        crate::incremental::changes(src, &base, name).map_err(|e| Error::io(src_name, e))?;
-    crate::incremental::check_clean(src, &base, &changes).map_err(|e| Error::io(src_name, e))?;
+    use crate::incremental::{changes, check_allocation, check_clean};
+    let failed = |e| Error::io(src_name, e);
+    let changes = changes(&**src, now, base, name, false).map_err(failed)?;
+    check_clean(&**src, base, &changes).map_err(failed)?;
+    check_allocation(src.clone(), base, &changes, job).map_err(failed)?;
     Ok(changes)
 }
 
@@ -329,7 +367,7 @@ fn save_served_side(req: &Request, dst: &mut Dst, done: &plan::Done) -> Result<(
     if let (Some(t), Some(p), Some(m)) = (dst.served.take(), &req.state, &done.src_map) {
         drop(t);
         let meta = std::fs::metadata(&dst.path).map_err(|e| Error::io(&dst.name, e))?;
-        state::save_side(p, Some(state::Side::of(m, &meta, meta.len())))
+        state::save_side(p, Some(state::side_of(m, &dst.path, &meta, meta.len())))
             .map_err(|e| Error::io(p.display(), e))?;
     }
     Ok(())

@@ -102,6 +102,9 @@ pub(super) struct Ctx<'a> {
     /// What SRC's dirty bitmap says changed since the state: an update
     /// reads only those blocks.
     pub changes: Option<crate::incremental::Changes>,
+    /// What SRC read when the run started ([`crate::record`]): the state
+    /// saved records it, for the next update through a dirty bitmap.
+    pub src_record: Option<&'a crate::record::Record>,
     pub cancel: &'a AtomicBool,
     pub counts: &'a Arc<Counts>,
     pub progress: &'a dyn Progress,
@@ -312,12 +315,21 @@ fn finish(c: &Ctx<'_>, src_map: Option<Map>, dst: Target) -> Result<Done, Error>
             });
         }
     }
+    let identity = c.src_record.and_then(|r| r.identity());
+    let src_map = match src_map {
+        Some(m) => Some(
+            m.with_identity(identity)
+                .map_err(|e| c.src_error(e.into()))?,
+        ),
+        None => None,
+    };
     if let (Some(p), Some(src_map)) = (&c.req.state, &src_map) {
         let file = match &dst {
             Target::File(f) => Some(f),
             Target::Nbd(_) => None,
         };
-        state::save(p, src_map, file, c.src.size()).map_err(|e| Error::io(p.display(), e))?;
+        state::save(p, src_map, file, &c.dst.path, c.src.size())
+            .map_err(|e| Error::io(p.display(), e))?;
     }
     Ok(Done {
         src_map,

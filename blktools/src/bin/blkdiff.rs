@@ -248,7 +248,9 @@ fn compare(args: &Args, a: &Mapped, b: &Mapped, job: &Job) -> ExitCode {
     } else {
         print_text(&d)
     };
-    if printed.is_err() {
+    // Trouble (2), said unless the reader went away.
+    if let Err(e) = printed {
+        blkcli::output::failed("blkdiff", &e);
         return ExitCode::from(2);
     }
     if d.is_same() {

@@ -4,13 +4,14 @@
 use blkcli::args::InputArgs;
 use blkcli::lines::format_line_os;
 use blkcli::manual::Page;
+use blkcli::output;
 use blkcli::progress::Progress;
 use blkcli::signals::Signals;
 use blkcli::units::{Span, parse_span, reason};
 use blkjob::Job;
 use clap::{Parser, Subcommand};
 use std::ffi::{OsStr, OsString};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -58,10 +59,13 @@ struct Args {
     /// was created or last cleared: hash only the blocks the bitmap marks
     /// dirty and take every other digest from OLD. OUT (which may be OLD)
     /// is the map a full run would write, and the checksum the same. OLD
-    /// is checked first: same size, digest and block size, 16 clean blocks
-    /// read again must hold what OLD says, no backing file written since
-    /// OLD was saved; a bitmap QEMU marks in use (inconsistent) or
-    /// disabled is refused.
+    /// is checked first: same size, digest and block size; the files the
+    /// image reads besides itself (backing chain, data file) the ones OLD
+    /// recorded, unchanged (or the same NBD export); clean blocks whose
+    /// allocation now contradicts OLD read and equal to OLD's; 16 clean
+    /// blocks read again must hold what OLD says; a bitmap QEMU marks in
+    /// use (inconsistent) or disabled is refused. A map written before
+    /// OLD's record existed needs --verify.
     #[arg(
         long,
         value_name = "OLD",
@@ -84,8 +88,8 @@ struct Args {
     verify: bool,
 
     /// Print one JSON object (image, checksum, digest, block-size, size,
-    /// blocks, dirty-blocks, sampled-blocks, read-bytes) instead of the
-    /// checksum line.
+    /// blocks, dirty-blocks, sampled-blocks, conflicting-blocks,
+    /// read-bytes, checks) instead of the checksum line.
     #[arg(long, conflicts_with = "range")]
     json: bool,
 
@@ -266,7 +270,7 @@ fn map(args: &Args) -> ExitCode {
             } else {
                 job.open(image_os).and_then(|input| {
                     progress.track(&image, input.size(), |p| {
-                        blkjob::map(input, &job, job.cancel(), p)
+                        blkjob::map_image(image_os, input, &job, job.cancel(), p)
                     })
                 })
             };
@@ -275,7 +279,9 @@ fn map(args: &Args) -> ExitCode {
                 let read = Read {
                     dirty_blocks: m.map.blocks(),
                     sampled: 0,
+                    conflicting: 0,
                     bytes: m.stats.data,
+                    checks: Vec::new(),
                 };
                 (m.map.save_guarded(out_path, &inputs), Some((m.map, read)))
             })
@@ -326,25 +332,24 @@ fn update(
         .open(image_os)
         .and_then(|i| blkjob::seekable(i, "--dirty-bitmap"))
         .map_err(failed)?;
-    let base = blkjob::incremental::Base::of_file(&old, base_path, &base_name);
-    let size = Some(src.size());
+    let base = blkjob::incremental::Base {
+        map: &old,
+        name: &base_name,
+    };
+    // --verify reads the image a second time.
+    let size = Some(src.size() * (1 + u64::from(args.verify)));
     let updated = progress
         .track(&image, size, |p| {
-            blkjob::incremental::update_map(src.clone(), &base, bitmap, &job, p)
+            blkjob::incremental::update_map(src, image_os, &base, bitmap, args.verify, &job, p)
         })
         .map_err(failed)?;
     let read = Read {
         dirty_blocks: updated.changes.dirty_blocks(),
         sampled: updated.sampled,
+        conflicting: updated.conflicting,
         bytes: updated.read_bytes,
+        checks: updated.changes.checks.iter().map(|c| c.name()).collect(),
     };
-    if args.verify {
-        progress
-            .track(&image, size, |p| {
-                blkjob::incremental::check_verified(src, &updated.map, &base, bitmap, &job, p)
-            })
-            .map_err(failed)?;
-    }
     Ok((updated.map, read))
 }
 
@@ -354,8 +359,12 @@ struct Read {
     dirty_blocks: u64,
     /// Clean blocks read again to check OLD.
     sampled: u64,
+    /// Clean blocks read because their allocation contradicts OLD.
+    conflicting: u64,
     /// Bytes read from the image.
     bytes: u64,
+    /// The checks an update made (none for a full run).
+    checks: Vec<&'static str>,
 }
 
 /// The checksum line, or with --json the object describing the run.
@@ -373,10 +382,11 @@ fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
         "blocks": map.blocks(),
         "dirty-blocks": read.dirty_blocks,
         "sampled-blocks": read.sampled,
+        "conflicting-blocks": read.conflicting,
         "read-bytes": read.bytes,
+        "checks": read.checks,
     });
-    println!("{doc:#}");
-    ExitCode::SUCCESS
+    output::print_code("blkmap", |out| writeln!(out, "{doc:#}"))
 }
 
 /// `blkmap bitmaps IMAGE`.
@@ -407,12 +417,22 @@ fn bitmaps(image: &OsStr, json: bool, input: &InputArgs) -> ExitCode {
                 })
             })
             .collect();
-        println!("{:#}", serde_json::Value::Array(items));
-        return ExitCode::SUCCESS;
+        let doc = serde_json::Value::Array(items);
+        return output::print_code("blkmap", |out| writeln!(out, "{doc:#}"));
     }
-    let width = list.iter().map(|b| b.name.len()).max().unwrap_or(0).max(4);
-    println!("{:width$}  {:>11}  FLAGS", "NAME", "GRANULARITY");
-    for b in &list {
+    // Names as checksum lines escape them: a name of control bytes
+    // (a NUL, a newline) must not forge lines.
+    let names: Vec<String> = (list.iter())
+        .map(|b| blkcli::lines::escape_name(b.name.as_bytes()))
+        .collect();
+    let width = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    let mut text = format!("{:width$}  {:>11}  FLAGS\n", "NAME", "GRANULARITY");
+    for (b, name) in list.iter().zip(&names) {
         let gran = b.granularity.map_or("-".to_string(), |g| g.to_string());
         let mut flags = Vec::new();
         match b.enabled {
@@ -428,9 +448,9 @@ fn bitmaps(image: &OsStr, json: bool, input: &InputArgs) -> ExitCode {
         } else {
             flags.join(",")
         };
-        println!("{:width$}  {gran:>11}  {flags}", b.name);
+        text += &format!("{name:width$}  {gran:>11}  {flags}\n");
     }
-    ExitCode::SUCCESS
+    output::print_code("blkmap", |out| out.write_all(text.as_bytes()))
 }
 
 /// Hash the bytes `span` of the image `name` into a part.
@@ -444,7 +464,9 @@ fn map_part(name: &OsStr, span: Span, job: &Job, progress: &Progress) -> io::Res
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let range = blkmap::Range { offset, len };
     let shown = name.to_string_lossy();
-    let part = progress.track(&shown, Some(len), |p| blkjob::map_range(src, range, job, p))?;
+    let part = progress.track(&shown, Some(len), |p| {
+        blkjob::map_range(name, src, range, job, p)
+    })?;
     say_rounded(&shown, rounded);
     Ok(part)
 }
@@ -522,9 +544,5 @@ fn checksum(maps: &[PathBuf], line: &LineArgs) -> ExitCode {
 fn print_line(hex: &str, name: &OsStr, tag: Option<(blkhash::Algorithm, usize)>) -> ExitCode {
     let mut line = format_line_os(hex, name, tag);
     line.push(b'\n');
-    let mut out = io::stdout().lock();
-    match out.write_all(&line).and_then(|_| out.flush()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(_) => ExitCode::FAILURE,
-    }
+    output::print_code("blkmap", |out| out.write_all(&line))
 }

@@ -2,6 +2,8 @@
 //! running the commands, and checking content the way users would.
 #![allow(dead_code)] // each test file uses a part
 
+pub mod dirty;
+
 use blkhash::{Algorithm, Hasher, Options};
 use std::path::{Path, PathBuf};
 use std::process::Command;

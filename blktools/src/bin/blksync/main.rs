@@ -3,10 +3,10 @@
 
 use blkcli::args::InputArgs;
 use blkcli::manual::{ManualArgs, Page};
+use blkcli::output;
 use blkjob::sync::{Error, Plan, Report, Request};
 use clap::Parser;
 use std::ffi::OsString;
-use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -161,16 +161,18 @@ fn main() -> ExitCode {
         blkcli::signals::Signals::install(&format!("blksync: {src} -> {dst}: interrupted"));
     let mut warn = |w: &str| eprintln!("blksync: warning: {w}");
     let bar = blkcli::progress::SyncBar::new(args.progress);
+    // `Err(None)`: standard output failed, already said.
     let printed = blkjob::sync::run(&req, &signals.cancel, &mut warn, &bar)
-        .map_err(|e| message(&e))
-        .and_then(|report| print(&args, &src, &dst, &report));
+        .map_err(|e| Some(message(&e)))
+        .and_then(|report| print(&args, &src, &dst, &report).map_err(|_| None));
     match printed {
         Ok(()) => ExitCode::SUCCESS,
+        Err(None) => ExitCode::FAILURE,
         Err(_) if signals.cancelled() => {
             eprintln!("blksync: {src} -> {dst}: interrupted");
             ExitCode::from(signals.exit_status())
         }
-        Err(e) => {
+        Err(Some(e)) => {
             eprintln!("blksync: {e}");
             ExitCode::FAILURE
         }
@@ -192,17 +194,17 @@ fn message(e: &Error) -> String {
 
 /// What the run did: a dry run's ranges on standard output; else the
 /// summary on standard error, and SRC's checksum line if asked.
-fn print(args: &Args, src: &str, dst: &str, r: &Report) -> Result<(), String> {
-    let stdout_error = |e: io::Error| format!("standard output: {e}");
-    let mut out = io::stdout().lock();
+fn print(args: &Args, src: &str, dst: &str, r: &Report) -> Result<(), output::Failed> {
     if let Some(dry) = &r.would_write {
-        for range in &dry.ranges {
-            writeln!(out, "{range}").map_err(stdout_error)?;
-        }
-        if let Some((from, to)) = dry.resize {
-            writeln!(out, "resize {from} -> {to}").map_err(stdout_error)?;
-        }
-        return out.flush().map_err(stdout_error);
+        return output::print("blksync", |out| {
+            for range in &dry.ranges {
+                writeln!(out, "{range}")?;
+            }
+            if let Some((from, to)) = dry.resize {
+                writeln!(out, "resize {from} -> {to}")?;
+            }
+            Ok(())
+        });
     }
     let blocks = blkcli::plural(r.size.div_ceil(r.block_size as u64), "block", "blocks");
     // A first copy compares nothing: DST held no data.
@@ -224,9 +226,7 @@ fn print(args: &Args, src: &str, dst: &str, r: &Report) -> Result<(), String> {
     if let (true, Some(m)) = (args.checksum, &r.src_map) {
         let mut line = blkcli::lines::format_line_os(&m.checksum().to_hex(), &args.src_path, None);
         line.push(b'\n');
-        out.write_all(&line)
-            .and_then(|()| out.flush())
-            .map_err(stdout_error)?;
+        output::print("blksync", |out| out.write_all(&line))?;
     }
     Ok(())
 }
