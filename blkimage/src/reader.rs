@@ -3,7 +3,8 @@
 //! Zero and unallocated extents are passed on as lengths, never read. Data
 //! extents are cut into `read_size` chunks, each passed on as a read to do
 //! (a [`Fill`](crate::Fill)), or, where the source lends them in place (a
-//! file read from memory maps: [`Source::lendable`]), as a
+//! file read from memory maps: [`Source::lendable`]) and the sink digests
+//! them there (the hasher, with reads on its workers), as a
 //! [`Lend`](crate::Lend) the digest worker reads without a copy. Where the
 //! reads run depends on the I/O depth: with none
 //! the sink runs them where it likes — a hasher runs them on its digest
@@ -123,7 +124,11 @@ fn walk(
                     // blocks again.
                     let mut n = e.end().min((pos / read_size + 1) * read_size) - pos;
                     let (src, offset) = (src.clone(), pos);
-                    match src.lendable(pos, n as usize).min(n as usize) {
+                    let lendable = match sink.takes_lends() {
+                        true => src.lendable(pos, n as usize).min(n as usize),
+                        false => 0,
+                    };
+                    match lendable {
                         0 => {
                             sink.read(n as usize, Box::new(move |buf| src.read_at(buf, offset)))?
                         }

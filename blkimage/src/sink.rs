@@ -14,6 +14,13 @@ pub use blkhash::{Fill, Lend};
 pub trait Sink {
     /// The next `len` bytes, which `fill` produces when the sink runs it.
     fn read(&mut self, len: usize, fill: Fill) -> io::Result<()>;
+    /// True if the sink digests lent bytes in place ([`Sink::lend`]): the
+    /// reader then lends what a source can lend. False by default: a sink
+    /// that would copy lent bytes anyway (into a buffer it writes from, on
+    /// a reading thread) is better served by a plain read.
+    fn takes_lends(&self) -> bool {
+        false
+    }
     /// The next `len` bytes, which `lend` lends in place (a memory map of
     /// the file) when the sink runs it. A sink that cannot use them there
     /// copies them, as a read: the default.
@@ -51,6 +58,9 @@ pub trait Sink {
 impl Sink for blkhash::Pipeline<AlignedBuf> {
     fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
         self.submit_with(len, fill)
+    }
+    fn takes_lends(&self) -> bool {
+        true
     }
     fn lend(&mut self, len: usize, lend: Lend) -> io::Result<()> {
         self.submit_lent(len, lend)

@@ -17,6 +17,10 @@ struct Collect {
 }
 
 impl Sink for Collect {
+    // Lent bytes are copied by the default `lend`: the lending path runs.
+    fn takes_lends(&self) -> bool {
+        true
+    }
     fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
         let mut buf = AlignedBuf::new(len);
         fill(&mut buf.spare()[..len])?;
