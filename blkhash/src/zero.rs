@@ -105,10 +105,14 @@ mod x86 {
     }
 }
 
+/// A zero test, by name.
+#[cfg(test)]
+type Kernel = (&'static str, fn(&[u8]) -> bool);
+
 /// Every kernel this CPU can run, by name: the tests check each one.
 #[cfg(test)]
-fn kernels() -> Vec<(&'static str, fn(&[u8]) -> bool)> {
-    let mut v: Vec<(&'static str, fn(&[u8]) -> bool)> = vec![("portable", portable)];
+fn kernels() -> Vec<Kernel> {
+    let mut v: Vec<Kernel> = vec![("portable", portable)];
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -134,8 +138,8 @@ mod tests {
     }
 
     /// `is_zero` itself, then each kernel (called without the head test).
-    fn every_variant() -> Vec<(&'static str, fn(&[u8]) -> bool)> {
-        let mut v: Vec<(&'static str, fn(&[u8]) -> bool)> = vec![("is_zero", is_zero)];
+    fn every_variant() -> Vec<Kernel> {
+        let mut v: Vec<Kernel> = vec![("is_zero", is_zero)];
         v.extend(kernels());
         v
     }

@@ -78,6 +78,20 @@ impl Storage for Vec<u8> {
         buf.copy_from_slice(&self[start..start + buf.len()]);
         Ok(())
     }
+
+    /// Bytes in memory are lent where they are.
+    fn lendable(&self, offset: u64, len: usize) -> usize {
+        match check_range(offset, len, Storage::len(self)) {
+            Ok(()) => len,
+            Err(_) => 0,
+        }
+    }
+
+    fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+        check_range(offset, len, Storage::len(self))?;
+        f(&self[offset as usize..offset as usize + len]);
+        Ok(())
+    }
 }
 
 impl Storage for File {
