@@ -72,6 +72,12 @@ pub struct InputArgs {
     #[arg(long)]
     pub cache: bool,
 
+    /// Read files through the page cache with copies (read(2)) instead of
+    /// hashing them in place from memory maps, the default with --cache
+    /// (as b3sum's --no-mmap).
+    #[arg(long)]
+    pub no_mmap: bool,
+
     /// NBD: seconds a handshake step or a reply may take (trickled or
     /// silent), and a request may wait for its reply to begin, before the
     /// input fails (also the connect timeout) [default: no limit].
@@ -143,6 +149,9 @@ impl InputArgs {
     pub fn open_options(&self) -> OpenOptions {
         OpenOptions {
             cache: self.cache,
+            // A command owns its process's signals, so it may install the
+            // SIGBUS handler mapped reads need.
+            map: !self.no_mmap,
             format: self.format,
             no_backing: self.no_backing,
             secret_file: self.secret_file.clone(),

@@ -137,7 +137,7 @@ pub use options::{
 };
 pub use order::BlockEvent;
 pub use pipeline::Pipeline;
-pub use pool::Fill;
+pub use pool::{Fill, Lend};
 pub use zero::is_zero;
 
 /// The checksum of `data` with the defaults (SHA-256, 64 KiB blocks, one

@@ -4,7 +4,7 @@
 use crate::algorithm::{Algorithm, Streaming};
 use crate::checksum::Checksum;
 use crate::options::{DEFAULT_QUEUE_DEPTH, Options, OptionsError, depth_within_budget};
-use crate::pool::{Done, Fill, Job, JobBuf, Pool};
+use crate::pool::{Done, Fill, Job, JobBuf, Lend, Pool};
 use crate::zero::is_zero;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -309,6 +309,41 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
         self.check_failure()
     }
 
+    /// `len` bytes that `lend` lends in place to a worker; after a failed
+    /// lend nothing joins the checksum.
+    pub(crate) fn submit_lent(&mut self, len: usize, lend: Lend) -> io::Result<()> {
+        self.check_len(len as u64);
+        self.check_failure()?;
+        if len == 0 {
+            return Ok(());
+        }
+        let bs = self.block_size;
+        if !self.staging.len().is_multiple_of(bs) || !len.is_multiple_of(bs) {
+            // Not on block boundaries: copy the bytes here, and add them
+            // only once the lend says they were the source's.
+            let mut tmp = Vec::new();
+            let lent = lend(&mut |data: &[u8]| {
+                if data.len() == len {
+                    tmp.extend_from_slice(data);
+                }
+            });
+            let lent = lent.and_then(|()| match tmp.len() == len {
+                true => Ok(()),
+                false => Err(io::Error::other(format!("lent bytes were not {len} bytes"))),
+            });
+            if let Err(e) = lent {
+                self.failure = Some(Failure::Reported);
+                return Err(e);
+            }
+            self.update(&tmp);
+            return Ok(());
+        }
+        self.flush_staging();
+        self.total_len += len as u64;
+        self.send(JobBuf::Lend(lend), 0, len);
+        self.check_failure()
+    }
+
     /// Wait for every job and feed what they digested.
     pub(crate) fn drain(&mut self) {
         self.flush_staging();
@@ -355,11 +390,14 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
     }
 
     fn send(&mut self, buf: JobBuf<B>, start: usize, end: usize) {
-        // A fill's bytes are read into a worker's buffer: as many fills in
+        // A fill's bytes are read into a worker's buffer, a lend's are
+        // mapped pages that count as the process's memory: as many in
         // flight as fit in the budget, whatever the queue depth and read
         // size (other jobs' buffers are the caller's to bound).
         let max = match buf {
-            JobBuf::Fill(_) => depth_within_budget(self.max_in_flight, end - start),
+            JobBuf::Fill(_) | JobBuf::Lend(_) => {
+                depth_within_budget(self.max_in_flight, end - start)
+            }
             _ => self.max_in_flight,
         };
         if self.in_flight >= max {
@@ -470,7 +508,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
                 }
             }
             Some(JobBuf::External(b)) => self.reclaimed.push_back(b),
-            Some(JobBuf::Fill(_)) | None => {}
+            Some(JobBuf::Fill(_) | JobBuf::Lend(_)) | None => {}
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::algorithm::Algorithm;
 use crate::checksum::Checksum;
 use crate::options::{Options, OptionsError};
 use crate::order::{BlockEvent, Engine};
-use crate::pool::Fill;
+use crate::pool::{Fill, Lend};
 use std::fmt;
 use std::io;
 
@@ -18,6 +18,9 @@ use std::io;
 ///   it into its own buffer and digests the bytes while they are in its
 ///   cache. A read can fail, so [`finalize`](Pipeline::finalize) returns a
 ///   `Result`: no checksum for data not all read.
+/// - [`submit_lent`](Pipeline::submit_lent) hands over bytes a worker
+///   digests where they are (a memory map of a file: no copy at all); a
+///   lend can fail too, after the fact.
 ///
 /// The ways of giving data mix freely; the checksum only depends on the bytes.
 ///
@@ -90,8 +93,43 @@ impl<B: AsRef<[u8]> + Send + 'static> Pipeline<B> {
         self.0.submit_with(len, fill)
     }
 
+    /// Add `len` bytes that `lend` lends in place on a worker thread (a
+    /// memory map of a file, say), which digests them there without a
+    /// copy. Lends run in parallel and in any order; their bytes join the
+    /// checksum in call order. `lend` must call its argument once with
+    /// exactly `len` bytes; a lend that fails, even after lending its
+    /// bytes (a mapping cut short under the worker), fails the checksum as
+    /// a failed fill does. Panics past 2^64 - 1 bytes in all, as
+    /// [`update`](Pipeline::update).
+    ///
+    /// ```
+    /// use blkhash::{Options, Pipeline};
+    /// use std::sync::Arc;
+    /// let data: Arc<[u8]> = vec![9u8; 4 << 20].into();
+    /// let mut p: Pipeline = Pipeline::new(Options::new()).unwrap();
+    /// for i in 0..4 {
+    ///     let data = data.clone();
+    ///     p.submit_lent(1 << 20, Box::new(move |f| {
+    ///         f(&data[i << 20..(i + 1) << 20]);
+    ///         Ok(())
+    ///     })).unwrap();
+    /// }
+    /// assert_eq!(p.finalize().unwrap(), blkhash::hash(&data[..]));
+    ///
+    /// // Bytes lent, then found not to be the source's: no checksum.
+    /// let mut cut: Pipeline = Pipeline::new(Options::new()).unwrap();
+    /// let _ = cut.submit_lent(65536, Box::new(|f| {
+    ///     f(&[0u8; 65536]);
+    ///     Err(std::io::Error::other("the file shrank while it was read"))
+    /// }));
+    /// assert!(cut.finalize().is_err());
+    /// ```
+    pub fn submit_lent(&mut self, len: usize, lend: Lend) -> io::Result<()> {
+        self.0.submit_lent(len, lend)
+    }
+
     /// Finish: the checksum of everything given, or the error of the first
-    /// fill that failed.
+    /// fill or lend that failed.
     pub fn finalize(mut self) -> io::Result<Checksum> {
         self.0.drain();
         match self.0.failed() {

@@ -15,6 +15,14 @@ use std::thread::JoinHandle;
 /// Produces a job's bytes on a worker: fills the whole slice, or fails.
 pub type Fill = Box<dyn FnOnce(&mut [u8]) -> io::Result<()> + Send>;
 
+/// Lends a job's bytes where they already are (a memory map of a file) to
+/// a worker, which digests them in place: calls its argument once with
+/// exactly the job's bytes, then returns; an error if it cannot lend them,
+/// or if the bytes it lent turned out not to be the source's (a mapping
+/// cut short by a file that shrank). The digests of a failed lend never
+/// join the checksum.
+pub type Lend = Box<dyn FnOnce(&mut dyn FnMut(&[u8])) -> io::Result<()> + Send>;
+
 /// Called by a worker after each finished job (see `Options::on_job_done`).
 #[derive(Clone)]
 pub(crate) struct JobDone(pub Arc<dyn Fn() + Send + Sync>);
@@ -25,13 +33,15 @@ impl fmt::Debug for JobDone {
     }
 }
 
-/// Bytes a job digests: an internal staging buffer, a caller's buffer, or
+/// Bytes a job digests: an internal staging buffer, a caller's buffer,
 /// bytes a worker produces itself into its own buffer (a read, typically:
-/// done on the core that digests them, they are still in its cache).
+/// done on the core that digests them, they are still in its cache), or
+/// bytes lent in place (a mapped file: no copy at all).
 pub(crate) enum JobBuf<B> {
     Internal(Vec<u8>),
     External(B),
     Fill(Fill),
+    Lend(Lend),
 }
 
 /// Digest the blocks of `buf[start..end]`; the last block may be short.
@@ -140,6 +150,19 @@ fn worker<B: AsRef<[u8]>>(
                 let r = (None, fill(data).map(|()| digest(data)));
                 scratch.trim(keep);
                 r
+            }
+            JobBuf::Lend(lend) => {
+                let want = end - start;
+                let mut out = None;
+                let lent = lend(&mut |data: &[u8]| {
+                    if data.len() == want {
+                        out = Some(digest(data));
+                    }
+                });
+                let r = lent.and_then(|()| {
+                    out.ok_or_else(|| io::Error::other(format!("lent bytes were not {want} bytes")))
+                });
+                (None, r)
             }
             JobBuf::Internal(v) => {
                 let r = digest(&v[start..end]);

@@ -1,5 +1,6 @@
-//! Property tests: however the same bytes are cut into `update`, `submit` and
-//! `update_zeros` calls, the checksum equals the plain model's.
+//! Property tests: however the same bytes are cut into `update`, `submit`,
+//! `submit_with`, `submit_lent` and `update_zeros` calls, the checksum
+//! equals the plain model's.
 
 use blkhash::{Algorithm, BlockEvent, Hasher, Options, Pipeline, checksum_of};
 use proptest::prelude::*;
@@ -14,6 +15,8 @@ enum Piece {
     Submit(Vec<u8>),
     /// Bytes produced by a fill on a worker.
     Fill(Vec<u8>),
+    /// Bytes lent in place to a worker.
+    Lend(Vec<u8>),
 }
 
 fn piece() -> impl Strategy<Value = Piece> {
@@ -25,6 +28,17 @@ fn piece() -> impl Strategy<Value = Piece> {
         // Multiples of the block size go to the workers, others are copied.
         (0usize..6, any::<u8>(), any::<bool>())
             .prop_map(|(n, b, odd)| { Piece::Fill(vec![b; n * 1024 + if odd { 100 } else { 0 }]) }),
+        // Random bytes with runs of zeros, whole blocks or not.
+        (
+            prop::collection::vec(any::<u8>(), 0..6000),
+            0usize..4,
+            any::<bool>()
+        )
+            .prop_map(|(mut d, zero_blocks, odd)| {
+                d.resize(d.len() / 1024 * 1024 + if odd { 100 } else { 0 }, 7);
+                d.extend(std::iter::repeat_n(0, zero_blocks * 1024));
+                Piece::Lend(d)
+            }),
     ]
 }
 
@@ -65,6 +79,11 @@ proptest! {
                     h.submit_with(d.len(), Box::new(move |b| { b.copy_from_slice(&bytes); Ok(()) })).unwrap();
                     all.extend_from_slice(d);
                 }
+                Piece::Lend(d) => {
+                    let bytes = d.clone();
+                    h.submit_lent(d.len(), Box::new(move |f| { f(&bytes); Ok(()) })).unwrap();
+                    all.extend_from_slice(d);
+                }
             }
             // Interleave reclaiming as a zero-copy caller would.
             while let Some(b) = h.reclaim() { drop(b); }
@@ -88,7 +107,7 @@ proptest! {
         let mut all = Vec::new();
         for p in &pieces {
             match p {
-                Piece::Data(d) | Piece::Submit(d) | Piece::Fill(d) => { h.update(d); all.extend_from_slice(d); }
+                Piece::Data(d) | Piece::Submit(d) | Piece::Fill(d) | Piece::Lend(d) => { h.update(d); all.extend_from_slice(d); }
                 Piece::ZeroData(n) => { h.update(vec![0; *n]); all.resize(all.len() + n, 0); }
                 Piece::Zeros(n) => { h.update_zeros(*n); all.resize(all.len() + *n as usize, 0); }
             }
@@ -188,5 +207,67 @@ fn a_failed_fill_fails_the_checksum() {
         let end = h.finalize();
         let err = result.err().or(end.err()).expect("an error");
         assert!(err.to_string().contains("chunk 40"), "{err}");
+    }
+}
+
+/// A lend that fails after lending its bytes (a mapping cut short while a
+/// worker read it): no checksum, and no observer sees its blocks or any
+/// after them, whether the lend ran on a worker or, off block boundaries,
+/// on the caller's thread.
+#[test]
+fn a_lend_cut_short_fails_the_checksum_and_reports_no_block_of_it() {
+    for (threads, len) in [(1, 64 << 10), (2, 64 << 10), (4, 64 << 10), (2, 5000)] {
+        let mut h: Pipeline =
+            Pipeline::new(Options::new().block_size(4096).threads(threads)).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        h.set_observer(move |e| {
+            if let BlockEvent::Data { index, .. } = e {
+                log.lock().unwrap().push(index);
+            }
+        });
+        let mut result = Ok(());
+        let per = (len / 4096) as u64;
+        for i in 0..32u64 {
+            let lend: blkhash::Lend = Box::new(move |f| {
+                let d = vec![1u8; len];
+                f(&d);
+                if i == 20 {
+                    return Err(std::io::Error::other("the file shrank while it was read"));
+                }
+                Ok(())
+            });
+            result = result.and(h.submit_lent(len, lend));
+        }
+        let end = h.finalize();
+        let err = result.err().or(end.err()).expect("an error");
+        assert!(err.to_string().contains("shrank"), "{err}");
+        if len % 4096 == 0 {
+            let seen = seen.lock().unwrap();
+            assert!(
+                seen.iter().all(|&b| b < 20 * per),
+                "threads {threads}: {:?}",
+                seen.last()
+            );
+        }
+    }
+}
+
+/// A lend that lends the wrong number of bytes, or none: an error.
+#[test]
+fn a_lend_of_the_wrong_length_is_an_error() {
+    for len in [65536, 5000] {
+        let mut h: Pipeline = Pipeline::new(Options::new().block_size(4096)).unwrap();
+        let r = h.submit_lent(
+            len,
+            Box::new(|f| {
+                f(&[1u8; 100]);
+                Ok(())
+            }),
+        );
+        assert!(r.is_err() || h.finalize().is_err(), "len {len}");
+        let mut h: Pipeline = Pipeline::new(Options::new().block_size(4096)).unwrap();
+        let r = h.submit_lent(len, Box::new(|_| Ok(())));
+        assert!(r.is_err() || h.finalize().is_err(), "len {len}");
     }
 }

@@ -14,6 +14,7 @@
 
 mod bitmap;
 mod buffer;
+pub mod mapped;
 mod masked;
 pub mod nbd;
 pub mod qcow2;
@@ -39,7 +40,7 @@ pub use reader::{
     DEFAULT_IO_DEPTH, InputRead, Stats, interrupted, io_depth_for, read_image, read_input,
     read_stream,
 };
-pub use sink::{Fill, Sink};
+pub use sink::{Fill, Lend, Sink};
 pub use source::{Extent, ExtentKind, Rounded, Source};
 pub use window::Window;
 
@@ -99,6 +100,12 @@ impl std::str::FromStr for Format {
 pub struct OpenOptions {
     /// Use the page cache (else direct I/O where the file system allows it).
     pub cache: bool,
+    /// Files read through the page cache (with `cache`, or on a file system
+    /// without direct I/O) are read in place from memory maps, not copied
+    /// (see [`mapped`]). This installs a process-wide SIGBUS handler the
+    /// first time: for programs that own their signals (the commands); a
+    /// library inside a host program leaves it false.
+    pub map: bool,
     /// The format; `None` probes the content (qcow2 magic and version 2 or
     /// later: qcow2; else raw).
     pub format: Option<Format>,
@@ -186,7 +193,7 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
             return stream(Box::new(f));
         }
     }
-    let file = RawFile::open(path, !opts.cache)?;
+    let file = RawFile::open_with(path, opts)?;
     file.lock(opts.force_share)?;
     let other = match opts.format {
         Some(Format::Qemu(f)) => Some(f),

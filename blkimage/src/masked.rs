@@ -88,6 +88,14 @@ impl Source for Masked {
         self.inner.read_at(buf, offset)
     }
 
+    fn lendable(&self, offset: u64, len: usize) -> usize {
+        self.inner.lendable(offset, len)
+    }
+
+    fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+        self.inner.read_in_place(offset, len, f)
+    }
+
     fn is_direct(&self) -> bool {
         self.inner.is_direct()
     }

@@ -1,4 +1,6 @@
-//! Raw images: regular files and block devices, read with pread.
+//! Raw images: regular files and block devices, read with pread, or in
+//! place from memory maps when read through the page cache and asked to
+//! ([`crate::mapped`]).
 //!
 //! Holes are found with SEEK_DATA/SEEK_HOLE and never read. The size is
 //! QEMU's: a file's length rounded up to a multiple of 512, the tail reading
@@ -24,7 +26,13 @@ pub struct RawFile {
     /// Block devices and file systems without SEEK_DATA are all data.
     seek_data: bool,
     is_block: bool,
+    /// Ranges are lent in place from memory maps ([`RawFile::map_reads`]).
+    mapped: bool,
 }
+
+/// The least a raw file lends from a map: below it a copy costs less than
+/// mapping, filling the page tables and unmapping.
+const MIN_LEND: usize = 256 << 10;
 
 /// The magic number of the file system `fd` lives on (`statfs`'s `f_type`).
 pub(crate) fn fs_type(fd: &impl AsRawFd) -> io::Result<i64> {
@@ -134,7 +142,31 @@ impl RawFile {
             size: file_size.next_multiple_of(512),
             seek_data: !is_block,
             is_block,
+            mapped: false,
         })
+    }
+
+    /// [`RawFile::open`] as `opts` ask: direct I/O unless `opts.cache`,
+    /// and read from memory maps if `opts.map` (see [`RawFile::map_reads`]).
+    pub fn open_with(path: &Path, opts: &crate::OpenOptions) -> io::Result<RawFile> {
+        let mut file = RawFile::open(path, !opts.cache)?;
+        if opts.map {
+            file.map_reads()?;
+        }
+        Ok(file)
+    }
+
+    /// Lend ranges in place from memory maps ([`Source::read_in_place`])
+    /// if the file is read through the page cache (not with direct I/O):
+    /// the digest workers read the cached pages without a copy. Installs
+    /// the process's SIGBUS handler ([`crate::mapped::install`]), which
+    /// turns a file that shrinks under a map into an error.
+    pub fn map_reads(&mut self) -> io::Result<()> {
+        if !self.is_direct() {
+            crate::mapped::install()?;
+            self.mapped = true;
+        }
+        Ok(())
     }
 
     /// Take QEMU's image locks as `qemu-img convert` does, for as long as
@@ -223,7 +255,7 @@ impl RawFile {
                 Ok(0) => {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
-                        format!("unexpected end of file at offset {offset} (did it shrink?)"),
+                        format!("the file shrank while it was read (it ended at offset {offset})"),
                     ));
                 }
                 Ok(n) => {
@@ -318,6 +350,27 @@ impl Source for RawFile {
         Self::pread_full(&self.file, head, offset)
     }
 
+    fn lendable(&self, offset: u64, len: usize) -> usize {
+        let in_file = offset
+            .checked_add(len as u64)
+            .is_some_and(|end| end <= self.file_size);
+        if self.mapped && len >= MIN_LEND && in_file {
+            len
+        } else {
+            0
+        }
+    }
+
+    fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+        if !self.mapped {
+            let mut buf = vec![0u8; len];
+            self.read_at(&mut buf, offset)?;
+            f(&buf);
+            return Ok(());
+        }
+        crate::mapped::with_map(&self.file, offset, len, f)
+    }
+
     fn finish(&self) -> io::Result<()> {
         if self.is_block {
             return Ok(());
@@ -327,7 +380,7 @@ impl Source for RawFile {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 format!(
-                    "file shrank while reading (from {} to {now} bytes)",
+                    "the file shrank while it was read (from {} to {now} bytes)",
                     self.file_size
                 ),
             ));

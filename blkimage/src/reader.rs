@@ -2,7 +2,11 @@
 //!
 //! Zero and unallocated extents are passed on as lengths, never read. Data
 //! extents are cut into `read_size` chunks, each passed on as a read to do
-//! (a [`Fill`](crate::Fill)). Where the reads run depends on the I/O depth: with none
+//! (a [`Fill`](crate::Fill)), or, where the source lends them in place (a
+//! file read from memory maps: [`Source::lendable`]) and the sink digests
+//! them there (the hasher, with reads on its workers), as a
+//! [`Lend`](crate::Lend) the digest worker reads without a copy. Where the
+//! reads run depends on the I/O depth: with none
 //! the sink runs them where it likes — a hasher runs them on its digest
 //! workers, in parallel, so a chunk is digested by the core that just read
 //! it (right for the page cache, where a read is a copy); with an I/O depth
@@ -118,9 +122,21 @@ fn walk(
                     // Cut at multiples of the read size, so that after a
                     // data extent starting mid-block the chunks are whole
                     // blocks again.
-                    let n = e.end().min((pos / read_size + 1) * read_size) - pos;
+                    let mut n = e.end().min((pos / read_size + 1) * read_size) - pos;
                     let (src, offset) = (src.clone(), pos);
-                    sink.read(n as usize, Box::new(move |buf| src.read_at(buf, offset)))?;
+                    let lendable = match sink.takes_lends() {
+                        true => src.lendable(pos, n as usize).min(n as usize),
+                        false => 0,
+                    };
+                    match lendable {
+                        0 => {
+                            sink.read(n as usize, Box::new(move |buf| src.read_at(buf, offset)))?
+                        }
+                        lent => {
+                            n = lent as u64;
+                            sink.lend(lent, Box::new(move |f| src.read_in_place(offset, lent, f)))?
+                        }
+                    }
                     progress(n);
                     pos += n;
                 }

@@ -6,13 +6,42 @@
 use crate::buffer::AlignedBuf;
 use std::io;
 
-// A read to do: the hasher's own type, declared once there.
-pub use blkhash::Fill;
+// A read to do, and bytes lent in place: the hasher's own types, declared
+// once there.
+pub use blkhash::{Fill, Lend};
 
 /// Where the bytes go, in guest order.
 pub trait Sink {
     /// The next `len` bytes, which `fill` produces when the sink runs it.
     fn read(&mut self, len: usize, fill: Fill) -> io::Result<()>;
+    /// True if the sink digests lent bytes in place ([`Sink::lend`]): the
+    /// reader then lends what a source can lend. False by default: a sink
+    /// that would copy lent bytes anyway (into a buffer it writes from, on
+    /// a reading thread) is better served by a plain read.
+    fn takes_lends(&self) -> bool {
+        false
+    }
+    /// The next `len` bytes, which `lend` lends in place (a memory map of
+    /// the file) when the sink runs it. A sink that cannot use them there
+    /// copies them, as a read: the default.
+    fn lend(&mut self, len: usize, lend: Lend) -> io::Result<()> {
+        self.read(
+            len,
+            Box::new(move |buf: &mut [u8]| {
+                let mut copied = false;
+                lend(&mut |data: &[u8]| {
+                    if data.len() == buf.len() {
+                        buf.copy_from_slice(data);
+                        copied = true;
+                    }
+                })?;
+                match copied {
+                    true => Ok(()),
+                    false => Err(io::Error::other(format!("lent bytes were not {len} bytes"))),
+                }
+            }),
+        )
+    }
     /// The next bytes, already read, in a buffer the sink owns until it
     /// gives it back from `reclaim`.
     fn data(&mut self, buf: AlignedBuf) -> io::Result<()>;
@@ -29,6 +58,12 @@ pub trait Sink {
 impl Sink for blkhash::Pipeline<AlignedBuf> {
     fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
         self.submit_with(len, fill)
+    }
+    fn takes_lends(&self) -> bool {
+        true
+    }
+    fn lend(&mut self, len: usize, lend: Lend) -> io::Result<()> {
+        self.submit_lent(len, lend)
     }
     fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
         self.submit(buf);

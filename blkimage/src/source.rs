@@ -80,6 +80,28 @@ pub trait Source: Send + Sync {
     /// Fill `buf` with the guest bytes at `offset` (all of it, or an error).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 
+    /// How many of the `len` guest bytes from `offset` this source lends
+    /// in place ([`Source::read_in_place`]) instead of copying them: 0 (the
+    /// default, and for every source but a file read from memory maps:
+    /// [`crate::OpenOptions::map`]); a raw file lends all of them or none,
+    /// a qcow2 image the prefix its file holds contiguously.
+    fn lendable(&self, offset: u64, len: usize) -> usize {
+        let _ = (offset, len);
+        0
+    }
+
+    /// Call `f` once with the `len` guest bytes from `offset` where they
+    /// are, once [`Source::lendable`] said it lends them; an error if they
+    /// cannot be had, or turn out not to be the file's (it shrank under
+    /// the map: `f` was given zeros). The default copies them with
+    /// [`Source::read_at`].
+    fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+        let mut buf = vec![0u8; len];
+        self.read_at(&mut buf, offset)?;
+        f(&buf);
+        Ok(())
+    }
+
     /// True if reads bypass the page cache (direct I/O): such a source
     /// wants many reads in flight (see [`crate::read_image`]).
     fn is_direct(&self) -> bool {

@@ -75,6 +75,14 @@ impl Source for Window {
         self.inner.read_at(buf, self.offset + offset)
     }
 
+    fn lendable(&self, offset: u64, len: usize) -> usize {
+        self.inner.lendable(self.offset + offset, len)
+    }
+
+    fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+        self.inner.read_in_place(self.offset + offset, len, f)
+    }
+
     fn is_direct(&self) -> bool {
         self.inner.is_direct()
     }

@@ -5,7 +5,7 @@
 mod common;
 
 use blkimage::{ExtentKind, Format, OpenOptions, Qcow2, Source};
-use common::{kinds, open_with, read_by_extents, read_plain};
+use common::{kinds, open_with, read_by_extents, read_lending, read_plain};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -44,7 +44,9 @@ impl Dir {
             .unwrap();
         f.write_all_at(bytes, offset).unwrap();
     }
-    /// Open `name`, read it two ways, compare with QEMU's bytes.
+    /// Open `name`, read it three ways (by extents, plain reads, and
+    /// from memory maps where its data clusters lie contiguously), compare
+    /// with QEMU's bytes.
     fn check(&self, name: &str) -> Box<dyn Source> {
         let src = self.open(name).unwrap();
         assert_eq!(src.format(), "qcow2");
@@ -53,7 +55,20 @@ impl Dir {
         assert_eq!(read_by_extents(&*src, 1 << 20), want, "{name}: by extents");
         assert_eq!(read_plain(&*src, 100_000), want, "{name}: plain reads");
         src.finish().unwrap();
+        let mapped = self.open_mapped(name).unwrap();
+        let (bytes, _) = read_lending(&*mapped, 1 << 20);
+        assert!(bytes == want, "{name}: from memory maps");
+        mapped.finish().unwrap();
         src
+    }
+    /// Open `name` through the page cache, its files read from memory maps.
+    fn open_mapped(&self, name: &str) -> io::Result<Box<dyn Source>> {
+        let opts = OpenOptions {
+            cache: true,
+            map: true,
+            ..Default::default()
+        };
+        open_with(self.path(name), &opts)
     }
 }
 
@@ -85,6 +100,11 @@ fn cluster_sizes_and_versions() {
         d.img(&["create", "-f", "qcow2", "-o", &o, &name, "16m"]);
         d.io(&name, "qcow2", PATTERN);
         d.check(&name);
+        // The 1536 KiB and 2 MiB writes lie contiguously in the file; with
+        // 512-byte clusters an L2 table maps 32 KiB, less than is worth a
+        // map: copied.
+        let (_, lent) = read_lending(&*d.open_mapped(&name).unwrap(), 1 << 20);
+        assert!((lent >= 2 << 20) == (cs != "512"), "{name}: lent {lent}");
     }
 }
 
@@ -197,6 +217,9 @@ fn backing_chain() {
         &["write -P 0xcc 1088k 64k", "write -P 0xdd 7m 4k"],
     );
     let src = d.check("top.qcow2");
+    // The backing file's 3 MiB and the overlays' clusters, lent in place.
+    let (_, lent) = read_lending(&*d.open_mapped("top.qcow2").unwrap(), 1 << 20);
+    assert!(lent >= 2 << 20, "lent {lent}");
     // Data through two layers, merged; past the end of the shorter
     // backings (3 MiB, then 6 MiB): holes, never read.
     let k = kinds(&*src);

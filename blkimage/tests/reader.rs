@@ -17,6 +17,10 @@ struct Collect {
 }
 
 impl Sink for Collect {
+    // Lent bytes are copied by the default `lend`: the lending path runs.
+    fn takes_lends(&self) -> bool {
+        true
+    }
     fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
         let mut buf = AlignedBuf::new(len);
         fill(&mut buf.spare()[..len])?;
@@ -115,6 +119,52 @@ fn extents_of_a_sparse_file() {
             (256 * k + 100, 412, Hole),
         ]
     );
+}
+
+/// A file read from memory maps: the same bytes as with copies, in the
+/// order the extents say, its chunks lent in place (the sink here copies
+/// what is lent, as every sink but the hasher does), with reads on the
+/// sink's threads and on reading threads; a file that shrank is an error.
+#[test]
+fn a_mapped_file_reads_the_same_and_a_shrunk_one_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = testkit::Recipe::parse("3m:r 2m:- 300k:t 1m:- 1000:r").unwrap();
+    let path = dir.path().join("a.img");
+    recipe.write_image(&path).unwrap();
+    let mut want = recipe.bytes();
+    want.resize(want.len().next_multiple_of(512), 0);
+    let opts = OpenOptions {
+        cache: true,
+        map: true,
+        ..Default::default()
+    };
+    for depth in [0, 4] {
+        for read_size in [64 << 10, 1 << 20, 4 << 20] {
+            let src = RawFile::open_with(&path, &opts).unwrap();
+            // Whole chunks of 256 KiB or more are lent, the rest copied.
+            assert_eq!(src.lendable(0, 1 << 20), 1 << 20);
+            assert_eq!(src.lendable(0, 4096), 0);
+            let (sink, _) = read_with(
+                Arc::new(src),
+                read_size,
+                Some(depth),
+                &AtomicBool::new(false),
+            )
+            .unwrap();
+            assert!(sink.bytes == want, "depth {depth} rs {read_size}");
+        }
+    }
+    let src = RawFile::open_with(&path, &opts).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let err = read_with(Arc::new(src), 1 << 20, Some(0), &AtomicBool::new(false))
+        .err()
+        .expect("an error");
+    assert!(err.to_string().contains("shrank"), "{err}");
 }
 
 /// With reads on the sink's threads (depth 0) and on 8 reading threads.

@@ -47,6 +47,14 @@ fn assert_same_as_qemu(img: &Path, extra: &[&str]) {
 fn check(img: &Path) {
     assert_same_as_qemu(img, &[]);
     assert_same_as_qemu(img, &["-d", "blake3", "--block-size", "4k"]);
+    // From memory maps (--cache) as with direct I/O.
+    let direct = sums(&[], &[img.to_path_buf()]);
+    assert_eq!(
+        sums(&["--cache"], &[img.to_path_buf()]),
+        direct,
+        "{}",
+        img.display()
+    );
 }
 
 #[test]
@@ -224,7 +232,14 @@ fn qemu_img_convert_matrix() {
         raws.push((r.clone(), size, image(dir.path(), &format!("r{i}.raw"), r)));
     }
     let raw_paths: Vec<PathBuf> = raws.iter().map(|r| r.2.clone()).collect();
-    const SETTINGS: [&[&str]; 2] = [&[], &["-d", "blake3", "--block-size", "4k"]];
+    // Direct I/O (copies), and through the page cache from memory maps
+    // (contiguous data clusters lent in place) with 256 KiB reads, the
+    // least that is mapped.
+    const SETTINGS: [&[&str]; 3] = [
+        &[],
+        &["-d", "blake3", "--block-size", "4k"],
+        &["--cache", "--read-size", "256k"],
+    ];
     let raw_sums: Vec<Vec<String>> = SETTINGS.iter().map(|s| sums(s, &raw_paths)).collect();
 
     // Every combination, converted in parallel.

@@ -1,6 +1,7 @@
 //! A qcow2 image in memory (no backing file, no data file): open it, walk
-//! its extents, read some of its data, list its dirty bitmaps and read
-//! each one's ranges. Errors are fine; panics, hangs and unbounded
+//! its extents, read some of its data (copied, and lent in place where its
+//! clusters lie contiguously: the same bytes), list its dirty bitmaps and
+//! read each one's ranges. Errors are fine; panics, hangs and unbounded
 //! allocations are not.
 
 #![no_main]
@@ -43,7 +44,15 @@ fuzz_target!(|data: &[u8]| {
             let n = e.len.min(buf.len() as u64).min(budget);
             budget -= n;
             // An odd start inside the extent, too.
-            let _ = q.read_at(&mut buf[..n as usize], e.offset);
+            let copied = q.read_at(&mut buf[..n as usize], e.offset).is_ok();
+            // What is lent is a prefix, and the bytes a read copies.
+            let lent = q.lendable(e.offset, n as usize);
+            assert!(lent as u64 <= n);
+            if lent > 0 && copied {
+                let mut same = false;
+                let r = q.read_in_place(e.offset, lent, &mut |b| same = b == &buf[..lent]);
+                assert!(r.is_err() || same, "lent bytes differ from a read's");
+            }
             if n > 1 {
                 let _ = q.read_at(&mut buf[..(n / 2) as usize], e.offset + n / 3);
             }

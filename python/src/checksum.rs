@@ -180,6 +180,10 @@ pub fn open_options(
     };
     Ok(OpenOptions {
         cache,
+        // Copied, not mapped: a mapped file that shrinks raises SIGBUS,
+        // and the host interpreter owns that signal's handler
+        // (blkimage::mapped says why).
+        map: false,
         format,
         no_backing,
         force_share,

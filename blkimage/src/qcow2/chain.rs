@@ -117,7 +117,7 @@ pub(crate) fn open_file(
                 "not a regular file or block device",
             )));
         }
-        let raw = RawFile::open(&p, !opts.cache).map_err(ctx)?;
+        let raw = RawFile::open_with(&p, opts).map_err(ctx)?;
         refuse_pseudo_file(&raw).map_err(ctx)?;
         raw.lock(opts.force_share).map_err(ctx)?;
         Some(Arc::new(ImageFile::new(raw, &p).map_err(ctx)?))
@@ -193,7 +193,7 @@ fn open_backing(
             ))));
         }
     };
-    let file = RawFile::open(path, !opts.cache).map_err(ctx)?;
+    let file = RawFile::open_with(path, opts).map_err(ctx)?;
     refuse_pseudo_file(&file).map_err(ctx)?;
     file.lock(opts.force_share).map_err(ctx)?;
     let is_qcow2 = match format {

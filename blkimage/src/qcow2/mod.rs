@@ -316,6 +316,43 @@ impl Source for Qcow2 {
         Ok(())
     }
 
+    /// The contiguous prefix of a data cluster run the data file lends (or
+    /// the backing image, for unallocated clusters); compressed and zero
+    /// clusters are never lent. A mapping error here is left for the read
+    /// to report.
+    fn lendable(&self, offset: u64, len: usize) -> usize {
+        match self.mapper.map(&*self.file, offset, len as u64) {
+            Ok((Map::Data { host }, n)) => self.data_file().lendable(host, n as usize),
+            Ok((Map::Unallocated, n)) if offset + n <= self.backing_size() => self
+                .backing
+                .as_ref()
+                .map_or(0, |b| b.lendable(offset, n as usize)),
+            _ => 0,
+        }
+    }
+
+    fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+        match self.mapper.map(&*self.file, offset, len as u64)? {
+            (Map::Data { host }, n) if n == len as u64 => {
+                self.data_file().read_in_place(host, len, f)
+            }
+            (Map::Unallocated, n) if n == len as u64 && offset + n <= self.backing_size() => {
+                match &self.backing {
+                    Some(b) => b.read_in_place(offset, len, f),
+                    None => Err(invalid(format!("no backing image at offset {offset}"))),
+                }
+            }
+            // The image changed since `lendable` (it cannot while it is
+            // open read-only and locked): copy.
+            _ => {
+                let mut buf = vec![0u8; len];
+                self.read_at(&mut buf, offset)?;
+                f(&buf);
+                Ok(())
+            }
+        }
+    }
+
     /// The bitmaps of this image's file (never of its backing file). When
     /// the extension's autoclear bit is clear (a program without bitmap
     /// support wrote to the image, and QEMU then drops every bitmap), they

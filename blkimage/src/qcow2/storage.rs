@@ -30,6 +30,23 @@ pub trait Storage: Send + Sync {
         false
     }
 
+    /// How many of the `len` bytes from `offset` are lent in place (see
+    /// [`Source::lendable`]): 0 by default.
+    fn lendable(&self, offset: u64, len: usize) -> usize {
+        let _ = (offset, len);
+        0
+    }
+
+    /// Call `f` with the `len` bytes from `offset` in place, once
+    /// [`Storage::lendable`] said so (see [`Source::read_in_place`]); the
+    /// default copies them.
+    fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+        let mut buf = vec![0u8; len];
+        self.read_exact_at(&mut buf, offset)?;
+        f(&buf);
+        Ok(())
+    }
+
     /// The files the bytes are in (see [`Source::files`]).
     fn files(&self) -> Vec<std::path::PathBuf> {
         Vec::new()
@@ -68,6 +85,20 @@ impl Storage for Vec<u8> {
         check_range(offset, buf.len(), Storage::len(self))?;
         let start = offset as usize;
         buf.copy_from_slice(&self[start..start + buf.len()]);
+        Ok(())
+    }
+
+    /// Bytes in memory are lent where they are.
+    fn lendable(&self, offset: u64, len: usize) -> usize {
+        match check_range(offset, len, Storage::len(self)) {
+            Ok(()) => len,
+            Err(_) => 0,
+        }
+    }
+
+    fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+        check_range(offset, len, Storage::len(self))?;
+        f(&self[offset as usize..offset as usize + len]);
         Ok(())
     }
 }
@@ -124,6 +155,18 @@ impl Storage for ImageFile {
 
     fn is_direct(&self) -> bool {
         self.raw.is_direct()
+    }
+
+    fn lendable(&self, offset: u64, len: usize) -> usize {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.len => self.raw.lendable(offset, len),
+            _ => 0,
+        }
+    }
+
+    fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+        check_range(offset, len, self.len)?;
+        self.raw.read_in_place(offset, len, f)
     }
 
     fn files(&self) -> Vec<std::path::PathBuf> {

@@ -89,3 +89,39 @@ pub fn kinds(src: &dyn Source) -> Vec<(u64, u64, ExtentKind)> {
     }
     v
 }
+
+/// As the reader does with a source that lends: walk the extents, and for
+/// each data chunk of `chunk` bytes take the prefix the source lends in
+/// place ([`Source::read_in_place`]) and read the rest with copies. The
+/// bytes, and how many of them were lent.
+pub fn read_lending(src: &dyn Source, chunk: u64) -> (Vec<u8>, u64) {
+    let mut out = vec![0u8; src.size() as usize];
+    let mut lent_bytes = 0;
+    let mut pos = 0;
+    while pos < src.size() {
+        let e = src.extents(pos, src.size() - pos).unwrap()[0];
+        let mut o = e.offset;
+        while e.kind == ExtentKind::Data && o < e.end() {
+            let n = chunk.min(e.end() - o) as usize;
+            let at = o as usize;
+            match src.lendable(o, n).min(n) {
+                0 => src.read_at(&mut out[at..at + n], o).unwrap(),
+                lent => {
+                    let mut seen = 0;
+                    src.read_in_place(o, lent, &mut |b| {
+                        out[at..at + b.len()].copy_from_slice(b);
+                        seen = b.len();
+                    })
+                    .unwrap();
+                    assert_eq!(seen, lent);
+                    lent_bytes += lent as u64;
+                    o += lent as u64;
+                    continue;
+                }
+            }
+            o += n as u64;
+        }
+        pos = e.end();
+    }
+    (out, lent_bytes)
+}
