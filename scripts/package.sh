@@ -11,9 +11,10 @@
 #   --wheel   dist/blkhash-VERSION-cp39-abi3-*.whl (one wheel for CPython
 #             >= 3.9, built by maturin, stripped) and the sdist
 #             dist/blkhash-VERSION.tar.gz.
-#   --crates  dist/crates/*.crate: every publishable workspace crate,
-#             packaged and built from its package in dependency order
-#             (cargo package: what cargo publish would upload).
+#   --crates  dist/crates/*.crate: every publishable workspace crate, checked
+#             by `cargo publish --dry-run` in dependency order (each built
+#             from its package, the unpublished ones resolved from the
+#             packages made before them), then packaged.
 #   --rpm     dist/rpm/: blkhash, blkhash-libs, blkhash-devel, the source
 #             RPM and the source tarball with vendored crates, built offline
 #             by rpmbuild from packaging/rpm/blkhash.spec (a build of its
@@ -144,27 +145,26 @@ m = json.load(sys.stdin)
 members = set(m["workspace_members"])
 print(" ".join(sorted(p["name"] for p in m["packages"]
                       if p["id"] in members and p.get("publish") != [])))')
-    local args=() name
-    for name in $names; do
-        args+=(-p "$name")
-    done
     # Each crate's package must carry the license files (symbolic links to
     # the root's, which cargo packages as files).
-    local list
+    local list name
     for name in $names; do
         list=$(cargo package --list --allow-dirty -p "$name" 2>/dev/null) ||
             fail "cargo package --list -p $name failed"
         { grep -qx LICENSE-MIT <<< "$list" && grep -qx LICENSE-APACHE <<< "$list"; } ||
             fail "$name: no LICENSE-MIT and LICENSE-APACHE in its package (ln -s ../LICENSE-MIT ../LICENSE-APACHE $name/)"
     done
-    # What `cargo publish` would upload, each crate built from its package
-    # (as crates.io users build it), in dependency order: the crates not on
-    # crates.io yet resolve from the ones packaged before them (cargo >=
-    # 1.90). --allow-dirty: a release is cut from a clean tag, but this runs
-    # on work trees too. `cargo publish --dry-run` with the same arguments
-    # runs the same checks.
+    # What `cargo publish` would do, short of the upload: every publishable
+    # crate in dependency order, each packaged and built from its package as
+    # crates.io users build it. The crates not on crates.io yet resolve from
+    # the packages made before them (cargo >= 1.90's multi-package publish;
+    # one crate at a time, a dry run would look for its unpublished
+    # dependencies on crates.io and fail). --allow-dirty: a release is cut
+    # from a clean tag, but this runs on work trees too.
     rm -rf "$dist/crates"
-    cargo package --allow-dirty "${args[@]}"
+    cargo publish --dry-run --workspace --allow-dirty
+    # The .crate files themselves (the same packages: nothing built again).
+    cargo package --workspace --no-verify --allow-dirty
     mkdir -p "$dist/crates"
     for name in $names; do
         cp "$target/package/$name-$version.crate" "$dist/crates/"

@@ -55,8 +55,9 @@ step "cargo test" timeout --kill-after=30 2400 cargo test --workspace --release 
 step "install (scripts/test-install.sh)" scripts/test-install.sh
 # The Python package, built and installed as a user would, and its tests.
 step "python (scripts/test-python.sh)" scripts/test-python.sh
-# The C library's ABI against libblkhash 0.11's, and the debs built,
-# installed, used and removed (the RPMs: scripts/package.sh --rpm).
+# The C library's ABI against libblkhash 0.11's, the crates' publish dry
+# run, and the debs built, installed, used and removed (the RPMs:
+# scripts/package.sh --rpm).
 step "package (scripts/test-package.sh)" scripts/test-package.sh
 
 echo
