@@ -63,8 +63,10 @@ cleanup() {
 trap cleanup EXIT
 
 debs=()
+arch=$(dpkg --print-architecture)
 for p in "${packages[@]}"; do
-    debs+=("$(ls dist/"${p}"_"$version"-*.deb)")
+    # This machine's architecture (dist/ may hold the arm64 debs too).
+    debs+=("$(ls dist/"${p}"_"$version"-*_"$arch".deb)")
 done
 installed=1
 $sudo dpkg -i "${debs[@]}"

@@ -59,6 +59,13 @@ step "python (scripts/test-python.sh)" scripts/test-python.sh
 # run, and the debs built, installed, used and removed (the RPMs:
 # scripts/package.sh --rpm).
 step "package (scripts/test-package.sh)" scripts/test-package.sh
+# The static musl tarball of this architecture, its blksum run in an empty
+# chroot on every reference vector.
+step "static (scripts/test-static.sh)" scripts/test-static.sh
+# arm64: the workspace cross-compiled, its unit, property and vector tests
+# and blksum on real images under qemu-user (no speed figures: emulated).
+# A missing cross tool or Rust target fails this step, naming it.
+step "arm64 (scripts/test-cross.sh)" scripts/test-cross.sh
 
 echo
 echo "==> summary"
