@@ -20,6 +20,10 @@ targets from our issue with PASS/FAIL.
 
 Environment:
     BLKSUM_REF          the reference blksum binary (rows skipped if unset)
+    BLKSUM_STATIC       a static blksum (the musl build of the release
+                        tarball), run beside ours in the random and empty
+                        cases, its time held to ≤ 1.05× ours (rows skipped
+                        if unset)
     BLKHASH_BENCH_REF   the reference blkhash-bench binary (for --lib)
 
 The qcow2 cases need qemu-img (images are converted from raw ones) and the
@@ -82,6 +86,15 @@ def ref(digest, on="raw", **kw):
     return lambda b, imgs: b.reference(digest, imgs[on], **kw)
 
 
+def static(digest):
+    """The static (musl) blksum on the raw image (None when BLKSUM_STATIC is unset)."""
+    return lambda b, imgs: b.ours(digest, imgs["raw"], static=True) if b.static else None
+
+
+STATIC_TARGET = ("static", "ours", "≤", 1.05,
+                 "sha256: the static (musl) blksum's time ≤ 1.05× the glibc build's")
+
+
 def peer(which):
     """sha256sum, b3sum or dd on the raw image (None when missing)."""
     return lambda b, imgs: b.peer(which, imgs["raw"])
@@ -120,6 +133,7 @@ IMAGE_CASES = {
             "dd": peer("dd"),
             "ours_direct": ours("sha256", cache=False),
             "ref_direct": ref("sha256", cache=False),
+            "static": static("sha256"),
         },
         ratios=[("sha256sum", "ours"), ("ref", "ours"), ("ours", "dd"), ("b3sum", "ours3"),
                 ("ref3", "ours3"), ("ref_direct", "ours_direct"), ("ours_direct", "ours")],
@@ -127,6 +141,7 @@ IMAGE_CASES = {
             ("sha256sum", "ours", "≥", 6, "sha256: blksum ≥ 6× faster than sha256sum"),
             ("ref", "ours", "≥", 1.8, "sha256: blksum ≥ 1.8× the reference"),
             ("ours3", "b3sum", "≤", 1.25, "blake3: blksum time ≤ 1.25× b3sum's"),
+            STATIC_TARGET,
         ],
         after="sha256_efficiency",
     ),
@@ -153,11 +168,12 @@ IMAGE_CASES = {
         quick_size=16 * GiB,
         warm=False,
         commands={"ours": ours("sha256"), "ref": ref("sha256"),
-                  "ours3": ours("blake3"), "ref3": ref("blake3")},
+                  "ours3": ours("blake3"), "ref3": ref("blake3"), "static": static("sha256")},
         ratios=[("ref", "ours"), ("ref3", "ours3")],
         targets=[
             ("ref", "ours", "≥", 1.5, "sha256: blksum ≥ 1.5× the reference"),
             ("ref3", "ours3", "≥", 5, "blake3: blksum ≥ 5× the reference"),
+            STATIC_TARGET,
         ],
     ),
     "ranges": ImageCase(
@@ -208,6 +224,7 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases):
         self.cores = nproc()
         self.blksum = str(RELEASE / "blksum")
         self.ref = os.environ.get("BLKSUM_REF") or None
+        self.static = os.environ.get("BLKSUM_STATIC") or None
         self.bench_ref = os.environ.get("BLKHASH_BENCH_REF") or None
         b3 = shutil.which("b3sum") or str(Path.home() / ".cargo" / "bin" / "b3sum")
         self.b3sum = b3 if os.access(b3, os.X_OK) else None
@@ -220,10 +237,10 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases):
 
     # -- commands
 
-    def ours(self, digest, img, cache=True, label=None, threads=None):
+    def ours(self, digest, img, cache=True, label=None, threads=None, static=False):
         """label: the image in the command's name ("qcow2"); threads: -t, shown in the
-        name (default: --threads, not shown)."""
-        argv = [self.blksum, "-d", digest]
+        name (default: --threads, not shown); static: BLKSUM_STATIC's binary."""
+        argv = [self.static if static else self.blksum, "-d", digest]
         if cache:
             argv.append("--cache")
         if self.a.block_size:
@@ -237,7 +254,8 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases):
         if threads:
             mode += f", -t {threads}"
         what = f"{digest} {label}" if label else digest
-        return Cmd(f"blksum {what} ({mode})", argv, ours=True, key=(digest, self.bs()))
+        name = "blksum static" if static else "blksum"
+        return Cmd(f"{name} {what} ({mode})", argv, ours=True, key=(digest, self.bs()))
 
     def parts(self, img, n, cache=True):
         """`blkmap --range k/n` for k = 1..n one after another, then `blkmap
@@ -381,6 +399,8 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases):
         """Why a command of a case is missing."""
         if key.startswith("ref"):
             return "BLKSUM_REF not set"
+        if key == "static":
+            return "BLKSUM_STATIC not set"
         return {"b3sum": "b3sum missing (`cargo install b3sum`)",
                 "sha256sum": "sha256sum missing", "dd": "dd missing"}.get(key, "not run")
 

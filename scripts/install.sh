@@ -17,7 +17,11 @@
 # For packages (scripts/package.sh: debian/rules, packaging/rpm/blkhash.spec):
 # DESTDIR=DIR stages the files under DIR (blkhash.pc still names PREFIX's
 # paths; no ldconfig), INSTALL_STRIP=no leaves stripping to the packaging
-# tools (dh_strip, rpmbuild's debuginfo).
+# tools (dh_strip, rpmbuild's debuginfo). CARGO_BUILD_TARGET=TRIPLE (cargo's
+# own variable) builds and installs for another architecture (the arm64
+# debs: debian/rules): the binaries then run for their manual pages and
+# completions through cargo's runner for that target,
+# CARGO_TARGET_<TRIPLE>_RUNNER (qemu-user: scripts/package.sh sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +33,12 @@ else
 fi
 includedir=$prefix/include
 mandir=$prefix/share/man
-release=${CARGO_TARGET_DIR:-target}/release
+release=${CARGO_TARGET_DIR:-target}/${CARGO_BUILD_TARGET:+$CARGO_BUILD_TARGET/}release
+run=()
+if [ -n "${CARGO_BUILD_TARGET:-}" ]; then
+    runner=CARGO_TARGET_$(tr 'a-z.-' 'A-Z__' <<<"$CARGO_BUILD_TARGET")_RUNNER
+    read -ra run <<<"${!runner:-}"
+fi
 dest=${DESTDIR:-}
 strip=(-s)
 if [ "${INSTALL_STRIP:-yes}" = no ]; then
@@ -51,10 +60,10 @@ mkdir -p "$dest$mandir/man1" "$dest$mandir/man3" \
     "$dest$prefix/share/zsh/site-functions" \
     "$dest$prefix/share/fish/vendor_completions.d"
 for b in blksum blkmap blkdiff blksync; do
-    "$release/$b" --man > "$dest$mandir/man1/$b.1"
-    "$release/$b" --completions bash > "$dest$prefix/share/bash-completion/completions/$b"
-    "$release/$b" --completions zsh > "$dest$prefix/share/zsh/site-functions/_$b"
-    "$release/$b" --completions fish > "$dest$prefix/share/fish/vendor_completions.d/$b.fish"
+    "${run[@]}" "$release/$b" --man > "$dest$mandir/man1/$b.1"
+    "${run[@]}" "$release/$b" --completions bash > "$dest$prefix/share/bash-completion/completions/$b"
+    "${run[@]}" "$release/$b" --completions zsh > "$dest$prefix/share/zsh/site-functions/_$b"
+    "${run[@]}" "$release/$b" --completions fish > "$dest$prefix/share/fish/vendor_completions.d/$b.fish"
 done
 
 # The library: the file under its SONAME, the link the linker looks for.

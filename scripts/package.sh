@@ -1,43 +1,76 @@
 #!/usr/bin/env bash
 # Build the release into dist/ (every package with the one version of the
 # workspace's Cargo.toml):
-#   scripts/package.sh [--deb] [--wheel] [--crates] [--rpm] [--all]
+#   scripts/package.sh [--deb] [--deb-arm64] [--wheel] [--wheel-arm64]
+#                      [--crates] [--rpm] [--static[=ARCH,...]] [--all]
+#   scripts/package.sh --release
 #
-#   --deb     dist/*.deb: blkhash (the commands, their manual pages and
-#             completions), libblkhash0 (libblkhash.so.0) and libblkhash-dev
-#             (header, .so link, static library, blkhash.pc, manual pages),
-#             built by dpkg-buildpackage from debian/ (debhelper: see
-#             debian/rules for why), then checked by lintian (errors fail).
+#   --deb     dist/*_amd64.deb (this machine's architecture): blkhash (the
+#             commands, their manual pages and completions), libblkhash0
+#             (libblkhash.so.0) and libblkhash-dev (header, .so link, static
+#             library, blkhash.pc, manual pages), built by dpkg-buildpackage
+#             from debian/ (debhelper: see debian/rules for why), then
+#             checked by lintian (errors fail).
+#   --deb-arm64  the same three for arm64, cross-built (dpkg-buildpackage
+#             -a arm64: gcc-aarch64-linux-gnu; qemu-user runs the binaries
+#             for their manual pages).
 #   --wheel   dist/blkhash-VERSION-cp39-abi3-*.whl (one wheel for CPython
 #             >= 3.9, built by maturin, stripped) and the sdist
 #             dist/blkhash-VERSION.tar.gz.
-#   --crates  dist/crates/*.crate: every publishable workspace crate,
-#             packaged and built from its package in dependency order
-#             (cargo package: what cargo publish would upload).
+#   --wheel-arm64  the manylinux aarch64 wheel (manylinux_2_17: maturin
+#             --zig, zig from PyPI, links against glibc 2.17's symbols).
+#   --crates  dist/crates/*.crate: every publishable workspace crate, checked
+#             by `cargo publish --dry-run` in dependency order (each built
+#             from its package, the unpublished ones resolved from the
+#             packages made before them), then packaged.
 #   --rpm     dist/rpm/: blkhash, blkhash-libs, blkhash-devel, the source
 #             RPM and the source tarball with vendored crates, built offline
 #             by rpmbuild from packaging/rpm/blkhash.spec (a build of its
-#             own from scratch: the slow one).
-#   --all     all four.
+#             own from scratch: the slow one). This machine's architecture
+#             only (no cross build of the spec).
+#   --static  dist/blkhash-VERSION-ARCH-linux-musl.tar.gz for x86_64 and
+#             aarch64 (--static=x86_64 or --static=aarch64: one): the four
+#             commands statically linked against musl (no C library or
+#             loader needed on the host), stripped, with their manual pages,
+#             completions, the licenses and a README. x86_64 needs musl-gcc
+#             (musl-tools) for the C parts; aarch64 is built with
+#             cargo-zigbuild and zig (from PyPI, into a venv here).
+#   --all     --deb, --wheel, --crates, --rpm (this machine's architecture).
+#   --release everything a release holds: dist/ emptied, then --deb,
+#             --deb-arm64, --wheel, --wheel-arm64, --crates, --rpm, --static.
 # No option: --deb (where dpkg-buildpackage is), --wheel and --crates.
+# Every run ends by writing dist/SHA256SUMS for every file in dist/
+# (`sha256sum -c SHA256SUMS` checks them).
 #
 # The debs and the wheel reuse the release build in target/ (or
 # CARGO_TARGET_DIR) that scripts/test.sh and scripts/install.sh make: after
-# those, only what changed is rebuilt. Tools: scripts/setup.sh installs
-# debhelper, lintian and rpm; maturin is installed here, into a venv under
-# target/.
+# those, only what changed is rebuilt; the arm64 debs reuse
+# target/aarch64-unknown-linux-gnu/release of scripts/test-cross.sh. Tools:
+# scripts/setup.sh installs debhelper, lintian, rpm, the aarch64 cross
+# compiler, qemu-user and musl-tools; maturin, ziglang and cargo-zigbuild
+# are installed here, into a venv under target/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-deb=0 wheel=0 crates=0 rpm=0
+deb=0 deb_arm64=0 wheel=0 wheel_arm64=0 crates=0 rpm=0 static=() release=0
 for arg in "$@"; do
     case $arg in
         --deb) deb=1 ;;
+        --deb-arm64) deb_arm64=1 ;;
         --wheel) wheel=1 ;;
+        --wheel-arm64) wheel_arm64=1 ;;
         --crates) crates=1 ;;
         --rpm) rpm=1 ;;
+        --static) static=(x86_64 aarch64) ;;
+        --static=*)
+            IFS=, read -ra static <<<"${arg#--static=}"
+            for a in "${static[@]}"; do
+                case $a in x86_64 | aarch64) ;; *) echo "package: --static: no $a (x86_64, aarch64)" >&2; exit 2 ;; esac
+            done
+            ;;
         --all) deb=1 wheel=1 crates=1 rpm=1 ;;
+        --release) release=1 deb=1 deb_arm64=1 wheel=1 wheel_arm64=1 crates=1 rpm=1 static=(x86_64 aarch64) ;;
         -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "package: unknown option $arg (see --help)" >&2; exit 2 ;;
     esac
@@ -57,8 +90,14 @@ export CARGO_TARGET_DIR=$target
 dist=$root/dist
 tools=$target/pkgtools
 mkdir -p "$dist" "$tools"
-# maturin for the wheel, pinned so that a rebuild gives the same wheel.
+# maturin for the wheels, pinned so that a rebuild gives the same wheel;
+# zig (the ziglang package) and cargo-zigbuild for the aarch64 wheel and the
+# aarch64 static binaries: a C cross compiler and linker with the C
+# libraries' headers for every target, which Debian has no package of for
+# aarch64 musl.
 maturin_version=1.16.0
+ziglang_version=0.17.1
+zigbuild_version=0.24.1
 
 # One version for everything: the workspace's; debian/changelog and the spec
 # must say the same (their own formats keep their own copy).
@@ -72,36 +111,62 @@ spec_version=$(sed -n 's/^Version: *//p' packaging/rpm/blkhash.spec)
     fail "packaging/rpm/blkhash.spec is at $spec_version, Cargo.toml at $version"
 say "version $version"
 
+# The debs of one architecture: this machine's (amd64 here), or arm64
+# cross-built. build_deb [ARCH]
 build_deb() {
-    local start=$SECONDS
+    local start=$SECONDS build_arch arch
     for tool in dpkg-buildpackage dh lintian; do
         command -v "$tool" >/dev/null || fail "$tool not found: run scripts/setup.sh (debhelper, lintian)"
     done
-    rm -f "$dist"/*.deb "$dist"/blkhash_*.buildinfo "$dist"/blkhash_*.changes
+    build_arch=$(dpkg --print-architecture)
+    arch=${1:-$build_arch}
+    local cross=() env=()
+    if [ "$arch" != "$build_arch" ]; then
+        [ "$arch" = arm64 ] || fail "debs for $arch: only arm64 is cross-built"
+        cross_arm64_check
+        # -a: the host architecture (debian/rules then builds for
+        # aarch64-unknown-linux-gnu); the runner runs the binaries for their
+        # manual pages (scripts/install.sh).
+        cross=(-a "$arch")
+        env=("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER=qemu-aarch64 -L /usr/aarch64-linux-gnu")
+    fi
+    rm -f "$dist"/*_"$arch".deb "$dist"/blkhash_*_"$arch".buildinfo "$dist"/blkhash_*_"$arch".changes
     # -b: binary packages only; -d: no build-dependency check (the Rust
     # toolchain is rustup's, not Debian's cargo and rustc: debian/control);
     # the debs, .buildinfo and .changes go to dist/, not to the parent
     # directory.
-    local arch changes
-    arch=$(dpkg --print-architecture)
-    changes=$dist/blkhash_${deb_version}_$arch
+    local changes=$dist/blkhash_${deb_version}_$arch
     # debian/rules clean afterwards, even on failure: dh would otherwise
     # take the steps it logged as done for done next time.
-    if ! DEB_DESTDIR=$dist dpkg-buildpackage -b -d --no-sign \
+    if ! env "${env[@]}" DEB_DESTDIR="$dist" dpkg-buildpackage -b -d --no-sign "${cross[@]}" \
         --buildinfo-file="$changes.buildinfo" --buildinfo-option=-u"$dist" \
         --changes-file="$changes.changes" --changes-option=-u"$dist"; then
         debian/rules clean >/dev/null 2>&1 || true
-        fail "dpkg-buildpackage failed"
+        fail "dpkg-buildpackage ${cross[*]} failed"
     fi
     debian/rules clean >/dev/null
+    local debs=("$dist"/*_"$arch".deb)
     # Errors fail; warnings and the rest are shown.
-    lintian --fail-on error "$dist"/*.deb ||
-        fail "lintian found errors in the debs"
+    lintian --fail-on error "${debs[@]}" ||
+        fail "lintian found errors in the $arch debs"
     local size
-    size=$(du -cb "$dist"/*.deb | tail -1 | cut -f1)
-    [ "$size" -le 15000000 ] || fail "the debs weigh $size bytes, over 15 MB"
-    ls -l "$dist"/*.deb
-    say "debs: $size bytes in all, in $(took "$start")"
+    size=$(du -cb "${debs[@]}" | tail -1 | cut -f1)
+    [ "$size" -le 15000000 ] || fail "the $arch debs weigh $size bytes, over 15 MB"
+    ls -l "${debs[@]}"
+    say "$arch debs: $size bytes in all, in $(took "$start")"
+}
+
+# The arm64 cross tools, each missing one named.
+cross_arm64_check() {
+    command -v aarch64-linux-gnu-gcc >/dev/null ||
+        fail "no aarch64-linux-gnu-gcc: install gcc-aarch64-linux-gnu and libc6-dev-arm64-cross (scripts/setup.sh)"
+    command -v qemu-aarch64 >/dev/null || fail "no qemu-aarch64: install qemu-user (scripts/setup.sh)"
+    rust_target aarch64-unknown-linux-gnu
+}
+
+rust_target() {
+    grep -qx "$1" <<<"$(rustup target list --installed 2>/dev/null)" ||
+        fail "the Rust target $1 is not installed: rustup target add $1 (scripts/setup.sh)"
 }
 
 # A venv of its own for maturin (pip, from PyPI), kept under target/.
@@ -115,22 +180,61 @@ maturin_venv() {
     echo "$venv/bin/maturin"
 }
 
+# Another for the aarch64 builds: maturin, zig and cargo-zigbuild (which
+# finds zig as `python3 -m ziglang` in the venv); prints its bin directory.
+zig_venv() {
+    local venv=$tools/zig have
+    local want="cargo-zigbuild==$zigbuild_version maturin==$maturin_version ziglang==$ziglang_version"
+    have=$("$venv/bin/pip" freeze --disable-pip-version-check 2>/dev/null |
+        grep -Ei '^(cargo-zigbuild|maturin|ziglang)==' | tr 'A-Z' 'a-z' | sort | tr '\n' ' ')
+    if [ "${have% }" != "$want" ]; then
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        # shellcheck disable=SC2086 # the pinned requirements are words
+        "$venv/bin/pip" install --quiet --disable-pip-version-check $want ||
+            fail "pip install $want failed (PyPI)"
+    fi
+    echo "$venv/bin"
+}
+
 build_wheel() {
     local start=$SECONDS maturin
     maturin=$(maturin_venv)
-    rm -f "$dist"/blkhash-*.whl "$dist"/blkhash-*.tar.gz
+    rm -f "$dist"/blkhash-"$version"-cp39-abi3-*"$(uname -m)".whl "$dist/blkhash-$version.tar.gz"
     # --release: the workspace's release profile (as scripts/test.sh builds);
     # --strip: its line tables stay out of the wheel.
     "$maturin" build --release --strip --out "$dist" -m python/Cargo.toml
     "$maturin" sdist --out "$dist" -m python/Cargo.toml
     local whl
-    whl=$(ls "$dist"/blkhash-"$version"-cp39-abi3-*.whl) || fail "no abi3 wheel for $version in dist/"
+    whl=$(ls "$dist"/blkhash-"$version"-cp39-abi3-*"$(uname -m)".whl) || fail "no abi3 wheel for $version in dist/"
     local list
     list=$(python3 -m zipfile -l "$whl")
     grep -q 'licenses/LICENSE-MIT' <<< "$list" || fail "$whl: no LICENSE-MIT"
     grep -q 'licenses/LICENSE-APACHE' <<< "$list" || fail "$whl: no LICENSE-APACHE"
     ls -l "$whl" "$dist/blkhash-$version.tar.gz"
     say "wheel and sdist in $(took "$start")"
+}
+
+# The manylinux aarch64 wheel: maturin with zig as the cross linker, against
+# glibc 2.17's symbols (manylinux2014: every aarch64 distribution of the
+# last ten years), where Debian's cross gcc would tie it to Debian 12's
+# glibc 2.36. abi3: no aarch64 Python needed to build it.
+build_wheel_arm64() {
+    local start=$SECONDS bin
+    rust_target aarch64-unknown-linux-gnu
+    bin=$(zig_venv)
+    rm -f "$dist"/blkhash-"$version"-cp39-abi3-*aarch64.whl
+    PATH=$bin:$PATH "$bin/maturin" build --release --strip --zig --compatibility manylinux2014 \
+        --target aarch64-unknown-linux-gnu --out "$dist" -m python/Cargo.toml
+    local whl
+    whl=$(ls "$dist"/blkhash-"$version"-cp39-abi3-manylinux*aarch64.whl) ||
+        fail "no manylinux aarch64 wheel for $version in dist/"
+    local list
+    list=$(python3 -m zipfile -l "$whl")
+    grep -q 'licenses/LICENSE-MIT' <<< "$list" || fail "$whl: no LICENSE-MIT"
+    grep -q 'licenses/LICENSE-APACHE' <<< "$list" || fail "$whl: no LICENSE-APACHE"
+    ls -l "$whl"
+    say "aarch64 wheel in $(took "$start")"
 }
 
 build_crates() {
@@ -144,33 +248,94 @@ m = json.load(sys.stdin)
 members = set(m["workspace_members"])
 print(" ".join(sorted(p["name"] for p in m["packages"]
                       if p["id"] in members and p.get("publish") != [])))')
-    local args=() name
-    for name in $names; do
-        args+=(-p "$name")
-    done
     # Each crate's package must carry the license files (symbolic links to
     # the root's, which cargo packages as files).
-    local list
+    local list name
     for name in $names; do
         list=$(cargo package --list --allow-dirty -p "$name" 2>/dev/null) ||
             fail "cargo package --list -p $name failed"
         { grep -qx LICENSE-MIT <<< "$list" && grep -qx LICENSE-APACHE <<< "$list"; } ||
             fail "$name: no LICENSE-MIT and LICENSE-APACHE in its package (ln -s ../LICENSE-MIT ../LICENSE-APACHE $name/)"
     done
-    # What `cargo publish` would upload, each crate built from its package
-    # (as crates.io users build it), in dependency order: the crates not on
-    # crates.io yet resolve from the ones packaged before them (cargo >=
-    # 1.90). --allow-dirty: a release is cut from a clean tag, but this runs
-    # on work trees too. `cargo publish --dry-run` with the same arguments
-    # runs the same checks.
+    # What `cargo publish` would do, short of the upload: every publishable
+    # crate in dependency order, each packaged and built from its package as
+    # crates.io users build it. The crates not on crates.io yet resolve from
+    # the packages made before them (cargo >= 1.90's multi-package publish;
+    # one crate at a time, a dry run would look for its unpublished
+    # dependencies on crates.io and fail). --allow-dirty: a release is cut
+    # from a clean tag, but this runs on work trees too.
     rm -rf "$dist/crates"
-    cargo package --allow-dirty "${args[@]}"
+    cargo publish --dry-run --workspace --allow-dirty
+    # The .crate files themselves (the same packages: nothing built again).
+    cargo package --workspace --no-verify --allow-dirty
     mkdir -p "$dist/crates"
     for name in $names; do
         cp "$target/package/$name-$version.crate" "$dist/crates/"
     done
     ls -l "$dist/crates"
     say "crates ($names) in $(took "$start")"
+}
+
+# A static tarball: blkhash-VERSION-ARCH-linux-musl.tar.gz, the four
+# commands linked statically against musl (Rust's own copy of its libc.a),
+# so that they run on any Linux of that architecture: no C library or
+# loader needed, none of the host's looked at. build_static ARCH
+build_static() {
+    local start=$SECONDS arch=$1 triple strip
+    triple=$arch-unknown-linux-musl
+    rust_target "$triple"
+    local build=(cargo build) run=()
+    case $arch in
+        x86_64)
+            # The C parts (ring, zstd, blake3's assembly) by musl-gcc, which
+            # the cc crate picks for this target.
+            command -v musl-gcc >/dev/null || fail "no musl-gcc: install musl-tools (scripts/setup.sh)"
+            strip=strip
+            [ "$(uname -m)" = x86_64 ] || run=(qemu-x86_64)
+            ;;
+        aarch64)
+            # Debian has no musl cross compiler for aarch64: zig is one (C
+            # headers of musl for every target), driven by cargo-zigbuild.
+            command -v aarch64-linux-gnu-strip >/dev/null ||
+                fail "no aarch64-linux-gnu-strip: install binutils-aarch64-linux-gnu (scripts/setup.sh)"
+            local bin
+            bin=$(zig_venv)
+            build=(env "PATH=$bin:$PATH" "$bin/cargo-zigbuild" zigbuild)
+            strip=aarch64-linux-gnu-strip
+            if [ "$(uname -m)" != aarch64 ]; then
+                command -v qemu-aarch64 >/dev/null || fail "no qemu-aarch64: install qemu-user (scripts/setup.sh)"
+                run=(qemu-aarch64)
+            fi
+            ;;
+    esac
+    # The commands' two packages only (no C library, no Python module).
+    "${build[@]}" --release --target "$triple" -p blksum -p blktools
+    local name=blkhash-$version-$arch-linux-musl
+    local stage=$tools/static/$name out=$target/$triple/release
+    rm -rf "$stage"
+    mkdir -p "$stage/man/man1" "$stage/complete"
+    local b
+    for b in blksum blkmap blkdiff blksync; do
+        "$strip" -o "$stage/$b" "$out/$b"
+        # Static: no program interpreter (loader), no shared library.
+        ! grep -q 'INTERP\|(NEEDED)' <<<"$(readelf -ldW "$stage/$b")" ||
+            fail "$b for $arch is not statically linked: $(file "$stage/$b")"
+        # It runs (here, or under qemu-user) and writes its own manual page
+        # and completions.
+        "${run[@]}" "$stage/$b" --man > "$stage/man/man1/$b.1"
+        "${run[@]}" "$stage/$b" --completions bash > "$stage/complete/$b.bash"
+        "${run[@]}" "$stage/$b" --completions zsh > "$stage/complete/_$b"
+        "${run[@]}" "$stage/$b" --completions fish > "$stage/complete/$b.fish"
+    done
+    grep -qF "$version" <<<"$("${run[@]}" "$stage/blksum" --version)" || fail "$name: blksum --version is not $version"
+    cp LICENSE-MIT LICENSE-APACHE "$stage/"
+    sed -e "s/@VERSION@/$version/g" -e "s/@ARCH@/$arch/g" packaging/static/README.md > "$stage/README.md"
+    rm -f "$dist/$name.tar.gz"
+    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$(git log -1 --format=%ct)" \
+        -C "$tools/static" -czf "$dist/$name.tar.gz" "$name"
+    rm -rf "$stage"
+    ls -l "$dist/$name.tar.gz"
+    say "$arch static tarball in $(took "$start")"
 }
 
 build_rpm() {
@@ -245,8 +410,22 @@ build_rpm() {
     say "RPMs in $(took "$start")"
 }
 
+if [ "$release" = 1 ]; then
+    # A release is what this run makes, and nothing else.
+    rm -rf "$dist"
+    mkdir -p "$dist"
+fi
 [ "$deb" = 0 ] || build_deb
+[ "$deb_arm64" = 0 ] || build_deb arm64
 [ "$wheel" = 0 ] || build_wheel
+[ "$wheel_arm64" = 0 ] || build_wheel_arm64
 [ "$crates" = 0 ] || build_crates
 [ "$rpm" = 0 ] || build_rpm
-say "done: $dist"
+for a in "${static[@]}"; do
+    build_static "$a"
+done
+# The checksums of everything in dist/, as `sha256sum -c SHA256SUMS` reads
+# them (paths relative to dist/).
+(cd "$dist" && find . -type f ! -name 'SHA256SUMS*' -printf '%P\n' | LC_ALL=C sort |
+    xargs -r -d '\n' sha256sum > SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS)
+say "done: $dist ($(wc -l < "$dist/SHA256SUMS") files in SHA256SUMS)"

@@ -15,11 +15,21 @@ set -euo pipefail
 # blksum/tests/progress.rs, which runs blksum -p in a real terminal to see
 # its progress bar drawn and cleared; for scripts/package.sh, debhelper
 # (dpkg-buildpackage) and lintian for the debs, rpm (rpmbuild, rpm2archive;
-# rpm-build on Fedora) for the RPMs.
+# rpm-build on Fedora) for the RPMs. Other architectures and static builds
+# (scripts/test-cross.sh, scripts/test-static.sh, scripts/package.sh
+# --release): the aarch64 cross compiler with its C library
+# (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross: Debian and Ubuntu only;
+# Fedora's cross compilers have no C library), QEMU's user-mode emulation
+# with its binfmt_misc handlers (qemu-user, qemu-user-binfmt), musl-gcc
+# (musl-tools) for the C parts of the static x86_64 build.
 apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc libc6-dev
-    pkg-config valgrind binutils file man-db tmux debhelper lintian rpm)
+    pkg-config valgrind binutils file man-db tmux debhelper lintian rpm
+    gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user qemu-user-binfmt binfmt-support musl-tools)
 dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc glibc-static
     pkgconf-pkg-config valgrind binutils file man-db tmux rpm-build)
+# Not in every dnf family's repositories (RHEL has no musl-gcc): tried, and
+# the steps that need them fail naming what is missing.
+dnf_optional=(musl-gcc qemu-user qemu-user-binfmt)
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -33,7 +43,9 @@ if command -v apt-get >/dev/null; then
     done
     if [ ${#missing[@]} -gt 0 ]; then
         $sudo apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+        # Lock::Timeout: wait for another apt or dpkg run (another build on
+        # a shared machine) rather than fail at once.
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq -o DPkg::Lock::Timeout=600 "${missing[@]}"
     fi
 elif command -v dnf >/dev/null; then
     # RHEL and its rebuilds (CentOS Stream, AlmaLinux, Rocky) ship nbdkit in
@@ -64,6 +76,10 @@ elif command -v dnf >/dev/null; then
     if [ ${#missing[@]} -gt 0 ]; then
         $sudo dnf install -y -q "${missing[@]}"
     fi
+    for p in "${dnf_optional[@]}"; do
+        rpm -q "$p" >/dev/null 2>&1 || $sudo dnf install -y -q "$p" ||
+            echo "setup: WARNING: dnf could not install $p: the static and arm64 steps need it" >&2
+    done
 else
     echo "setup: neither apt-get nor dnf found: install these (Debian names) by hand:" >&2
     echo "  ${apt_packages[*]}" >&2
@@ -73,4 +89,36 @@ fi
 if ! command -v cargo >/dev/null; then
     echo "setup: cargo not found: install a Rust toolchain (https://rustup.rs) first" >&2
     exit 1
+fi
+
+# The Rust targets of the static and arm64 builds (rustup's own download).
+# A failure here does not stop the set-up: the steps that need a target
+# fail on their own, naming it (scripts/test-cross.sh, test-static.sh).
+targets=(x86_64-unknown-linux-musl aarch64-unknown-linux-gnu aarch64-unknown-linux-musl)
+if command -v rustup >/dev/null; then
+    missing=()
+    installed=$(rustup target list --installed)
+    for t in "${targets[@]}"; do
+        grep -qx "$t" <<<"$installed" || missing+=("$t")
+    done
+    if [ ${#missing[@]} -gt 0 ] && ! rustup target add "${missing[@]}"; then
+        echo "setup: WARNING: rustup target add ${missing[*]} failed: the static and arm64 steps will fail" >&2
+    fi
+else
+    echo "setup: WARNING: no rustup: add the targets ${targets[*]} to your toolchain, or the static and arm64 steps fail" >&2
+fi
+
+# aarch64 programs run by the kernel through qemu-aarch64 (binfmt_misc), as
+# the arm64 tests start the commands: mount binfmt_misc where it is not
+# (containers, minimal systems) and enable the handler qemu-user-binfmt
+# installed. Needs root; a failure is reported by scripts/test-cross.sh.
+if [ -e /usr/share/binfmts/qemu-aarch64 ] && command -v update-binfmts >/dev/null; then
+    if [ ! -e /proc/sys/fs/binfmt_misc/status ]; then
+        $sudo mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc ||
+            echo "setup: WARNING: cannot mount binfmt_misc: the arm64 step will fail" >&2
+    fi
+    if [ -e /proc/sys/fs/binfmt_misc/status ] && [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
+        $sudo update-binfmts --enable qemu-aarch64 ||
+            echo "setup: WARNING: update-binfmts --enable qemu-aarch64 failed: the arm64 step will fail" >&2
+    fi
 fi

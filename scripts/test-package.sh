@@ -2,6 +2,9 @@
 # The release as users get it (scripts/test.sh runs this after the Python
 # step; the wheel is tested there, by scripts/test-python.sh):
 # - the C library's ABI against libblkhash 0.11's (scripts/check-abi.sh);
+# - the crates: `cargo publish --dry-run` of every publishable crate in
+#   dependency order, each built from its package (scripts/package.sh
+#   --crates);
 # - the debs, built by scripts/package.sh --deb (reusing the release build
 #   of target/), installed with dpkg -i and used as a user would: blksum on
 #   a qcow2 image made by qemu-img, `man -w blksum`, `man -w
@@ -18,6 +21,7 @@ cd "$(dirname "$0")/.."
 fail() { echo "test-package: $*" >&2; exit 1; }
 
 scripts/check-abi.sh
+scripts/package.sh --crates
 
 if ! command -v dpkg-buildpackage >/dev/null; then
     echo "test-package: SKIPPED the debs: no dpkg-buildpackage here (scripts/package.sh --rpm checks the RPMs)"
@@ -59,8 +63,10 @@ cleanup() {
 trap cleanup EXIT
 
 debs=()
+arch=$(dpkg --print-architecture)
 for p in "${packages[@]}"; do
-    debs+=("$(ls dist/"${p}"_"$version"-*.deb)")
+    # This machine's architecture (dist/ may hold the arm64 debs too).
+    debs+=("$(ls dist/"${p}"_"$version"-*_"$arch".deb)")
 done
 installed=1
 $sudo dpkg -i "${debs[@]}"

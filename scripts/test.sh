@@ -55,9 +55,17 @@ step "cargo test" timeout --kill-after=30 2400 cargo test --workspace --release 
 step "install (scripts/test-install.sh)" scripts/test-install.sh
 # The Python package, built and installed as a user would, and its tests.
 step "python (scripts/test-python.sh)" scripts/test-python.sh
-# The C library's ABI against libblkhash 0.11's, and the debs built,
-# installed, used and removed (the RPMs: scripts/package.sh --rpm).
+# The C library's ABI against libblkhash 0.11's, the crates' publish dry
+# run, and the debs built, installed, used and removed (the RPMs:
+# scripts/package.sh --rpm).
 step "package (scripts/test-package.sh)" scripts/test-package.sh
+# The static musl tarball of this architecture, its blksum run in an empty
+# chroot on every reference vector.
+step "static (scripts/test-static.sh)" scripts/test-static.sh
+# arm64: the workspace cross-compiled, its unit, property and vector tests
+# and blksum on real images under qemu-user (no speed figures: emulated).
+# A missing cross tool or Rust target fails this step, naming it.
+step "arm64 (scripts/test-cross.sh)" scripts/test-cross.sh
 
 echo
 echo "==> summary"

@@ -391,6 +391,28 @@ mod tests {
         }
     }
 
+    /// aarch64: the block digests run on the ARMv8 SHA-2 instructions where
+    /// the CPU has them and on plain NEON lanes where it does not, chosen at
+    /// run time (the `sha2` crate's one-message path decides the same way).
+    /// scripts/test-cross.sh runs this under QEMU with the instructions and
+    /// with them hidden, saying which in BLKHASH_TEST_SHA2 (1 or 0), and
+    /// the tests above then check each kernel's digests.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn sha256_kernel_follows_the_cpu() {
+        let sha2 = std::arch::is_aarch64_feature_detected!("sha2");
+        if let Ok(want) = std::env::var("BLKHASH_TEST_SHA2") {
+            assert_eq!(
+                sha2,
+                want == "1",
+                "SHA-2 instructions detected: {sha2}, BLKHASH_TEST_SHA2={want}"
+            );
+        }
+        let kernel = tape_sha256::backend();
+        let want = if sha2 { "neon-sha2-x4" } else { "neon-4" };
+        assert_eq!(kernel, want, "SHA-2 instructions detected: {sha2}");
+    }
+
     #[test]
     fn one_shot_equals_streaming_and_lengths() {
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();

@@ -340,7 +340,17 @@ fn private_dir() -> io::Result<tempfile::TempDir> {
     tempfile::Builder::new()
         .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
         .permissions(std::fs::Permissions::from_mode(0o700))
-        .tempdir_in(tmp)
+        .tempdir_in(&tmp)
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot make a private directory for qemu-nbd's socket in {} \
+                     (TMPDIR names another): {e}",
+                    tmp.display()
+                ),
+            )
+        })
 }
 
 /// Opening a LUKS image without its passphrase (the `io::Error`'s inner
@@ -391,6 +401,9 @@ fn serve(s: &Serve<'_>) -> io::Result<(Nbd, Server)> {
     } else {
         None
     };
+    if !on_path("qemu-nbd") {
+        return Err(not_installed(s.format));
+    }
     let dir = private_dir()?;
     let sock = dir.path().join("nbd.sock");
     let log = dir.path().join("qemu-nbd.log");
@@ -457,6 +470,26 @@ fn command(s: &Serve<'_>, dir: &Path, sock: &Path, secret: Option<&[u8]>) -> io:
     Ok(cmd)
 }
 
+/// qemu-nbd is not installed: what to install, to read `format` images.
+fn not_installed(format: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!(
+            "{format} images go through qemu-nbd, which is not installed: \
+             install qemu-utils (Debian, Ubuntu) or qemu-img (Fedora, RHEL)"
+        ),
+    )
+}
+
+/// Whether `name` is a file in a directory of PATH, as the spawn will look
+/// for it. Asked first so that a system without qemu-nbd is told so, even
+/// where the private directory cannot be made either (a bare chroot with no
+/// /tmp, where the static binaries run).
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(name).is_file()))
+}
+
 /// Spawn qemu-nbd (`cmd`), its messages to `log`, bound to die with us;
 /// an error saying how to install it if it is not installed (to read
 /// `format` images).
@@ -491,13 +524,7 @@ fn spawn(mut cmd: Command, log: &Path, writable: bool, format: &str) -> io::Resu
     }
     cmd.spawn().map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "{format} images go through qemu-nbd, which is not installed: \
-                     install qemu-utils (Debian, Ubuntu) or qemu-img (Fedora, RHEL)"
-                ),
-            )
+            not_installed(format)
         } else {
             io::Error::new(e.kind(), format!("cannot run qemu-nbd: {e}"))
         }

@@ -139,18 +139,31 @@ fn errors_and_missing_qemu_nbd() {
     // -f vmdk on a file that is not one.
     let out = run_timeout(&["-f", "vmdk", raw.to_str().unwrap()], None, LIMIT);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    // No qemu-nbd on PATH: name the package.
-    let out = blksum()
-        .env("PATH", dir.path())
-        .arg(&vmdk)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("install qemu-utils (Debian, Ubuntu) or qemu-img (Fedora, RHEL)"),
-        "{}",
+    // The vmdk with one variable of the environment changed: exit 1 and
+    // its message.
+    let vmdk_with = |var: &str, value: &std::path::Path| {
+        let out = blksum()
+            .env(var, value)
+            .arg(&vmdk)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{var}: {}", stderr(&out));
         stderr(&out)
+    };
+    // No qemu-nbd on PATH: name the package.
+    let msg = vmdk_with("PATH", dir.path());
+    assert!(
+        msg.contains("install qemu-utils (Debian, Ubuntu) or qemu-img (Fedora, RHEL)"),
+        "{msg}"
+    );
+    // No directory to make the private one in (a bare chroot has no /tmp):
+    // named, with the way out.
+    let msg = vmdk_with("TMPDIR", &dir.path().join("nowhere"));
+    assert!(
+        msg.contains("cannot make a private directory for qemu-nbd's socket in")
+            && msg.contains("nowhere (TMPDIR names another)"),
+        "{msg}"
     );
     // An unknown format name is a usage error that lists the known ones.
     let out = run_timeout(&["-f", "nope", vmdk.to_str().unwrap()], None, LIMIT);

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# arm64 (aarch64) Linux, tested on this x86_64 machine (scripts/test.sh's
+# "arm64" step):
+# - the whole workspace cross-compiled for aarch64-unknown-linux-gnu by
+#   Debian's cross toolchain (the commands, libblkhash, the Python module);
+# - the unit, property and vector tests of blkhash, blkhash-map,
+#   blkhash-job and blkhash-image, and blksum's vector test, run under
+#   QEMU's user-mode emulation: qemu-aarch64 as cargo's runner for the
+#   target, and binfmt_misc for the commands the tests start;
+# - blkhash's tests again with the CPU's SHA-2 instructions hidden from the
+#   run-time detection (scripts/cross/no-sha2.c), so that both SHA-256
+#   kernels are checked: the ARMv8 SHA-2 one (QEMU's CPU has the
+#   instructions) and the portable NEON one;
+# - blksum for aarch64 on real images, raw and qcow2 made by qemu-img,
+#   giving the x86_64 build's checksums.
+# Emulation says nothing about speed: every figure of docs/performance.md
+# is x86_64.
+#
+# Needs (scripts/setup.sh installs them on Debian and Ubuntu):
+# gcc-aarch64-linux-gnu and libc6-dev-arm64-cross, qemu-user with
+# qemu-user-binfmt (binfmt_misc mounted, the qemu-aarch64 handler
+# enabled), and the Rust target (rustup target add
+# aarch64-unknown-linux-gnu). Without one of them it fails, saying which.
+# The build shares target/ (or CARGO_TARGET_DIR) with the release build:
+# target/aarch64-unknown-linux-gnu/release, which the arm64 debs of
+# scripts/package.sh reuse.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fail() { echo "test-cross: $*" >&2; exit 1; }
+say() { echo "test-cross: $*"; }
+
+triple=aarch64-unknown-linux-gnu
+sysroot=/usr/aarch64-linux-gnu
+
+# What it needs, each missing one named with where it comes from.
+command -v aarch64-linux-gnu-gcc >/dev/null ||
+    fail "no aarch64-linux-gnu-gcc: install gcc-aarch64-linux-gnu and libc6-dev-arm64-cross (scripts/setup.sh does)"
+[ -e "$sysroot/lib/ld-linux-aarch64.so.1" ] ||
+    fail "no $sysroot/lib/ld-linux-aarch64.so.1: install libc6-dev-arm64-cross (scripts/setup.sh does)"
+command -v qemu-aarch64 >/dev/null ||
+    fail "no qemu-aarch64: install qemu-user and qemu-user-binfmt (scripts/setup.sh does)"
+grep -qx "$triple" <<<"$(rustup target list --installed 2>/dev/null)" ||
+    fail "the Rust target $triple is not installed: rustup target add $triple (scripts/setup.sh tries; see its output for why it could not)"
+binfmt=/proc/sys/fs/binfmt_misc/qemu-aarch64
+[ "$(head -1 "$binfmt" 2>/dev/null)" = enabled ] ||
+    fail "no enabled qemu-aarch64 handler in binfmt_misc ($binfmt): the tests start aarch64 commands; mount binfmt_misc and run update-binfmts --enable qemu-aarch64 (scripts/setup.sh does, as root)"
+
+target=${CARGO_TARGET_DIR:-target}
+case $target in /*) ;; *) target=$PWD/$target ;; esac
+export CARGO_TARGET_DIR=$target
+var=CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$triple")
+export "${var}_LINKER=aarch64-linux-gnu-gcc"
+# The test binaries run under qemu-aarch64 with the cross C library; the
+# commands they start run through binfmt_misc, which finds that library
+# through QEMU_LD_PREFIX.
+export "${var}_RUNNER=qemu-aarch64 -L $sysroot"
+export QEMU_LD_PREFIX=$sysroot
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/blkhash-cross-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+start=$SECONDS
+took() { printf '%dm%02ds' $(((SECONDS - $1) / 60)) $(((SECONDS - $1) % 60)); }
+
+# The whole workspace: what the arm64 packages are built from.
+cargo build --workspace --release --target "$triple"
+say "workspace built for $triple in $(took "$start")"
+
+# Unit, property and vector tests (--tests: the library's unit tests and the
+# integration tests, not the doc examples, which the x86_64 run covers).
+# BLKHASH_TEST_SHA2=1: QEMU's CPU has the SHA-2 instructions, and
+# blkhash's kernel test checks they are found and used.
+# Skipped: huge_zero_range_is_cheap, a bound on time (8 TiB of zeros in
+# under a minute), which emulation says nothing about; x86_64 runs it.
+t=$SECONDS
+BLKHASH_TEST_SHA2=1 cargo test --release --target "$triple" \
+    -p blkhash -p blkhash-map -p blkhash-job --tests -- --skip huge_zero_range_is_cheap
+cargo test --release --target "$triple" -p blkhash-image --lib
+cargo test --release --target "$triple" -p blksum --test vectors
+say "tests under qemu-aarch64 in $(took "$t")"
+
+# The same blkhash tests on a CPU without the SHA-2 instructions: the
+# shim hides them from getauxval(), in the emulated program only (-E).
+t=$SECONDS
+aarch64-linux-gnu-gcc -O2 -Wall -Werror -shared -fPIC -o "$tmp/no-sha2.so" scripts/cross/no-sha2.c
+BLKHASH_TEST_SHA2=0 env "${var}_RUNNER=qemu-aarch64 -L $sysroot -E LD_PRELOAD=$tmp/no-sha2.so" \
+    cargo test --release --target "$triple" -p blkhash --tests -- --skip huge_zero_range_is_cheap
+say "blkhash's tests without the SHA-2 instructions in $(took "$t")"
+
+# blksum for aarch64 on real images: raw with data, holes and zeros, and
+# its qcow2 conversions (zlib- and zstd-compressed), the checksums the
+# x86_64 build prints (target/release, built by scripts/test.sh's build
+# step, else here).
+t=$SECONDS
+[ -x "$target/release/blksum" ] || cargo build --release -p blksum
+arm=$target/$triple/release/blksum
+grep -q 'ARM aarch64' <<<"$(file -L "$arm")" || fail "$arm is not an aarch64 program: $(file -L "$arm")"
+head -c 3M /dev/urandom > "$tmp/disk.raw"
+truncate -s 24M "$tmp/disk.raw"
+seq 1 300000 | dd of="$tmp/disk.raw" bs=1M seek=9 conv=notrunc status=none
+dd if=/dev/zero of="$tmp/disk.raw" bs=1M seek=16 count=2 conv=notrunc status=none
+qemu-img convert -f raw -O qcow2 "$tmp/disk.raw" "$tmp/disk.qcow2"
+qemu-img convert -c -f raw -O qcow2 "$tmp/disk.raw" "$tmp/zlib.qcow2"
+qemu-img convert -c -f raw -O qcow2 -o compression_type=zstd "$tmp/disk.raw" "$tmp/zstd.qcow2"
+for d in sha256 blake3 sha512; do
+    want=$("$target/release/blksum" -d "$d" "$tmp/disk.raw")
+    want=${want%% *}
+    for img in disk.raw disk.qcow2 zlib.qcow2 zstd.qcow2; do
+        # Run as a user runs it: the kernel hands it to qemu-aarch64 (binfmt).
+        got=$("$arm" -d "$d" "$tmp/$img")
+        [ "${got%% *}" = "$want" ] || fail "$d $img: aarch64 blksum $got, x86_64 $want"
+    done
+    got=$("$arm" -d "$d" - < "$tmp/disk.raw")
+    [ "${got%% *}" = "$want" ] || fail "$d from a pipe: aarch64 blksum $got, x86_64 $want"
+done
+say "aarch64 blksum on raw, qcow2, zlib and zstd qcow2 and a pipe: the x86_64 checksums, in $(took "$t")"
+say "ok in $(took "$start") (emulated: no speed figures)"
