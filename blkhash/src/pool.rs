@@ -4,26 +4,14 @@
 //! and the hasher puts results back in order.
 
 use crate::algorithm::Algorithm;
-use crate::options::IN_FLIGHT_BUDGET;
+use crate::options::{IN_FLIGHT_BUDGET, JobDone};
 use crate::zero::is_zero;
 use crossbeam_channel::{Receiver, Sender};
-use std::fmt;
 use std::io;
-use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// Produces a job's bytes on a worker: fills the whole slice, or fails.
 pub type Fill = Box<dyn FnOnce(&mut [u8]) -> io::Result<()> + Send>;
-
-/// Called by a worker after each finished job (see `Options::on_job_done`).
-#[derive(Clone)]
-pub(crate) struct JobDone(pub Arc<dyn Fn() + Send + Sync>);
-
-impl fmt::Debug for JobDone {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("JobDone")
-    }
-}
 
 /// Bytes a job digests: an internal staging buffer, a caller's buffer, or
 /// bytes a worker produces itself into its own buffer (a read, typically:
