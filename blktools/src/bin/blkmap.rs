@@ -193,13 +193,59 @@ fn main() -> ExitCode {
     if let Some(code) = blkcli::manual::early::<Args>(&PAGE) {
         return code;
     }
-    let args: Args = blkcli::args::parse_map_args(|a: &Args| &a.input);
+    let args: Args = blkcli::args::parse_map_args(command(), |a: &Args| &a.input);
     match &args.command {
         Some(Command::Merge { out, parts, line }) => merge(out, parts, line),
         Some(Command::Checksum { maps, line }) => checksum(maps, line),
-        Some(Command::Bitmaps { image, json, input }) => bitmaps(image, *json, input),
+        Some(Command::Bitmaps { image, json, input }) => {
+            let mut cmd = command();
+            cmd.build();
+            let sub = cmd.find_subcommand_mut("bitmaps").expect("the subcommand");
+            input.refuse_hashing(sub, "listing bitmaps");
+            bitmaps(image, *json, input)
+        }
         None => map(&args),
     }
+}
+
+/// The command, with `-h` a summary, and `bitmaps` taking only the options
+/// that open an image.
+fn command() -> clap::Command {
+    use blkcli::help::*;
+    let shown = [
+        (
+            "range",
+            "Hash only RANGE (OFFSET+LENGTH or K/N) into a part",
+        ),
+        ("base", "Update OLD, the map when the bitmap began"),
+        ("dirty_bitmap", "The dirty bitmap that marks what changed"),
+        ("verify", "With --base: read the clean blocks too, to check"),
+        ("json", "One JSON object instead of the checksum line"),
+        DIGEST,
+        BLOCK_SIZE,
+        FORMAT,
+        NO_BACKING,
+        FORCE_SHARE,
+        CACHE,
+        PROGRESS,
+    ];
+    let listing = [
+        ("json", "One JSON array instead of lines"),
+        FORMAT,
+        FORCE_SHARE,
+        TIMEOUT,
+    ];
+    summarize(<Args as clap::CommandFactory>::command(), &shown)
+        .mut_subcommand("merge", |c| {
+            short_about(c, "Merge parts into the map OUT; print the checksum")
+        })
+        .mut_subcommand("checksum", |c| {
+            short_about(c, "Print the checksum of a map, or of its parts")
+        })
+        .mut_subcommand("bitmaps", |c| {
+            let c = short_about(c, "List the dirty bitmaps of IMAGE");
+            summarize(blkcli::args::only_open_options(c), &listing)
+        })
 }
 
 /// `blkmap IMAGE OUT [--range R]`.
