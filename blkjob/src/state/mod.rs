@@ -219,7 +219,7 @@ impl Side {
                 ("change", now.ctime, self.ctime)
             };
             return Some(format!(
-                "it was written after {saved} was saved (its {what} time is {}, {saved} recorded {})",
+                "it changed after {saved} was saved (its times: its {what} time is {}, {saved} recorded {})",
                 when(now),
                 when(then)
             ));
