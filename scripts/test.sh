@@ -13,6 +13,15 @@ summary=()
 passed=0
 failed=0
 
+# Every step runs with a temporary directory of its own, private (mode 0700,
+# as mktemp -d makes it: a test that needs another user to reach its files
+# must say so), which must be empty again at the end: the tests leave
+# nothing behind. Made in the TMPDIR the run was given, removed at the end.
+outer_tmp=${TMPDIR:-/tmp}
+run_tmp=$(mktemp -d "$outer_tmp/blkhash-test.XXXXXX")
+trap 'rm -rf "$run_tmp"' EXIT
+export TMPDIR=$run_tmp
+
 # step NAME COMMAND...: run COMMAND (its output as it comes), record the result.
 step() {
     local name=$1 start=$SECONDS rc
@@ -58,6 +67,18 @@ step "python (scripts/test-python.sh)" scripts/test-python.sh
 # The C library's ABI against libblkhash 0.11's, and the debs built,
 # installed, used and removed (the RPMs: scripts/package.sh --rpm).
 step "package (scripts/test-package.sh)" scripts/test-package.sh
+
+# What the steps left in the temporary directory (the run's own, above).
+left_behind() {
+    local left
+    left=$(ls -A "$run_tmp")
+    if [ -n "$left" ]; then
+        echo "left in the temporary directory $run_tmp by the steps above:"
+        printf '%s\n' "$left" | sed 's/^/  /'
+        return 1
+    fi
+}
+step "nothing left in the temporary directory" left_behind
 
 echo
 echo "==> summary"
