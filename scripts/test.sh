@@ -47,12 +47,15 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --workspace --all-targets --release -- -D warnings
 # The API documentation builds without a warning (a broken link, a private item).
 step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-# A short fuzzing run of every parser of untrusted bytes: a line per target
-# here, libFuzzer's whole output in target/fuzz-logs/. fuzz.sh installs
-# cargo-fuzz (cargo install, into ~/.cargo/bin) if it is missing, and on a
-# stable-only toolchain sets RUSTC_BOOTSTRAP=1 for its own builds, which
-# need nightly flags (the sanitizers): see its comments.
-step "fuzz (scripts/fuzz.sh)" scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+# Every fuzz target over its corpus (the committed one and the seeds made
+# here), each input once: a regression run, a line per target here,
+# libFuzzer's whole output in target/fuzz-logs/. Fuzzing for new inputs
+# takes minutes a target: `scripts/fuzz.sh SECONDS` (FUZZ_SECONDS=60 here
+# makes this step do it). fuzz.sh installs cargo-fuzz (cargo install, into
+# ~/.cargo/bin) if it is missing, and on a stable-only toolchain sets
+# RUSTC_BOOTSTRAP=1 for its own builds, which need nightly flags (the
+# sanitizers): see its comments.
+step "fuzz regression (scripts/fuzz.sh 0)" scripts/fuzz.sh "${FUZZ_SECONDS:-0}"
 # libblkhash.so and .a, which the C tests link (cargo test builds only the rlib).
 step "cargo build" cargo build --workspace --release
 # Every test binary runs, and every failure is reported, not only the first.
