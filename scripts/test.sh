@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run every test: formatting, lints, unit, property, vector, command, C and
-# Python tests.
+# Run every test: formatting, lints, the fuzz targets' corpora, unit,
+# property, vector, command, documentation, C and Python tests.
 #
 # Every step runs even when an earlier one fails (one failing Rust test must
 # not hide the Python suite); the run ends with a summary, each step with
@@ -62,6 +62,9 @@ step "cargo build" cargo build --workspace --release
 # A hung test fails the run after 40 minutes instead of stalling CI (libtest
 # names a test running for over 60 s, which points at the hang).
 step "cargo test" timeout --kill-after=30 2400 cargo test --workspace --release --no-fail-fast
+# Every shell example of the README and docs/guide/ run, its output checked
+# (on the release build of the step before).
+step "docs examples (scripts/test-docs.py)" scripts/test-docs.py
 # scripts/install.sh into a scratch prefix: the commands, the C library
 # through pkg-config, the manual pages.
 step "install (scripts/test-install.sh)" scripts/test-install.sh
