@@ -17,6 +17,7 @@ targets from our issue with PASS/FAIL.
     python3 bench/run.py --only python   # the Python package against blksum and the library
     python3 bench/run.py --only remote --runs 3   # nbdkit exports with read delays, unix and TCP
     python3 bench/run.py --only dirty --dirty-size 2g --runs 1   # incremental maps, quick
+    python3 bench/run.py --plots         # the charts of docs/, from the reports in docs/bench/
 
 Environment:
     BLKSUM_REF          the reference blksum binary (rows skipped if unset)
@@ -663,6 +664,22 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases):
         self.r()
 
 
+def plots(workdir):
+    """bench/plots.py, in the bench's own venv (workdir/plots-venv, made with
+    matplotlib the first time): the charts come from the reports kept in
+    docs/bench/, so nothing is measured here."""
+    venv = workdir / "plots-venv"
+    python = venv / "bin" / "python"
+    if subprocess.run([str(python), "-c", "import matplotlib"], capture_output=True).returncode \
+            if python.exists() else True:
+        log(f"making {venv} with matplotlib")
+        workdir.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet",
+                        "--disable-pip-version-check", "matplotlib"], check=True)
+    return subprocess.run([str(python), str(Path(__file__).with_name("plots.py"))]).returncode
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -705,7 +722,12 @@ def main():
                          "takes it (default %(default)s: a 1 Gbit/s network)")
     ap.add_argument("--timeout", type=float, default=1800,
                     help="seconds before a command is killed (default %(default)s)")
+    ap.add_argument("--plots", action="store_true",
+                    help="draw the charts of docs/ (docs/images/*.png) from the reports in "
+                         "docs/bench/, with matplotlib in a venv in --dir; run nothing else")
     a = ap.parse_args()
+    if a.plots:
+        return plots(Path(a.dir))
 
     only = [c.strip() for o in a.only for c in o.split(",") if c.strip()]
     if a.lib:

@@ -1,15 +1,31 @@
 #!/usr/bin/env bash
-# Run each fuzz target for SECONDS (default 60): scripts/fuzz.sh [SECONDS]
-# Needs cargo-fuzz (installed here if missing) and a nightly toolchain, or
-# a stable one made to accept nightly flags (below). Seeds come from
-# qemu-img when it is installed (scripts/setup.sh installs it). Every target
-# runs; each gets one line here (executions, seconds, result) and its whole
-# libFuzzer output in target/fuzz-logs/TARGET.log. Crashes land in
-# fuzz/artifacts/TARGET/ and make this script fail once all targets ran.
+# Fuzz every parser of untrusted bytes: scripts/fuzz.sh [SECONDS]
+#
+#   scripts/fuzz.sh 0      each target runs every input of its corpus once
+#                          and nothing new: the regression run the test
+#                          command makes (scripts/test.sh), a minute or so
+#                          once the targets are built
+#   scripts/fuzz.sh 600    each target fuzzes for 600 s (default 60): new
+#                          inputs, the way bugs are found (fuzz/README.md)
+#
+# A target's corpus is fuzz/corpus/TARGET: when empty, it starts from the
+# committed corpus (fuzz/seeds/TARGET, what long runs ended with) and small
+# valid inputs made here (images by qemu-img, when scripts/setup.sh has
+# installed it). Needs cargo-fuzz (installed here if missing) and a nightly
+# toolchain, or a stable one made to accept nightly flags (below). Every
+# target runs; each gets one line here (executions, seconds, result) and
+# its whole libFuzzer output in target/fuzz-logs/TARGET.log. Crashes land
+# in fuzz/artifacts/TARGET/ and make this script fail once all targets ran.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
 seconds=${1:-60}
+case $seconds in
+    '' | *[!0-9]*)
+        echo "usage: scripts/fuzz.sh [SECONDS] (0: each corpus input once)" >&2
+        exit 2
+        ;;
+esac
 targets=(qcow2 nbd_reply nbd_transmission nbd_handshake blkmap check_file state record)
 
 # cargo fuzz builds with nightly-only flags (-Zsanitizer=address and the
@@ -215,8 +231,14 @@ for t in "${targets[@]}"; do
     fi
     log=$logs/$t.log
     start=$SECONDS
+    # -runs=0: the corpus only (libFuzzer runs every input of it once).
+    if [ "$seconds" -eq 0 ]; then
+        limit=(-runs=0)
+    else
+        limit=(-max_total_time="$seconds")
+    fi
     if cargo "${toolchain[@]}" fuzz run -O "$t" "$corpus" -- \
-        -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
+        "${limit[@]}" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
         >"$log" 2>&1; then
         result=ok
     else

@@ -23,7 +23,8 @@
 #             by `cargo publish --dry-run` in dependency order (each built
 #             from its package, the unpublished ones resolved from the
 #             packages made before them), then packaged.
-#   --rpm     dist/rpm/: blkhash, blkhash-libs, blkhash-devel, the source
+#   --rpm     dist/rpm/: blkhash, blkhash-libs, blkhash-devel,
+#             blkhash-static (libblkhash.a, as Fedora splits it), the source
 #             RPM and the source tarball with vendored crates, built offline
 #             by rpmbuild from packaging/rpm/blkhash.spec (a build of its
 #             own from scratch: the slow one). This machine's architecture
@@ -387,11 +388,11 @@ build_rpm() {
     [ "$(readlink "$r/usr/lib64/libblkhash.so")" = libblkhash.so.0 ] || fail "no libblkhash.so link"
     grep -qx 'libdir=/usr/lib64' "$r/usr/lib64/pkgconfig/blkhash.pc" || fail "blkhash.pc: libdir is not /usr/lib64"
     grep -qx "Version: $version" "$r/usr/lib64/pkgconfig/blkhash.pc" || fail "blkhash.pc: Version is not $version"
-    for f in usr/share/man/man1/blksum.1.gz usr/share/man/man3/blkhash_update.3.gz; do
+    for f in usr/share/man/man1/blksum.1.gz usr/share/man/man3/blkhash_update.3.gz usr/lib64/libblkhash.a; do
         [ -e "$r/$f" ] || [ -L "$r/$f" ] || fail "no /$f in the RPMs"
     done
     # %license: /usr/share/licenses/NAME (Fedora) or NAME-VERSION (older rpm).
-    for p in blkhash blkhash-libs blkhash-devel; do
+    for p in blkhash blkhash-libs blkhash-devel blkhash-static; do
         for f in LICENSE-MIT LICENSE-APACHE; do
             [ -e "$r/usr/share/licenses/$p/$f" ] || [ -e "$r/usr/share/licenses/$p-$version/$f" ] ||
                 fail "$p: no $f in /usr/share/licenses"

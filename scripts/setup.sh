@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what building and testing blkhash needs, with apt-get (Debian,
-# Ubuntu) or dnf (Fedora, CentOS Stream, RHEL with EPEL for nbdkit).
+# Ubuntu) or dnf (Fedora, CentOS Stream, RHEL with EPEL for nbdkit);
+# `scripts/setup.sh --demo` only what scripts/demo.sh needs.
 # Needs root or sudo for the packages; a Rust toolchain (rustup) must be
 # there already. Safe to run again: only missing packages are installed.
 set -euo pipefail
@@ -31,6 +32,15 @@ dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc glibc-sta
 # the steps that need them fail naming what is missing.
 dnf_optional=(musl-gcc qemu-user qemu-user-binfmt)
 
+# --demo: only what scripts/demo.sh runs beside cargo (qemu-img; the rest
+# is coreutils), not the tools of the tests and packages.
+demo=false
+if [ "${1:-}" = --demo ]; then
+    demo=true
+    apt_packages=(qemu-utils)
+    dnf_packages=(qemu-img)
+fi
+
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
     sudo="sudo"
@@ -58,6 +68,8 @@ elif command -v dnf >/dev/null; then
     version=$(. /etc/os-release 2>/dev/null && echo "${VERSION_ID%%.*}")
     # RHEL says ID=rhel, its rebuilds name rhel or centos in ID_LIKE; Fedora
     # says neither.
+    # (--demo needs no EPEL: qemu-img is in the system's repositories.)
+    $demo && os_id=""
     case " $os_id " in
         *" rhel "* | *" centos "*)
             if ! rpm -q epel-release >/dev/null 2>&1; then

@@ -47,11 +47,6 @@ for p in "${packages[@]}"; do
     fi
 done
 
-scripts/package.sh --deb
-
-version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml)
-multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
-libdir=/usr/lib/$multiarch
 tmp=$(mktemp -d /tmp/blkhash-package-XXXXXX)
 installed=0
 cleanup() {
@@ -61,6 +56,15 @@ cleanup() {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
+
+# TMPDIR in $tmp: lintian leaves its caches (mldbm-elf-*) in the temporary
+# directory; they go with $tmp.
+mkdir "$tmp/tmp"
+TMPDIR=$tmp/tmp scripts/package.sh --deb
+
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml)
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
+libdir=/usr/lib/$multiarch
 
 debs=()
 arch=$(dpkg --print-architecture)

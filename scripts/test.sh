@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run every test: formatting, lints, unit, property, vector, command, C and
-# Python tests.
+# Run every test: formatting, lints, the fuzz targets' corpora, unit,
+# property, vector, command, documentation, C and Python tests.
 #
 # Every step runs even when an earlier one fails (one failing Rust test must
 # not hide the Python suite); the run ends with a summary, each step with
@@ -12,6 +12,15 @@ cd "$(dirname "$0")/.."
 summary=()
 passed=0
 failed=0
+
+# Every step runs with a temporary directory of its own, private (mode 0700,
+# as mktemp -d makes it: a test that needs another user to reach its files
+# must say so), which must be empty again at the end: the tests leave
+# nothing behind. Made in the TMPDIR the run was given, removed at the end.
+outer_tmp=${TMPDIR:-/tmp}
+run_tmp=$(mktemp -d "$outer_tmp/blkhash-test.XXXXXX")
+trap 'rm -rf "$run_tmp"' EXIT
+export TMPDIR=$run_tmp
 
 # step NAME COMMAND...: run COMMAND (its output as it comes), record the result.
 step() {
@@ -38,18 +47,24 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --workspace --all-targets --release -- -D warnings
 # The API documentation builds without a warning (a broken link, a private item).
 step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-# A short fuzzing run of every parser of untrusted bytes: a line per target
-# here, libFuzzer's whole output in target/fuzz-logs/. fuzz.sh installs
-# cargo-fuzz (cargo install, into ~/.cargo/bin) if it is missing, and on a
-# stable-only toolchain sets RUSTC_BOOTSTRAP=1 for its own builds, which
-# need nightly flags (the sanitizers): see its comments.
-step "fuzz (scripts/fuzz.sh)" scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+# Every fuzz target over its corpus (the committed one and the seeds made
+# here), each input once: a regression run, a line per target here,
+# libFuzzer's whole output in target/fuzz-logs/. Fuzzing for new inputs
+# takes minutes a target: `scripts/fuzz.sh SECONDS` (FUZZ_SECONDS=60 here
+# makes this step do it). fuzz.sh installs cargo-fuzz (cargo install, into
+# ~/.cargo/bin) if it is missing, and on a stable-only toolchain sets
+# RUSTC_BOOTSTRAP=1 for its own builds, which need nightly flags (the
+# sanitizers): see its comments.
+step "fuzz regression (scripts/fuzz.sh 0)" scripts/fuzz.sh "${FUZZ_SECONDS:-0}"
 # libblkhash.so and .a, which the C tests link (cargo test builds only the rlib).
 step "cargo build" cargo build --workspace --release
 # Every test binary runs, and every failure is reported, not only the first.
 # A hung test fails the run after 40 minutes instead of stalling CI (libtest
 # names a test running for over 60 s, which points at the hang).
 step "cargo test" timeout --kill-after=30 2400 cargo test --workspace --release --no-fail-fast
+# Every shell example of the README and docs/guide/ run, its output checked
+# (on the release build of the step before).
+step "docs examples (scripts/test-docs.py)" scripts/test-docs.py
 # scripts/install.sh into a scratch prefix: the commands, the C library
 # through pkg-config, the manual pages.
 step "install (scripts/test-install.sh)" scripts/test-install.sh
@@ -66,6 +81,18 @@ step "static (scripts/test-static.sh)" scripts/test-static.sh
 # and blksum on real images under qemu-user (no speed figures: emulated).
 # A missing cross tool or Rust target fails this step, naming it.
 step "arm64 (scripts/test-cross.sh)" scripts/test-cross.sh
+
+# What the steps left in the temporary directory (the run's own, above).
+left_behind() {
+    local left
+    left=$(ls -A "$run_tmp")
+    if [ -n "$left" ]; then
+        echo "left in the temporary directory $run_tmp by the steps above:"
+        printf '%s\n' "$left" | sed 's/^/  /'
+        return 1
+    fi
+}
+step "nothing left in the temporary directory" left_behind
 
 echo
 echo "==> summary"

@@ -170,11 +170,12 @@ impl InputArgs {
     }
 }
 
-/// Parse the command line of a command that makes maps: as `A::parse`, and
-/// a digest that computes no block digests (`null`) is a usage error, since
-/// its map would say nothing.
-pub fn parse_map_args<A: clap::Parser>(input: impl Fn(&A) -> &InputArgs) -> A {
-    let args = A::parse();
+/// Parse the command line of a command that makes maps with `cmd` (its
+/// `A::command()` with `-h` summarized: [`crate::help`]), and a digest that
+/// computes no block digests (`null`) is a usage error, since its map
+/// would say nothing.
+pub fn parse_map_args<A: clap::Parser>(cmd: clap::Command, input: impl Fn(&A) -> &InputArgs) -> A {
+    let args: A = crate::help::parse(cmd);
     if let Some(a) = input(&args).digest.filter(|a| a.output_len() == 0) {
         A::command()
             .error(
@@ -184,6 +185,51 @@ pub fn parse_map_args<A: clap::Parser>(input: impl Fn(&A) -> &InputArgs) -> A {
             .exit();
     }
     args
+}
+
+/// The options of [`InputArgs`] that say how to hash, not how to open an
+/// image: they mean nothing to a command that only opens one (`blkmap
+/// bitmaps`), which hides them ([`only_open_options`]) and refuses them
+/// ([`InputArgs::refuse_hashing`]).
+const HASHING: &[(&str, &str)] = &[
+    ("digest", "--digest"),
+    ("block_size", "--block-size"),
+    ("threads", "--threads"),
+    ("cache", "--cache"),
+    ("read_size", "--read-size"),
+    ("queue_depth", "--queue-depth"),
+    ("io_depth", "--io-depth"),
+];
+
+/// `cmd` without the hashing options of [`InputArgs`] in its help and
+/// manual: for a command that only opens an image.
+pub fn only_open_options(cmd: clap::Command) -> clap::Command {
+    HASHING
+        .iter()
+        .fold(cmd, |c, (id, _)| c.mut_arg(*id, |a| a.hide(true)))
+}
+
+impl InputArgs {
+    /// A usage error (exit 2) if a hashing option was given to `what`, a
+    /// command that only opens an image ([`only_open_options`]).
+    pub fn refuse_hashing(&self, cmd: &mut clap::Command, what: &str) {
+        let given = [
+            self.digest.is_some(),
+            self.block_size.is_some(),
+            self.threads.is_some(),
+            self.cache,
+            self.read_size.is_some(),
+            self.queue_depth.is_some(),
+            self.io_depth.is_some(),
+        ];
+        if let Some(((_, flag), _)) = HASHING.iter().zip(given).find(|(_, g)| *g) {
+            cmd.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!("{flag} does not apply to {what}: nothing is hashed"),
+            )
+            .exit();
+        }
+    }
 }
 
 /// An image format by name (raw, qcow2, or one QEMU reads).

@@ -2,12 +2,16 @@
 //! share, written once: the input options ([`args`]), checksum lines as `sha256sum` writes and reads them
 //! ([`lines`]), stopping on Ctrl-C and SIGTERM ([`signals`]), and the guards
 //! that keep an output from destroying data and two runs from writing one
-//! destination ([`guard`]), the manual pages and completions ([`manual`]), standard output that never panics ([`output`]), progress ([`progress`]), and the options named in the libraries' errors ([`hints`]). The commands only parse, wire and print.
+//! destination ([`guard`]), the manual pages and completions ([`manual`]),
+//! `-h` as a summary ([`help`]), standard output that never panics
+//! ([`output`]), progress ([`progress`]), and the options named in the
+//! libraries' errors ([`hints`]). The commands only parse, wire and print.
 
 // Every public item says what it is (cargo doc is part of the API).
 #![warn(missing_docs)]
 
 pub mod args;
+pub mod help;
 pub mod hints;
 pub use blkjob::guard;
 pub mod lines;

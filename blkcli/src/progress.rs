@@ -5,7 +5,8 @@
 //!   from the start; bars are cleared before any line is printed, and when
 //!   their input ends.
 //! - With standard error not a terminal: a line `blksum: NAME: N%` at each
-//!   tenth (`blksum: NAME: 30%`, with the command's name), so a log shows
+//!   tenth (`blksum: NAME: 30%`, with the command's name; every tenth, also
+//!   those a run of holes or zeros passes in one step), so a log shows
 //!   the run moving, and `blksum: NAME: 100%` once the input is hashed
 //!   ([`InputProgress::finish`]; never for one that failed): the tenths
 //!   count bytes handed to the digest workers, which reach the size before
@@ -226,12 +227,14 @@ impl InputProgress<'_> {
         }
         if let Some(size) = self.size.filter(|&s| s > 0) {
             self.report_fd(self.done as f64 / size as f64);
-            let tenth = self.done.saturating_mul(10) / size;
             // 100% waits for `finish`: the bytes are passed on, not yet
             // digested or checked.
-            if self.run.lines && tenth > self.tenth && tenth < 10 {
-                self.tenth = tenth;
-                eprintln!("{}: {}: {}%", self.run.command, self.name, tenth * 10);
+            let tenth = (self.done.saturating_mul(10) / size).min(9);
+            // Every tenth, those a hole passes in one step too, so a log
+            // reads the same whatever the image holds.
+            while self.run.lines && self.tenth < tenth {
+                self.tenth += 1;
+                eprintln!("{}: {}: {}%", self.run.command, self.name, self.tenth * 10);
             }
         }
     }

@@ -1,9 +1,9 @@
 //! How to hash: the digest, the block size, the worker threads, and their limits.
 
 use crate::algorithm::Algorithm;
-use crate::pool::JobDone;
 use std::fmt;
 use std::io;
+use std::sync::Arc;
 
 /// Smallest block size accepted (the reference's limit).
 pub const MIN_BLOCK_SIZE: usize = 512;
@@ -38,6 +38,17 @@ pub const IN_FLIGHT_BUDGET: usize = 256 << 20;
 /// ```
 pub fn depth_within_budget(depth: usize, bytes: usize) -> usize {
     depth.min(IN_FLIGHT_BUDGET / bytes.max(1)).max(1)
+}
+
+/// Called by a worker after each finished job (see [`Options::on_job_done`]).
+/// Defined here, with the options that carry it; the pool only calls it.
+#[derive(Clone)]
+pub(crate) struct JobDone(pub Arc<dyn Fn() + Send + Sync>);
+
+impl fmt::Debug for JobDone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("JobDone")
+    }
 }
 
 /// Why a hasher could not be made: invalid options, or a worker thread
@@ -175,7 +186,7 @@ impl Options {
     /// assert_eq!(jobs.load(Ordering::Relaxed), 1);
     /// ```
     pub fn on_job_done(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
-        self.job_done = Some(JobDone(std::sync::Arc::new(f)));
+        self.job_done = Some(JobDone(Arc::new(f)));
         self
     }
     /// Check the limits: block size a multiple of 512 in 512 B..=64 MiB, threads 1..=128.

@@ -4,12 +4,10 @@
 //! and the hasher puts results back in order.
 
 use crate::algorithm::Algorithm;
-use crate::options::IN_FLIGHT_BUDGET;
+use crate::options::{IN_FLIGHT_BUDGET, JobDone};
 use crate::zero::is_zero;
 use crossbeam_channel::{Receiver, Sender};
-use std::fmt;
 use std::io;
-use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// Produces a job's bytes on a worker: fills the whole slice, or fails.

@@ -17,6 +17,7 @@ mod buffer;
 pub mod mapped;
 mod masked;
 pub mod nbd;
+mod oserror;
 pub mod qcow2;
 mod qemu;
 mod raw;
@@ -29,6 +30,7 @@ mod window;
 pub use bitmap::{BitmapInfo, Dirty, MAX_DIRTY_RANGES};
 pub use buffer::{ALIGN, AlignedBuf};
 pub use masked::Masked;
+pub use oserror::{errno, with_context};
 pub use qcow2::Qcow2;
 /// The formats read through a private qemu-nbd (QEMU's driver names), for
 /// `--format` and its completions.

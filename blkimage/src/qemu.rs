@@ -225,8 +225,10 @@ pub const MAX_SECRET_BYTES: u64 = 64 << 10;
 pub fn read_secret(path: &Path) -> io::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    let ctx =
-        |e: io::Error| io::Error::new(e.kind(), format!("secret file {}: {e}", path.display()));
+    let ctx = |e: io::Error| {
+        let shown = format!("secret file {}: {e}", path.display());
+        crate::with_context(e, shown)
+    };
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -526,7 +528,8 @@ fn spawn(mut cmd: Command, log: &Path, writable: bool, format: &str) -> io::Resu
         if e.kind() == io::ErrorKind::NotFound {
             not_installed(format)
         } else {
-            io::Error::new(e.kind(), format!("cannot run qemu-nbd: {e}"))
+            let shown = format!("cannot run qemu-nbd: {e}");
+            crate::with_context(e, shown)
         }
     })
 }

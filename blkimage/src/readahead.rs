@@ -100,7 +100,8 @@ impl<'sink> ReadAhead<'sink> {
                     }
                 })
                 .map_err(|e| {
-                    io::Error::new(e.kind(), format!("cannot start a reading thread: {e}"))
+                    let shown = format!("cannot start a reading thread: {e}");
+                    crate::with_context(e, shown)
                 })?;
         }
         Ok(ReadAhead {

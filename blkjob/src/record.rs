@@ -13,7 +13,7 @@
 //! the record holds its address and export name (the URL has no secret in
 //! it: TLS keys are files named by path), and resuming also compares
 //! sampled data blocks; what a checkpoint of an export can and cannot prove
-//! is said in the README ("Hashing in parts, resuming").
+//! is said in docs/guide/parts.md ("Resume").
 //!
 //! The record is text, a field per line, signed with its SHA-256:
 //!
@@ -130,7 +130,7 @@ impl Stamp {
                 ("change", now.ctime, self.ctime)
             };
             return Some(format!(
-                "{it} was written after {saved} was saved (its {what} time is {}, {saved} recorded {})",
+                "{it} changed after {saved} was saved (its times: its {what} time is {}, {saved} recorded {})",
                 when(t),
                 when(then)
             ));
@@ -680,7 +680,7 @@ mod tests {
         base_written.files[1].mtime = (9, 0);
         let why = then.changed_since(&base_written, "the checkpoint").unwrap();
         assert!(
-            why.starts_with("/base was written after the checkpoint"),
+            why.starts_with("/base changed after the checkpoint"),
             "{why}"
         );
         let mut rebased = then.clone();
@@ -698,7 +698,9 @@ mod tests {
         written.files[0].ctime = (9, 0);
         let why = then.changed_since(&written, "the checkpoint").unwrap();
         assert!(
-            why.starts_with("it was written after the checkpoint was saved (its change time"),
+            why.starts_with(
+                "it changed after the checkpoint was saved (its times: its change time"
+            ),
             "{why}"
         );
         let mut more = then.clone();

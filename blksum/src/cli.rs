@@ -111,6 +111,28 @@ pub struct Args {
     pub manual: ManualArgs,
 }
 
+/// The command, with `-h` a summary: the options a user reaches for first.
+pub fn command() -> clap::Command {
+    use blkcli::help::*;
+    let shown = [
+        ("list_digests", "List the digests"),
+        DIGEST,
+        BLOCK_SIZE,
+        ("check", "Verify the checksums listed in the FILEs"),
+        ("tag", "Lines that name the digest and block size"),
+        ("json", "One JSON document for the run"),
+        PROGRESS,
+        ("jobs", "Hash up to N inputs at once"),
+        ("checkpoint", "Save progress in FILE; resume from it"),
+        FORMAT,
+        NO_BACKING,
+        FORCE_SHARE,
+        CACHE,
+        THREADS,
+    ];
+    summarize(<Args as clap::CommandFactory>::command(), &shown)
+}
+
 /// What the manual page says beyond the options.
 pub const PAGE: Page = Page {
     exit_status: &[

@@ -9,7 +9,6 @@ use blkcli::lines;
 use blkcli::progress::Progress;
 use blkjob::Hashed as Report;
 use blksum::check;
-use clap::Parser;
 use hashing::Hashing;
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
@@ -27,7 +26,7 @@ enum Stop {
 }
 
 fn main() -> ExitCode {
-    let mut args = cli::Args::parse();
+    let mut args: cli::Args = blkcli::help::parse(cli::command());
     args.json |= args.output.as_deref() == Some("json");
     if args.list_digests {
         return blkcli::output::print_code("blksum", |out| {

@@ -51,7 +51,7 @@ fn refuses_after_changing(image: &Path, format: &str, changed: &Path, dir: &Path
     let name = std::fs::canonicalize(changed).unwrap();
     assert!(
         e.contains(&format!(
-            "{} was written after the checkpoint was saved",
+            "{} changed after the checkpoint was saved (its times",
             name.display()
         )),
         "{e}"

@@ -153,6 +153,32 @@ fn list_digests_and_version() {
     assert!(stdout(&out).contains("--block-size"));
 }
 
+/// `-h` is a summary (at most 40 lines, pointing at `--help`); `--help`
+/// has every option, those `-h` leaves out included.
+#[test]
+fn short_help_is_a_summary_and_long_help_complete() {
+    let short = stdout(&run(&["-h"], None));
+    let long = stdout(&run(&["--help"], None));
+    assert!(short.lines().count() <= 40, "{short}");
+    assert!(short.contains("--help (all of them)"), "{short}");
+    for opt in ["--digest", "--check", "--json", "--progress"] {
+        assert!(short.contains(opt), "{opt} in -h:\n{short}");
+    }
+    for opt in [
+        "--read-size",
+        "--io-depth",
+        "--secret-file",
+        "--tls-certificates",
+    ] {
+        assert!(!short.contains(opt), "{opt} in -h:\n{short}");
+        assert!(long.contains(opt), "{opt} not in --help:\n{long}");
+    }
+    assert!(
+        long.contains("Image format: raw (the bytes whatever they hold"),
+        "{long}"
+    );
+}
+
 #[test]
 fn null_digest_prints_an_empty_checksum() {
     let dir = tempfile::tempdir().unwrap();

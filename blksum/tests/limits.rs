@@ -33,12 +33,6 @@ fn image(dir: &Path, name: &str, size: u64, data: usize) -> PathBuf {
     p
 }
 
-fn open_to_all(p: &Path) {
-    let mut perms = std::fs::metadata(p).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(p, perms).unwrap();
-}
-
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -73,8 +67,7 @@ fn assert_refused(out: &Output, images: &[&Path], want: &str) {
 /// so for the image and exits 1.
 #[test]
 fn digest_threads_that_cannot_start() {
-    let dir = tempfile::tempdir().unwrap();
-    open_to_all(dir.path());
+    let dir = testkit::tools::open_scratch(false);
     let img = image(dir.path(), "a.img", 4 << 20, 1 << 20);
     let s = img.to_str().unwrap();
     let Some(out) = limited(64_201, 1, &[s]) else {
@@ -89,8 +82,7 @@ fn digest_threads_that_cannot_start() {
 /// The digest thread starts, the reading threads (`--io-depth`) cannot.
 #[test]
 fn reading_threads_that_cannot_start() {
-    let dir = tempfile::tempdir().unwrap();
-    open_to_all(dir.path());
+    let dir = testkit::tools::open_scratch(false);
     let img = image(dir.path(), "a.img", 4 << 20, 1 << 20);
     let s = img.to_str().unwrap();
     // blksum, its signal thread and one digest thread.
@@ -104,8 +96,7 @@ fn reading_threads_that_cannot_start() {
 /// the main thread, where each fails on its own digest threads.
 #[test]
 fn job_threads_that_cannot_start() {
-    let dir = tempfile::tempdir().unwrap();
-    open_to_all(dir.path());
+    let dir = testkit::tools::open_scratch(false);
     let a = image(dir.path(), "a.img", 4 << 20, 1 << 20);
     let b = image(dir.path(), "b.img", 4 << 20, 1 << 20);
     let args = ["-j", "4", a.to_str().unwrap(), b.to_str().unwrap()];

@@ -182,11 +182,9 @@ fn without_a_terminal_every_input_that_succeeds_ends_at_100() {
         let err = stderr(&out);
         assert!(out.status.success(), "{name}: {err}");
         let seen = percents(&err, name);
-        assert_eq!(seen.last(), Some(&100), "{name}: {err}");
-        assert!(
-            seen.windows(2).all(|w| w[0] < w[1]),
-            "{name}: rising: {err}"
-        );
+        // Every tenth, those the holes pass in one step too.
+        let tenths: Vec<u32> = (1..=10).map(|t| t * 10).collect();
+        assert_eq!(seen, tenths, "{name}: {err}");
         assert_eq!(
             err.lines().count(),
             seen.len(),

@@ -247,7 +247,7 @@ fn json_document() {
     assert_eq!(inputs[1]["error"], "No such file or directory");
     assert_eq!(inputs[2]["format"], "stream");
     assert_eq!(inputs[2]["data-bytes"], 4 << 20);
-    // Keys in the README's order: the document's, then each input's.
+    // Keys in docs/guide/verify.md's order: the document's, then each input's.
     let text = stdout(&out);
     let mut at = 0;
     for key in [

@@ -116,6 +116,58 @@ fn map_checksum_is_the_construction() {
     assert_eq!(run(BLKMAP, &[s(&img), "x", "-d", "null"]).code, 2);
 }
 
+/// Every command's `-h` is a summary (at most 40 lines, pointing at
+/// `--help`, which has every option); `blkmap bitmaps` takes only the
+/// options that open an image.
+#[test]
+fn short_help_is_a_summary_and_bitmaps_takes_what_applies() {
+    for (bin, sub) in [
+        (BLKMAP, None),
+        (BLKMAP, Some("merge")),
+        (BLKMAP, Some("checksum")),
+        (BLKMAP, Some("bitmaps")),
+        (BLKDIFF, None),
+        (BLKSYNC, None),
+    ] {
+        let args = |h| sub.into_iter().chain([h]).collect::<Vec<_>>();
+        let short = run(bin, &args("-h")).stdout;
+        let long = run(bin, &args("--help")).stdout;
+        assert!(short.lines().count() <= 40, "{bin} {sub:?}:\n{short}");
+        assert!(long.contains("-h, --help"), "{bin} {sub:?}:\n{long}");
+        if sub.is_none() {
+            assert!(short.contains("--help (all of them)"), "{bin}:\n{short}");
+            assert!(!short.contains("--io-depth"), "{bin}:\n{short}");
+            assert!(long.contains("--io-depth"), "{bin}:\n{long}");
+        }
+    }
+    let long = run(BLKMAP, &["bitmaps", "--help"]).stdout;
+    for opt in [
+        "--format",
+        "--force-share",
+        "--timeout",
+        "--tls-certificates",
+    ] {
+        assert!(long.contains(opt), "{opt}:\n{long}");
+    }
+    for opt in [
+        "--digest",
+        "--block-size",
+        "--threads",
+        "--read-size",
+        "--io-depth",
+    ] {
+        assert!(!long.contains(opt), "{opt}:\n{long}");
+    }
+    let r = run(BLKMAP, &["bitmaps", "--block-size", "4k", "x.qcow2"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("--block-size does not apply to listing bitmaps"),
+        "{}",
+        r.stderr
+    );
+}
+
 #[test]
 fn damaged_and_truncated_maps_refused() {
     let Some(dir) = scratch() else { return };

@@ -83,7 +83,12 @@ fn check_report(j: &Value, image: &str, sum: &str, size: u64, bs: u64, dirty: Op
     assert_eq!(j["checksum"], sum, "{j}");
     assert_eq!(j["digest"], "sha256", "{j}");
     assert_eq!(j["block-size"], bs, "{j}");
-    assert_eq!(j["size"], size, "{j}");
+    assert_eq!(j["schema"], 1, "{j}");
+    assert_eq!(j["virtual-size"], size, "{j}");
+    assert_eq!(
+        j["size"], size,
+        "the first spelling, kept while schema is 1: {j}"
+    );
     let blocks = size.div_ceil(bs);
     assert_eq!(j["blocks"], blocks, "{j}");
     let n = |k: &str| j[k].as_u64().unwrap_or_else(|| panic!("{k} in {j}"));

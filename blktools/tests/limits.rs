@@ -20,11 +20,7 @@ fn image(dir: &Path, name: &str, data: usize) -> PathBuf {
 
 /// A scratch directory the other user may read and write in.
 fn scratch() -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
-    let mut perms = std::fs::metadata(d.path()).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o777);
-    std::fs::set_permissions(d.path(), perms).unwrap();
-    d
+    testkit::tools::open_scratch(true)
 }
 
 /// `exe args` as user `uid` with only itself and its signal thread

@@ -46,7 +46,7 @@ fn parts_checksum(dir: &Path, image: &str, ranges: &[String], extra: &[&str]) ->
         assert_eq!(out.stdout, "", "a part prints no checksum");
         parts.push(part);
     }
-    let mut args = vec!["checksum"];
+    let mut args = vec!["checksum", "--name", image];
     args.extend(parts.iter().map(|p| s(p)));
     let out = run(BLKMAP, &args);
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -298,6 +298,8 @@ fn parts_that_do_not_make_a_map_are_refused_and_out_is_kept() {
         let out = merge(parts);
         assert_eq!(out.code, 1, "{parts:?}");
         assert!(out.stderr.contains(&want), "{}\nwant {want}", out.stderr);
+        let said = format!("blkmap: {}: ", s(&out_map));
+        assert!(out.stderr.starts_with(&said), "{}", out.stderr);
         assert_eq!(std::fs::read(&out_map).unwrap(), b"", "OUT left alone");
     }
     // Damage is said of the part.
@@ -308,12 +310,17 @@ fn parts_that_do_not_make_a_map_are_refused_and_out_is_kept() {
     let bad = d.join("bad");
     std::fs::write(&bad, &bytes).unwrap();
     let out = merge(&[&first, &bad]);
-    assert!(
-        out.stderr
-            .contains(&format!("{}: damaged block map", s(&bad))),
-        "{}",
-        out.stderr
-    );
+    let said = format!("blkmap: {}: damaged block map", s(&bad));
+    assert!(out.stderr.starts_with(&said), "{}", out.stderr);
+    // So is a part that is missing (the reason as every error gives it).
+    let missing = d.join("missing");
+    let out = run(BLKMAP, &["checksum", "--name", "x", s(&first), s(&missing)]);
+    let said = format!("blkmap: {}: No such file or directory\n", s(&missing));
+    assert_eq!(out.stderr, said);
+    // Several parts are no one file to name the line after.
+    let out = run(BLKMAP, &["checksum", s(&first), s(&rest)]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("needs --name NAME"), "{}", out.stderr);
     // A part alone has no checksum; a part is not a map for blkdiff.
     let out = run(BLKMAP, &["checksum", s(&rest)]);
     assert_eq!(out.code, 1);

@@ -17,7 +17,7 @@
 //!   buffer back. Workers signal an eventfd after each digested job, so a
 //!   caller sleeping in `poll()` wakes and collects what came back.
 //!
-//! C programs link it as `-lblkhash`; see `libblkhash/README.md`.
+//! C programs link it as `-lblkhash`; see `docs/guide/libraries.md`.
 //!
 //! One module a part of the header: [`options`] (`blkhash_opts_*`),
 //! [`digests`] (names and `blkhash_digests`), [`hash`] (a hash's life:

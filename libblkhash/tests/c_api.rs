@@ -30,22 +30,27 @@ fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A scratch directory shared by the tests of this binary, holding the
-/// compiled programs and `lib/libblkhash.so.0` (the SONAME the programs
-/// ask the loader for) pointing at cargo's libblkhash.so.
+/// The directory shared by the tests of this binary, holding the compiled
+/// programs and `lib/libblkhash.so.0` (the SONAME the programs ask the
+/// loader for) pointing at cargo's libblkhash.so. It is a build output
+/// beside the library (`target/<profile>/c-api-tests/`), made anew by the
+/// first test of each run: a temporary directory would outlive the tests,
+/// since a static is never dropped.
 struct Scratch {
-    dir: tempfile::TempDir,
+    dir: PathBuf,
 }
 
 fn scratch() -> &'static Scratch {
     static S: OnceLock<Scratch> = OnceLock::new();
     S.get_or_init(|| {
-        let dir = tempfile::Builder::new()
-            .prefix("libblkhash-test-")
-            .tempdir()
-            .expect("scratch dir");
-        let lib = dir.path().join("lib");
-        std::fs::create_dir(&lib).unwrap();
+        let dir = lib_dir().join("c-api-tests");
+        if let Err(e) = std::fs::remove_dir_all(&dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            panic!("{}: {e}", dir.display())
+        }
+        let lib = dir.join("lib");
+        std::fs::create_dir_all(&lib).unwrap();
         std::os::unix::fs::symlink(lib_dir().join("libblkhash.so"), lib.join("libblkhash.so.0"))
             .unwrap();
         Scratch { dir }
@@ -54,7 +59,7 @@ fn scratch() -> &'static Scratch {
 
 impl Scratch {
     fn path(&self) -> &Path {
-        self.dir.path()
+        &self.dir
     }
 
     fn lib(&self) -> PathBuf {
@@ -395,19 +400,22 @@ fn valgrind_finds_no_error_or_leak() {
 /// blkhash.3 says, and write nothing to standard error (no panic message).
 #[test]
 fn threads_that_cannot_start_are_eagain() {
-    let exe = compile("limits");
-    // The scratch directory is the tempfile's, open to its owner only.
-    for dir in [scratch().path(), &scratch().lib()] {
-        let mut perms = std::fs::metadata(dir).unwrap().permissions();
-        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-        std::fs::set_permissions(dir, perms).unwrap();
-    }
+    // The other user runs copies of the program and the library, in a
+    // directory it can reach (the build directory may be private).
+    let open = testkit::tools::open_scratch(false);
+    let exe = open.path().join("limits");
+    std::fs::copy(compile("limits"), &exe).unwrap();
+    std::fs::copy(
+        lib_dir().join("libblkhash.so"),
+        open.path().join("libblkhash.so.0"),
+    )
+    .unwrap();
     let Some(mut cmd) = testkit::tools::thread_limited(&exe, 64_101, 3) else {
         return;
     };
     let out = cmd
         .arg("threads")
-        .env("LD_LIBRARY_PATH", scratch().lib())
+        .env("LD_LIBRARY_PATH", open.path())
         .output()
         .unwrap();
     let (stdout, stderr) = (

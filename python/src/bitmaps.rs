@@ -2,7 +2,7 @@
 //! `blkhash.bitmaps()`: QEMU dirty bitmaps, as `blkmap --base
 //! --dirty-bitmap` and `blkmap bitmaps` use them.
 
-use crate::checksum::{image_name, open_options, os_error, run_cancellable};
+use crate::image::{image_name, open_options, os_error, run_cancellable};
 use crate::{check_threads, maps::refused};
 use blkjob::JobSpec;
 use blkjob::incremental::{self, Base};

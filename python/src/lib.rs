@@ -1,13 +1,16 @@
 //! The `blkhash` Python package: a thin layer over the blkhash and blkimage
 //! crates. `blkhash.new()` is the construction as a hashlib-like object
 //! (`hasher.rs`); `blkhash.checksum()` hashes an image as blksum does
-//! (`checksum.rs`). Nothing here but translating arguments, buffers and
-//! errors.
+//! (`checksum.rs`), the maps' and bitmaps' functions make and update block
+//! maps (`maps.rs`, `bitmaps.rs`), all through what `image.rs` shares
+//! (names, options, cancelling, errors). Nothing here but translating
+//! arguments, buffers and errors.
 
 mod bitmaps;
 mod buffer;
 mod checksum;
 mod hasher;
+mod image;
 mod maps;
 
 use blkhash::{ALGORITHMS, Algorithm};

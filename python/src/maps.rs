@@ -2,7 +2,7 @@
 //! (on several processes or hosts) and the parts merged into its map, as
 //! `blkmap --range` and `blkmap merge` do.
 
-use crate::checksum::{image_name, open_options, os_error, run_cancellable, warn_rounded};
+use crate::image::{image_name, open_options, os_error, run_cancellable, warn_rounded};
 use crate::{check_block_size, check_threads, parse_digest, value_error};
 use blkjob::{JobSpec, Span};
 use blkmap::MapError;

@@ -143,6 +143,25 @@ def test_missing_file(tmp_path):
     assert e.value.filename == str(missing)
 
 
+def test_nbd_connect_errors_have_the_systems_errno(tmp_path):
+    """A server that is not there: the errno connect() gave (under the
+    library's "cannot connect to ..."), so Python picks the subclass."""
+    url = f"nbd+unix:///?socket={tmp_path}/none.sock"
+    with pytest.raises(FileNotFoundError) as e:
+        blkhash.checksum(url)
+    assert e.value.errno == errno.ENOENT
+    assert e.value.strerror.startswith("cannot connect to"), e.value.strerror
+    assert e.value.filename == url
+    # A TCP port nothing listens on (bound, then closed: free again).
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionRefusedError) as e:
+        blkhash.checksum(f"nbd://127.0.0.1:{port}/")
+    assert e.value.errno == errno.ECONNREFUSED
+
+
 def test_corrupt_qcow2(raw, tmp_path):
     need("qemu-img", "qemu-utils")
     qcow2 = tmp_path / "bad.qcow2"

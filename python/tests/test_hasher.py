@@ -279,7 +279,7 @@ def test_many_hashers_alive():
 
 
 def test_model_self_check():
-    """The model hashes blocks and length as the README says."""
+    """The model hashes blocks and length as docs/guide/libraries.md says."""
     if not model_available("sha256"):
         pytest.skip("no sha256")
     import hashlib

@@ -41,6 +41,15 @@ def open_to_all(path):
         p = os.path.dirname(p)
 
 
+def open_tempdir():
+    """A temporary directory another user can reach: in the temporary
+    directory when every directory above it lets others through, else in
+    /tmp (a private TMPDIR, mode 0700 as mktemp -d makes it, keeps other
+    users out of all it holds)."""
+    tmp = tempfile.gettempdir()
+    return tempfile.TemporaryDirectory(dir=tmp if open_to_all(tmp) else "/tmp")
+
+
 def other_user_python():
     """An interpreter another user can run, and the environment under
     which it imports this blkhash package: this interpreter if it is open
@@ -77,7 +86,7 @@ def test_threads_that_cannot_start_raise_oserror():
     PanicException, and nothing is printed on standard error."""
     # Another user reads the image and the package: a directory of our own
     # open to all, and the venv's (scripts/test-python.sh opens it).
-    with tempfile.TemporaryDirectory() as d:
+    with open_tempdir() as d:
         os.chmod(d, 0o755)
         image = os.path.join(d, "a.img")
         with open(image, "wb") as f:

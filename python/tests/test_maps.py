@@ -109,8 +109,13 @@ def test_dask_local_cluster(qcow2, tmp_path):
     distributed = pytest.importorskip("distributed")
     n = 3
     outs = [str(tmp_path / f"d{k}") for k in range(1, n + 1)]
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, \
+    # dask's temporary directory in tmp_path: its default, the system's,
+    # keeps a dask-scratch-space behind (passing the workers a
+    # local_directory alone does not prevent it; this does).
+    import dask
+    with dask.config.set({"temporary-directory": str(tmp_path / "dask")}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                     dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
         futures = client.map(map_part, [qcow2] * n, outs, range(1, n + 1), [n] * n)
         client.gather(futures)

@@ -1,7 +1,7 @@
 //! QEMU's tools and the other programs the tests run: the expected values
 //! of image tests always come from them, never from our own readers.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// True if `prog` is found on PATH.
@@ -34,6 +34,30 @@ pub fn have_qemu() -> bool {
 /// A scratch directory for one test, removed when dropped.
 pub fn scratch() -> tempfile::TempDir {
     tempfile::tempdir().expect("a temporary directory")
+}
+
+/// A scratch directory that another user can reach and read (mode 0755;
+/// 0777 if `writable`), removed when dropped: for what a program run as
+/// another user ([`thread_limited`]) reads or writes. It is made in the
+/// temporary directory when every directory above it lets others through,
+/// else in /tmp: a private TMPDIR (mode 0700, as `mktemp -d` makes it)
+/// keeps other users out of all it holds.
+pub fn open_scratch(writable: bool) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = std::env::temp_dir();
+    let open = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o001 != 0);
+    let base = if tmp.ancestors().all(open) {
+        tmp
+    } else {
+        PathBuf::from("/tmp")
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("open-scratch-")
+        .tempdir_in(&base)
+        .unwrap_or_else(|e| panic!("a scratch directory in {}: {e}", base.display()));
+    let mode = if writable { 0o777 } else { 0o755 };
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+    dir
 }
 
 /// Run `prog ARGS` in `cwd` (or here), standard input empty; panics with its
@@ -148,7 +172,7 @@ pub fn same_content(a: &Path, b: &Path) -> bool {
 /// its own `uid`: tests running at once then never count against each
 /// other's limit. Changing user needs root: otherwise this says on standard
 /// error that the test is skipped and returns None. What the program reads
-/// must be readable by `uid` (a `tempfile` directory is not: chmod it).
+/// must be readable by `uid`: put it in an [`open_scratch`] directory.
 pub fn thread_limited(prog: impl AsRef<std::ffi::OsStr>, uid: u32, nproc: u32) -> Option<Command> {
     // /proc/self belongs to the effective user.
     let euid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());

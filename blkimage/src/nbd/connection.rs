@@ -132,7 +132,8 @@ impl Connection {
                     shared.cond.notify_all();
                 })
                 .map_err(|e| {
-                    io::Error::new(e.kind(), format!("cannot start an NBD reader thread: {e}"))
+                    let shown = format!("cannot start an NBD reader thread: {e}");
+                    crate::with_context(e, shown)
                 })?
         };
         Ok(Connection {

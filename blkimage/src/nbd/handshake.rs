@@ -357,7 +357,45 @@ pub fn negotiate<S: Read + Write + SetReadTimeout>(
         abort(s);
         return Err(no_bitmap(name, why));
     }
-    // GO, asking for the block size constraints (which we then honour).
+    let Some((size, flags, sizes)) = go(s, export)? else {
+        // NBD_OPT_EXPORT_NAME ends the handshake without the metadata
+        // contexts a bitmap needs.
+        if let Some(name) = want.bitmap {
+            abort(s);
+            return Err(no_bitmap(name, "it has no NBD_OPT_GO".into()));
+        }
+        let mut e = export_name(s, export, no_zeroes)?;
+        e.listed = listed;
+        return Ok(e);
+    };
+    let (min_block, preferred_block, max_payload) = match sizes {
+        Some((min, preferred, max)) => check_block_sizes(min, preferred, max)?,
+        None => (1, 4096, DEFAULT_MAX_PAYLOAD),
+    };
+    Ok(Export {
+        size,
+        flags,
+        structured,
+        allocation,
+        bitmap,
+        listed,
+        min_block,
+        preferred_block,
+        max_payload,
+    })
+}
+
+/// The block size constraints a server sent: minimum, preferred, maximum payload.
+type BlockSizes = (u32, u32, u32);
+
+/// NBD_OPT_GO, asking for the block size constraints (which we then
+/// honour): the export's size and flags and the constraints if the server
+/// sent them, or `None` when the server has no NBD_OPT_GO (an old server:
+/// NBD_OPT_EXPORT_NAME is left to try).
+fn go<S: Read + Write + SetReadTimeout>(
+    s: &mut Timed<S>,
+    export: &str,
+) -> io::Result<Option<(u64, u16, Option<BlockSizes>)>> {
     s.stage("the server's reply to NBD_OPT_GO");
     s.write_all(&option(OPT_GO, &go_data(export, &[INFO_BLOCK_SIZE])))?;
     let mut size_flags = None;
@@ -376,17 +414,7 @@ pub fn negotiate<S: Read + Write + SetReadTimeout>(
                 Info::Other => {}
             },
             REP_ACK => break,
-            REP_ERR_UNSUP => {
-                // NBD_OPT_EXPORT_NAME ends the handshake without the
-                // metadata contexts a bitmap needs.
-                if let Some(name) = want.bitmap {
-                    abort(s);
-                    return Err(no_bitmap(name, "it has no NBD_OPT_GO".into()));
-                }
-                let mut e = export_name(s, export, no_zeroes)?;
-                e.listed = listed;
-                return Ok(e);
-            }
+            REP_ERR_UNSUP => return Ok(None),
             _ if r.is_error() => {
                 return Err(io::Error::other(format!(
                     "the server refused export '{export}': {}",
@@ -398,21 +426,7 @@ pub fn negotiate<S: Read + Write + SetReadTimeout>(
     }
     let (size, flags) =
         size_flags.ok_or_else(|| malformed("NBD_OPT_GO without the export size"))?;
-    let (min_block, preferred_block, max_payload) = match sizes {
-        Some((min, preferred, max)) => check_block_sizes(min, preferred, max)?,
-        None => (1, 4096, DEFAULT_MAX_PAYLOAD),
-    };
-    Ok(Export {
-        size,
-        flags,
-        structured,
-        allocation,
-        bitmap,
-        listed,
-        min_block,
-        preferred_block,
-        max_payload,
-    })
+    Ok(Some((size, flags, sizes)))
 }
 
 /// NBD_OPT_SET_META_CONTEXT for base:allocation and `bitmap` (a context

@@ -45,8 +45,9 @@ unsafe impl Send for Op {}
 
 pub(super) struct Pending {
     pub(super) op: Op,
-    /// Bytes it counts for in
-    /// [`MAX_IN_FLIGHT_BYTES`](super::connection::MAX_IN_FLIGHT_BYTES).
+    /// Bytes it counts for in the connection's bound on bytes in flight
+    /// (its `MAX_IN_FLIGHT_BYTES`: the connection uses this module, not
+    /// the other way round).
     pub(super) cost: u64,
     pub(super) done: bool,
     pub(super) error: Option<String>,

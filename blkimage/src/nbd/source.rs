@@ -127,10 +127,8 @@ fn connect_one(
     extra: bool,
 ) -> io::Result<Connection> {
     let mut sock = Socket::connect(&url.address, opts.timeout).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot connect to {}: {e}", describe(&url.address)),
-        )
+        let shown = format!("cannot connect to {}: {e}", describe(&url.address));
+        crate::with_context(e, shown)
     })?;
     if extra {
         let wait = opts

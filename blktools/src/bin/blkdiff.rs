@@ -72,6 +72,24 @@ struct Args {
     show: blkcli::progress::ShowArgs,
 }
 
+/// The command, with `-h` a summary: the options a user reaches for first.
+fn command() -> clap::Command {
+    use blkcli::help::*;
+    let shown = [
+        ("json", "One JSON document instead of the ranges"),
+        ("quiet", "Print nothing; the exit status tells"),
+        DIGEST,
+        BLOCK_SIZE,
+        FORMAT,
+        ("b_format", "B's format, when it is not -f's"),
+        NO_BACKING,
+        FORCE_SHARE,
+        CACHE,
+        PROGRESS,
+    ];
+    summarize(<Args as clap::CommandFactory>::command(), &shown)
+}
+
 const PAGE: Page = Page {
     exit_status: &[
         (
@@ -108,7 +126,7 @@ fn main() -> ExitCode {
     if let Some(code) = blkcli::manual::early::<Args>(&PAGE) {
         return code;
     }
-    let mut args: Args = blkcli::args::parse_map_args(|a: &Args| &a.input);
+    let mut args: Args = blkcli::args::parse_map_args(command(), |a: &Args| &a.input);
     args.json |= args.output.as_deref() == Some("json");
     args.a = args.a_path.to_string_lossy().into_owned();
     args.b = args.b_path.to_string_lossy().into_owned();

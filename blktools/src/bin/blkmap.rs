@@ -87,9 +87,9 @@ struct Args {
     #[arg(long, requires = "base")]
     verify: bool,
 
-    /// Print one JSON object (image, checksum, digest, block-size, size,
-    /// blocks, dirty-blocks, sampled-blocks, conflicting-blocks,
-    /// read-bytes, checks) instead of the checksum line.
+    /// Print one JSON object (schema, image, checksum, digest, block-size,
+    /// virtual-size, blocks, dirty-blocks, sampled-blocks,
+    /// conflicting-blocks, read-bytes, checks) instead of the checksum line.
     #[arg(long, conflicts_with = "range")]
     json: bool,
 
@@ -144,7 +144,9 @@ enum Command {
 #[derive(clap::Args, Debug)]
 struct LineArgs {
     /// The name the checksum line gives (say, the image's, to compare with
-    /// blksum's output or to check with blksum -c); default: the map's.
+    /// blksum's output or to check with blksum -c); default: the map's
+    /// (merge's OUT, or checksum's one MAP). The checksum of several parts
+    /// needs it: they are no one file to name the line after.
     #[arg(long, value_name = "NAME")]
     name: Option<OsString>,
     /// Write a BSD-style line naming the digest and block size, as blksum
@@ -197,13 +199,59 @@ fn main() -> ExitCode {
     if let Some(code) = blkcli::manual::early::<Args>(&PAGE) {
         return code;
     }
-    let args: Args = blkcli::args::parse_map_args(|a: &Args| &a.input);
+    let args: Args = blkcli::args::parse_map_args(command(), |a: &Args| &a.input);
     match &args.command {
         Some(Command::Merge { out, parts, line }) => merge(out, parts, line),
         Some(Command::Checksum { maps, line }) => checksum(maps, line),
-        Some(Command::Bitmaps { image, json, input }) => bitmaps(image, *json, input),
+        Some(Command::Bitmaps { image, json, input }) => {
+            let mut cmd = command();
+            cmd.build();
+            let sub = cmd.find_subcommand_mut("bitmaps").expect("the subcommand");
+            input.refuse_hashing(sub, "listing bitmaps");
+            bitmaps(image, *json, input)
+        }
         None => map(&args),
     }
+}
+
+/// The command, with `-h` a summary, and `bitmaps` taking only the options
+/// that open an image.
+fn command() -> clap::Command {
+    use blkcli::help::*;
+    let shown = [
+        (
+            "range",
+            "Hash only RANGE (OFFSET+LENGTH or K/N) into a part",
+        ),
+        ("base", "Update OLD, the map when the bitmap began"),
+        ("dirty_bitmap", "The dirty bitmap that marks what changed"),
+        ("verify", "With --base: read the clean blocks too, to check"),
+        ("json", "One JSON object instead of the checksum line"),
+        DIGEST,
+        BLOCK_SIZE,
+        FORMAT,
+        NO_BACKING,
+        FORCE_SHARE,
+        CACHE,
+        PROGRESS,
+    ];
+    let listing = [
+        ("json", "One JSON array instead of lines"),
+        FORMAT,
+        FORCE_SHARE,
+        TIMEOUT,
+    ];
+    summarize(<Args as clap::CommandFactory>::command(), &shown)
+        .mut_subcommand("merge", |c| {
+            short_about(c, "Merge parts into the map OUT; print the checksum")
+        })
+        .mut_subcommand("checksum", |c| {
+            short_about(c, "Print the checksum of a map, or of its parts")
+        })
+        .mut_subcommand("bitmaps", |c| {
+            let c = short_about(c, "List the dirty bitmaps of IMAGE");
+            summarize(blkcli::args::only_open_options(c), &listing)
+        })
 }
 
 /// `blkmap IMAGE OUT [--range R]`.
@@ -367,17 +415,26 @@ struct Read {
     checks: Vec<&'static str>,
 }
 
+/// The version of `--json`'s document: it changes only when a key changes
+/// meaning or goes away (new keys may be added), as blksum's and blkdiff's.
+const JSON_SCHEMA: u32 = 1;
+
 /// The checksum line, or with --json the object describing the run.
 fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
     let image = args.image.as_deref().expect("clap requires IMAGE");
     if !args.json {
         return print_line(&map.checksum().to_hex(), image, None);
     }
+    // Spelled as blksum's and blkdiff's JSON (qemu-img's `virtual-size`);
+    // `size`, this document's first name for it, is kept while `schema`
+    // is 1.
     let doc = serde_json::json!({
+        "schema": JSON_SCHEMA,
         "image": image.to_string_lossy(),
         "checksum": map.checksum().to_hex(),
         "digest": map.algorithm().to_string(),
         "block-size": map.block_size(),
+        "virtual-size": map.size(),
         "size": map.size(),
         "blocks": map.blocks(),
         "dirty-blocks": read.dirty_blocks,
@@ -515,7 +572,7 @@ fn merge(out: &Path, parts: &[PathBuf], line: &LineArgs) -> ExitCode {
             print_line(&hex, name, line.tag.then_some((h.algorithm, h.block_size)))
         }
         Err(e) => {
-            eprintln!("blkmap: {}: {e}", out.display());
+            say_merge_error(&out.display().to_string(), e);
             ExitCode::FAILURE
         }
     }
@@ -523,6 +580,23 @@ fn merge(out: &Path, parts: &[PathBuf], line: &LineArgs) -> ExitCode {
 
 /// `blkmap checksum MAP...`.
 fn checksum(maps: &[PathBuf], line: &LineArgs) -> ExitCode {
+    // The line is named as blksum names an image: one map by its own name;
+    // several parts make no one file, so the caller names them.
+    let name = match (&line.name, maps) {
+        (Some(name), _) => name.clone(),
+        (None, [map]) => map.clone().into_os_string(),
+        (None, _) => {
+            let mut cmd = command();
+            cmd.build();
+            let sub = cmd.find_subcommand_mut("checksum").expect("the subcommand");
+            sub.error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "the checksum of several parts needs --name NAME for its line (the image's \
+                 name, as blksum prints it): the parts are not one file to name it after",
+            )
+            .exit();
+        }
+    };
     match blkmap::merge_files(maps, None) {
         Ok(h) => {
             let hex = h
@@ -530,13 +604,29 @@ fn checksum(maps: &[PathBuf], line: &LineArgs) -> ExitCode {
                 .as_ref()
                 .map(blkhash::Checksum::to_hex)
                 .unwrap_or_default();
-            let name = line.name.as_deref().unwrap_or(maps[0].as_os_str());
-            print_line(&hex, name, line.tag.then_some((h.algorithm, h.block_size)))
+            print_line(&hex, &name, line.tag.then_some((h.algorithm, h.block_size)))
         }
         Err(e) => {
-            eprintln!("blkmap: {e}");
+            let parts: Vec<_> = maps.iter().map(|p| p.display().to_string()).collect();
+            say_merge_error(&parts.join(" "), e);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A merge's error as every other error is said, `blkmap: FILE: reason`:
+/// FILE is the part at fault (damaged, missing, not a map), else
+/// `subject` (the map OUT that is not written, or the parts checked) when
+/// the parts do not make a map together (a gap, an overlap, a mismatch:
+/// the reason names them).
+fn say_merge_error(subject: &str, e: blkmap::MapError) {
+    let said = |e: &blkmap::MapError| match e {
+        blkmap::MapError::Io(e) => reason(e),
+        e => e.to_string(),
+    };
+    match e {
+        blkmap::MapError::In(part, e) => eprintln!("blkmap: {part}: {}", said(&e)),
+        e => eprintln!("blkmap: {subject}: {}", said(&e)),
     }
 }
 

@@ -1,4 +1,4 @@
-//! blksync: bring a raw copy of an image up to date by writing only the
+//! blksync: bring a copy of an image up to date by writing only the
 //! blocks that differ.
 
 use blkcli::args::InputArgs;
@@ -10,15 +10,20 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Make DST (a raw file, a block device or an NBD export) hold SRC's guest
-/// content, writing only the blocks that differ.
+/// Make DST (a raw file, a block device, an NBD export, or a qcow2 or
+/// other QEMU image) hold SRC's guest content, writing only what differs.
 ///
-/// SRC is any image blksum reads (not a pipe). DST's blocks come from its
+/// SRC is any image blksum reads (not a pipe). DST is a raw file, a block
+/// device of SRC's size, a writable NBD export of SRC's size, or an image
+/// file of SRC's virtual size in qcow2 or another format QEMU writes
+/// (vmdk, vdi, vhdx, ...), written through a private qemu-nbd so that it
+/// keeps its format. DST's blocks come from its
 /// state (--state MAP, saved by the last run) if it matches DST, else from
 /// reading DST; a DST that does not exist or holds no data is not read at
 /// all (nor is SRC hashed then, unless --state, --verify or --checksum
-/// need its digests: the first copy is a plain copy). A regular file DST is created if missing and resized to SRC's size;
-/// blocks that became zeros are punched out (holes). The state is removed
+/// /// need its digests: the first copy is a plain copy). A missing DST is
+/// created (raw, or -O's format), a raw file resized to SRC's size; blocks
+/// that became zeros are punched out (holes) or, in an image, deallocated. The state is removed
 /// before DST is written and saved again only once DST is flushed: an
 /// interrupted run never leaves a state that claims a block not written.
 ///
@@ -97,6 +102,36 @@ struct Args {
     _manual: ManualArgs,
 }
 
+/// The command, with `-h` a summary: the options a user reaches for first.
+fn command() -> clap::Command {
+    use blkcli::help::*;
+    let shown = [
+        (
+            "state",
+            "DST's map: read it instead of DST, save SRC's after",
+        ),
+        (
+            "dirty_bitmap",
+            "Read only what SRC's dirty bitmap marks (--state)",
+        ),
+        (
+            "output_format",
+            "DST's format when it is created [default: raw]",
+        ),
+        ("checksum", "Print SRC's checksum, as blksum does"),
+        ("verify", "Hash DST after the copy and check it"),
+        ("dry_run", "Say what would be written; write nothing"),
+        ("progress", "Show progress on standard error"),
+        ("force_rescan", "Ignore the state: read DST and compare"),
+        ("wait", "Wait for another run that holds DST or the state"),
+        FORMAT,
+        NO_BACKING,
+        FORCE_SHARE,
+        CACHE,
+    ];
+    summarize(<Args as clap::CommandFactory>::command(), &shown)
+}
+
 const PAGE: Page = Page {
     exit_status: &[
         (
@@ -137,7 +172,7 @@ fn main() -> ExitCode {
     if let Some(code) = blkcli::manual::early::<Args>(&PAGE) {
         return code;
     }
-    let args: Args = blkcli::args::parse_map_args(|a: &Args| &a.input);
+    let args: Args = blkcli::args::parse_map_args(command(), |a: &Args| &a.input);
     let (src, dst) = (
         args.src_path.to_string_lossy().into_owned(),
         args.dst_path.to_string_lossy().into_owned(),

@@ -1,0 +1,88 @@
+//! I/O errors that say what was being done and keep the system's errno.
+//!
+//! `io::Error::new(e.kind(), format!("cannot connect to X: {e}"))` reads
+//! well but drops the errno: a front end that reports errors by number
+//! (Python's `OSError.errno`, the C library's return values) then has
+//! none. [`with_context`] keeps the original error as the source, and
+//! [`errno`] finds it again under any number of contexts.
+
+use std::error::Error;
+use std::fmt;
+use std::io;
+
+/// A message that already includes its cause's text, and the cause.
+#[derive(Debug)]
+struct Context {
+    message: String,
+    source: io::Error,
+}
+
+impl fmt::Display for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Error for Context {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// `e` said as `message` (which should include `e`'s text), of `e`'s kind,
+/// with `e` kept as its source so that [`errno`] still finds its errno.
+///
+/// ```
+/// use std::io;
+/// let e = io::Error::from_raw_os_error(111);
+/// let shown = format!("cannot connect to localhost:10809: {e}");
+/// let e = blkimage::with_context(e, shown);
+/// assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+/// assert!(e.to_string().starts_with("cannot connect to localhost:10809: "));
+/// assert_eq!(blkimage::errno(&e), Some(111));
+/// ```
+pub fn with_context(e: io::Error, message: impl Into<String>) -> io::Error {
+    let kind = e.kind();
+    io::Error::new(
+        kind,
+        Context {
+            message: message.into(),
+            source: e,
+        },
+    )
+}
+
+/// The errno the system gave for `e`, under any contexts added with
+/// [`with_context`] (or any other error whose source chain holds an
+/// `io::Error` that has one); `None` for errors the system did not give.
+pub fn errno(e: &io::Error) -> Option<i32> {
+    if let Some(n) = e.raw_os_error() {
+        return Some(n);
+    }
+    let mut next = e.get_ref().map(|inner| inner as &(dyn Error + 'static));
+    while let Some(err) = next {
+        if let Some(n) = err
+            .downcast_ref::<io::Error>()
+            .and_then(io::Error::raw_os_error)
+        {
+            return Some(n);
+        }
+        next = err.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_is_found_under_contexts() {
+        let e = with_context(io::Error::from_raw_os_error(libc::ENOENT), "inner");
+        let e = with_context(e, "outer: inner");
+        assert_eq!(e.to_string(), "outer: inner");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert_eq!(errno(&e), Some(libc::ENOENT));
+        assert_eq!(errno(&io::Error::other("no errno")), None);
+    }
+}
