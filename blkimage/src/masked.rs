@@ -104,6 +104,10 @@ impl Source for Masked {
         self.inner.files()
     }
 
+    fn remote_files(&self) -> Vec<crate::http::RemoteFile> {
+        self.inner.remote_files()
+    }
+
     fn backing_files(&self) -> Vec<std::path::PathBuf> {
         self.inner.backing_files()
     }

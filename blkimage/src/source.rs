@@ -125,6 +125,14 @@ pub trait Source: Send + Sync {
         Vec::new()
     }
 
+    /// Every file this source reads over HTTP(S), in the order it opened
+    /// them (the image, its data file, its backing chain), each with the
+    /// version it was opened at: what a record of the image must cover,
+    /// as [`Source::files`] is for files on this host.
+    fn remote_files(&self) -> Vec<crate::http::RemoteFile> {
+        Vec::new()
+    }
+
     /// The files below the image in its backing chain (a qcow2 image's
     /// backing file, its backing file, ...): what a dirty bitmap of the
     /// image does not watch, since it records writes to the image that

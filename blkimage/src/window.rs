@@ -91,6 +91,10 @@ impl Source for Window {
         self.inner.files()
     }
 
+    fn remote_files(&self) -> Vec<crate::http::RemoteFile> {
+        self.inner.remote_files()
+    }
+
     fn backing_files(&self) -> Vec<std::path::PathBuf> {
         self.inner.backing_files()
     }

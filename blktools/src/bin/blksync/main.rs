@@ -139,8 +139,8 @@ fn main() -> ExitCode {
     }
     let args: Args = blkcli::args::parse_map_args(|a: &Args| &a.input);
     let (src, dst) = (
-        args.src_path.to_string_lossy().into_owned(),
-        args.dst_path.to_string_lossy().into_owned(),
+        blkcli::shown_lossy(&args.src_path),
+        blkcli::shown_lossy(&args.dst_path),
     );
     let req = Request {
         src: args.src_path.clone(),
