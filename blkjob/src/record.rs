@@ -9,7 +9,12 @@
 //! the record holds its address and export name (the URL has no secret in
 //! it: TLS keys are files named by path), and resuming also compares
 //! sampled data blocks; what a checkpoint of an export can and cannot prove
-//! is said in the README ("Hashing in parts, resuming").
+//! is said in the README ("Hashing in parts, resuming"). A file read over
+//! HTTP(S) (the image, its backing and data files) is recorded by its URL
+//! (without user, password or query: a presigned URL's signature changes
+//! when it is signed again, the file does not), its length, and the
+//! validators its server gave (ETag, Last-Modified): another version of the
+//! file differs in one of them.
 //!
 //! The record is text, a field per line, signed with its SHA-256:
 //!
@@ -17,6 +22,7 @@
 //! blkhash-input 1
 //! size <the image's guest size in bytes>
 //! nbd <tcp HOST:PORT | unix SOCKET> <tls|plain> <export name>      (an export)
+//! http <url> <size> <etag|-> <last-modified|->           (each file read over HTTP)
 //! file <file|block> <dev> <ino> <rdev> <size> <mtime> <ctime> <path>  (each file read)
 //! sha256 <SHA-256 of the lines above, hex>
 //! ```
@@ -116,6 +122,8 @@ pub struct Record {
     pub export: Option<String>,
     /// The files read, in the order the image opened them.
     pub files: Vec<Stamp>,
+    /// The files read over HTTP(S), in the order the image opened them.
+    pub http: Vec<blkimage::http::RemoteFile>,
 }
 
 impl Record {
@@ -135,6 +143,7 @@ impl Record {
             size: src.size(),
             export,
             files,
+            http: src.remote_files(),
         })
     }
 
@@ -142,6 +151,21 @@ impl Record {
         let mut s = format!("{MAGIC}\nsize {}\n", self.size);
         if let Some(e) = &self.export {
             s += &format!("nbd {e}\n");
+        }
+        for h in &self.http {
+            // "-" is no value; a value "-" is escaped.
+            let word = |v: &Option<String>| match v.as_deref() {
+                None => "-".to_string(),
+                Some("-") => "%2D".to_string(),
+                Some(v) => escape(v.as_bytes()),
+            };
+            s += &format!(
+                "http {} {} {} {}\n",
+                escape(h.url.as_bytes()),
+                h.size,
+                word(&h.etag),
+                word(&h.last_modified)
+            );
         }
         for f in &self.files {
             s += &format!(
@@ -192,6 +216,7 @@ impl Record {
             size,
             export: None,
             files: Vec::new(),
+            http: Vec::new(),
         };
         for line in lines {
             match line.split_once(' ') {
@@ -199,6 +224,7 @@ impl Record {
                     record.export = Some(e.to_string())
                 }
                 Some(("file", f)) => record.files.push(parse_stamp(f)?),
+                Some(("http", h)) => record.http.push(parse_remote(h)?),
                 _ => return Err(format!("a line not understood: '{line}'")),
             }
         }
@@ -220,6 +246,9 @@ impl Record {
             (Some(a), None) => return Some(format!("{saved} is of the export {}", show_export(a))),
             (None, Some(_)) => return Some(format!("{saved} is of an image file, not an export")),
             _ => {}
+        }
+        if let Some(why) = remote_changed(&self.http, &now.http, saved) {
+            return Some(why);
         }
         if self.size != now.size {
             return Some(format!(
@@ -325,6 +354,75 @@ fn show_export(line: &str) -> String {
     }
 }
 
+/// How the files read over HTTP(S) differ from those recorded, if they do:
+/// another URL, or another version (length, ETag, Last-Modified).
+fn remote_changed(
+    then: &[blkimage::http::RemoteFile],
+    now: &[blkimage::http::RemoteFile],
+    saved: &str,
+) -> Option<String> {
+    for (i, t) in then.iter().enumerate() {
+        let Some(n) = now.get(i) else {
+            return Some(format!("the image no longer reads {} over HTTP", t.url));
+        };
+        if t.url != n.url {
+            return Some(format!("{saved} is of {}, not {}", t.url, n.url));
+        }
+        let shown = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".into());
+        let why = if t.size != n.size {
+            format!(
+                "its length is {} bytes, {saved} recorded {}",
+                n.size, t.size
+            )
+        } else if t.etag != n.etag {
+            format!(
+                "its ETag is {}, {saved} recorded {}",
+                shown(&n.etag),
+                shown(&t.etag)
+            )
+        } else if t.last_modified != n.last_modified {
+            format!(
+                "it was last modified {}, {saved} recorded {}",
+                shown(&n.last_modified),
+                shown(&t.last_modified)
+            )
+        } else {
+            continue;
+        };
+        return Some(format!(
+            "{} is another version than {saved} was saved for: {why}",
+            t.url
+        ));
+    }
+    now.get(then.len()).map(|n| {
+        format!(
+            "the image now reads {} over HTTP, which it did not when {saved} was saved",
+            n.url
+        )
+    })
+}
+
+fn parse_remote(line: &str) -> Result<blkimage::http::RemoteFile, String> {
+    let f: Vec<&str> = line.split(' ').collect();
+    let [url, size, etag, date] = f.as_slice() else {
+        return Err(format!("an http line not understood: '{line}'"));
+    };
+    let text = |v: &str| -> Result<String, String> {
+        let b = unescape(v).ok_or_else(|| format!("bad escape in '{v}'"))?;
+        String::from_utf8(b).map_err(|_| format!("not UTF-8: '{v}'"))
+    };
+    let word = |v: &str| match v {
+        "-" => Ok(None),
+        v => text(v).map(Some),
+    };
+    Ok(blkimage::http::RemoteFile {
+        url: text(url)?,
+        size: size.parse().map_err(|_| format!("bad number '{size}'"))?,
+        etag: word(etag)?,
+        last_modified: word(date)?,
+    })
+}
+
 fn parse_stamp(line: &str) -> Result<Stamp, String> {
     let f: Vec<&str> = line.split(' ').collect();
     let [kind, dev, ino, rdev, size, mtime, ctime, path] = f.as_slice() else {
@@ -427,6 +525,7 @@ mod tests {
             size: 1 << 30,
             export: None,
             files: vec![stamp("/a b/over lay.qcow2"), stamp("/x/100%\n\u{e9}.raw")],
+            http: vec![],
         };
         let t = r.to_text();
         assert_eq!(Record::parse(t.as_bytes()), Ok(r.clone()));
@@ -442,6 +541,7 @@ mod tests {
             size: 5,
             export: Some(export_of("nbd+unix:///disk?socket=/run/s").unwrap()),
             files: vec![],
+            http: vec![],
         };
         assert_eq!(Record::parse(e.to_text().as_bytes()), Ok(e));
     }
@@ -452,6 +552,7 @@ mod tests {
             size: 100,
             export: None,
             files: vec![stamp("/top"), stamp("/base")],
+            http: vec![],
         };
         let same = then.clone();
         assert_eq!(then.changed_since(&same, "the checkpoint"), None);
@@ -488,6 +589,7 @@ mod tests {
             size: 100,
             export: Some(export_of("nbd://h:1/a").unwrap()),
             files: vec![],
+            http: vec![],
         };
         let b = Record {
             export: Some(export_of("nbd://h:1/b").unwrap()),
@@ -498,5 +600,47 @@ mod tests {
             why.contains("export 'a' at tcp h:1, not 'b' at tcp h:1"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn files_over_http_by_url_and_version() {
+        let remote = |url: &str, etag: Option<&str>| blkimage::http::RemoteFile {
+            url: url.into(),
+            size: 1 << 20,
+            etag: etag.map(String::from),
+            last_modified: Some("Mon, 01 Jan 2024 00:00:00 GMT".into()),
+        };
+        let then = Record {
+            size: 1 << 20,
+            export: None,
+            files: vec![],
+            http: vec![
+                remote("https://h/top.qcow2", Some("\"a b\"")),
+                remote("https://h/base.raw", None),
+            ],
+        };
+        assert_eq!(Record::parse(then.to_text().as_bytes()), Ok(then.clone()));
+        assert_eq!(then.changed_since(&then.clone(), "the checkpoint"), None);
+        let mut other = then.clone();
+        other.http[1].etag = Some("\"b\"".into());
+        let why = then.changed_since(&other, "the checkpoint").unwrap();
+        assert!(
+            why.contains("https://h/base.raw is another version") && why.contains("ETag"),
+            "{why}"
+        );
+        let mut moved = then.clone();
+        moved.http[0].url = "https://h/other.qcow2".into();
+        let why = then.changed_since(&moved, "the checkpoint").unwrap();
+        assert!(why.contains("not https://h/other.qcow2"), "{why}");
+        let mut longer = then.clone();
+        longer.http[0].size += 1;
+        assert!(then.changed_since(&longer, "the checkpoint").is_some());
+        let file = Record {
+            http: vec![],
+            files: vec![stamp("/top")],
+            ..then.clone()
+        };
+        assert!(then.changed_since(&file, "the checkpoint").is_some());
+        assert!(file.changed_since(&then, "the checkpoint").is_some());
     }
 }
