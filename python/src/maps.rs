@@ -29,7 +29,7 @@ use std::path::PathBuf;
     text_signature = "(image, out, *, offset=0, length=None, part=None, digest='sha256', \
     block_size=65536, format=None, cache=False, threads=None, no_backing=False, \
     force_share=False, secret_file=None, timeout=None, tls_certificates=None, headers=None, \
-    retries=4)"
+    retries=None)"
 )]
 #[pyo3(signature = (
     image, out, *, offset = 0, length = None, part = None, digest = "sha256",

@@ -243,8 +243,9 @@ pub struct Http {
     client: Client,
     /// Where ranges are asked for: the URL after its redirects.
     url: HttpUrl,
-    /// The URL as given, password redacted.
-    shown: String,
+    /// The URL as given (names beside it resolve against it, as QEMU's
+    /// curl driver, which follows redirects inside curl, resolves them).
+    given: HttpUrl,
     /// For a file below the image (a backing or data file): what read
     /// errors are prefixed with, since the command names only the image.
     context: Option<String>,
@@ -273,13 +274,13 @@ impl Http {
         }
     }
 
-    /// The URL as given, password redacted.
-    pub fn shown(&self) -> &str {
-        &self.shown
+    /// The URL as given.
+    pub fn url(&self) -> &HttpUrl {
+        &self.given
     }
 
-    /// The URL ranges are asked from (after redirects).
-    pub fn url(&self) -> &HttpUrl {
+    /// The URL ranges are asked from (the given one after its redirects).
+    pub fn target(&self) -> &HttpUrl {
         &self.url
     }
 
@@ -291,7 +292,7 @@ impl Http {
     /// What identifies this file in a record.
     pub fn remote_file(&self) -> RemoteFile {
         RemoteFile {
-            url: self.url.recorded(),
+            url: self.given.recorded(),
             size: self.version.len,
             etag: self.version.etag.as_ref().map(ETag::value),
             last_modified: self.version.last_modified.clone(),
@@ -519,7 +520,7 @@ fn first_range(
     }
     Ok(Http {
         client,
-        shown: given.shown().to_string(),
+        given: given.clone(),
         url,
         context: None,
         version,
