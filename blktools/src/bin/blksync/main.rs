@@ -33,7 +33,8 @@ struct Args {
 
     /// The raw file, block device, NBD URL (an export of SRC's size) or
     /// image of SRC's virtual size in another format (qcow2, vmdk...,
-    /// written through a private qemu-nbd) to bring up to date.
+    /// written through a private qemu-nbd) to bring up to date (not an
+    /// HTTP(S) URL: those are read, never written).
     #[arg(value_name = "DST")]
     dst_path: OsString,
 
