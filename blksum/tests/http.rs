@@ -10,7 +10,9 @@ use common::qemu::{create_qcow2, run_timeout};
 use common::*;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use testkit::http::{Hostile, Logged, Misbehave, Nginx, PythonServer, Tls, have_nginx};
+use testkit::http::{
+    ConnectProxy, Hostile, Logged, Misbehave, Nginx, PythonServer, Tls, have_nginx,
+};
 use testkit::tools::{qemu_img, qemu_img_in, qemu_io, qemu_io_in};
 
 /// Far above any run here: a hang fails the test.
@@ -574,5 +576,60 @@ fn unknown_schemes_are_named() {
             !err.contains("No such file") && !err.contains(":pw@"),
             "{err}"
         );
+    }
+}
+
+/// blksum ARGS with the environment `env` (proxies), which must succeed;
+/// the checksum.
+fn checksum_env(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = blksum();
+    cmd.args(args).stdin(std::process::Stdio::null());
+    for v in [
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "no_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+    ] {
+        cmd.env_remove(v);
+    }
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "blksum {args:?} {env:?}: {}",
+        stderr(&out)
+    );
+    stdout(&out).split_whitespace().next().unwrap().to_string()
+}
+
+#[test]
+fn proxies_from_the_environment_as_curl_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = file_checksum(dir.path(), &data());
+    let server = Hostile::start(data(), Misbehave::Nothing);
+    let proxy = ConnectProxy::start();
+    let url = server.url.as_str();
+    let p = proxy.url.as_str();
+    assert_eq!(checksum_env(&[url], &[("http_proxy", p)]), want);
+    let through = proxy.count();
+    assert!(through >= 1);
+    assert_eq!(checksum_env(&[url], &[("all_proxy", p)]), want);
+    assert!(proxy.count() > through);
+    let n = proxy.count();
+    // no_proxy names the host (curl's rules), HTTP_PROXY in upper case is
+    // not read for http (a CGI program's comes from a request header),
+    // https_proxy is for https URLs.
+    for env in [
+        &[("http_proxy", p), ("no_proxy", "localhost,127.0.0.1")][..],
+        &[("all_proxy", p), ("NO_PROXY", "*")],
+        &[("HTTP_PROXY", p)],
+        &[("https_proxy", p)],
+    ] {
+        assert_eq!(checksum_env(&[url], env), want, "{env:?}");
+        assert_eq!(proxy.count(), n, "{env:?}");
     }
 }

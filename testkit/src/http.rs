@@ -532,3 +532,97 @@ fn serve(
     }
     Ok(())
 }
+
+/// An HTTP CONNECT proxy on 127.0.0.1 (what ureq speaks to a proxy, for
+/// http and https URLs alike): it counts the tunnels it made, then relays
+/// bytes both ways; stopped when dropped.
+pub struct ConnectProxy {
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// Tunnels made (CONNECT requests answered 200).
+    pub tunnels: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    port: u16,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl ConnectProxy {
+    /// Start it.
+    pub fn start() -> ConnectProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let tunnels = Arc::new(AtomicUsize::new(0));
+        let accept = {
+            let (stop, tunnels) = (stop.clone(), tunnels.clone());
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    let tunnels = tunnels.clone();
+                    std::thread::spawn(move || {
+                        let _ = tunnel(conn, &tunnels);
+                    });
+                }
+            })
+        };
+        ConnectProxy {
+            url: format!("http://127.0.0.1:{port}"),
+            tunnels,
+            stop,
+            port,
+            accept: Some(accept),
+        }
+    }
+
+    /// Tunnels made so far.
+    pub fn count(&self) -> usize {
+        self.tunnels.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for ConnectProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// One CONNECT to a 127.0.0.1 port (the tests' servers; any other target
+/// is refused), then the bytes relayed until either side closes.
+fn tunnel(conn: TcpStream, tunnels: &AtomicUsize) -> io::Result<()> {
+    let mut w = conn.try_clone()?;
+    let mut r = BufReader::new(conn);
+    let Some(req) = read_request(&mut r)? else {
+        return Ok(());
+    };
+    let target = req
+        .head
+        .strip_prefix("CONNECT ")
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|t| t.strip_prefix("127.0.0.1:"))
+        .and_then(|p| p.parse::<u16>().ok());
+    let Some(port) = target else {
+        return w.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
+    };
+    let server = TcpStream::connect(("127.0.0.1", port))?;
+    tunnels.fetch_add(1, Ordering::SeqCst);
+    w.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
+    let (mut to_server, mut from_server) = (server.try_clone()?, server);
+    // What the client sent after its CONNECT is in the reader's buffer.
+    to_server.write_all(r.buffer())?;
+    let mut client = r.into_inner();
+    let up = std::thread::spawn(move || {
+        let _ = io::copy(&mut client, &mut to_server);
+        let _ = to_server.shutdown(std::net::Shutdown::Write);
+    });
+    let _ = io::copy(&mut from_server, &mut w);
+    let _ = w.shutdown(std::net::Shutdown::Both);
+    let _ = up.join();
+    Ok(())
+}
