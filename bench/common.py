@@ -228,6 +228,17 @@ class Cmd:
         return {s.out.split()[0] if s.out.split() else "" for s in self.samples if s.rc == 0}
 
 
+def median_cell(cmd):
+    """A command's median time for a summary table, or a dash."""
+    return f"{cmd.median:.3f}" if cmd and not cmd.failed else "—"
+
+
+def ratio_cell(num, den):
+    """t(num)/t(den) for a summary table, or a dash."""
+    ok = num and den and not num.failed and not den.failed
+    return f"{num.median / den.median:.2f}x" if ok else "—"
+
+
 def run_case(cmds, runs, timeout):
     for r in range(runs):
         for c in cmds:

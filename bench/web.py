@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import Cmd, GiB, KiB, MiB, human, log, make_with, run_case, short, warm
+from common import (Cmd, GiB, KiB, MiB, human, log, make_with, median_cell, ratio_cell, run_case,
+                    short, warm)
 
 DELAY = Path(__file__).resolve().parent / "delay.py"
 
@@ -350,13 +351,7 @@ class HttpCases:
         return img.stat().st_size
 
     def http_summary(self, summary):
-        def t(cmd):
-            return f"{cmd.median:.3f}" if cmd and not cmd.failed else "—"
-
-        def ratio(num, den):
-            ok = num and den and not num.failed and not den.failed
-            return f"{num.median / den.median:.2f}x" if ok else "—"
-
+        t, ratio = median_cell, ratio_cell
         self.r("### HTTP, medians (s)")
         self.r()
         self.r.table(["image, delay", "blksum URL", "reading alone", "local file",

@@ -44,77 +44,47 @@ fn fails(args: &[&str]) -> String {
     err
 }
 
+/// `qemu-img convert -f raw -O qcow2 OPTS RAW OUT`.
+fn to_qcow2(raw: &Path, out: &Path, opts: &[&str]) {
+    let (raw, out) = (raw.to_str().unwrap(), out.to_str().unwrap());
+    qemu_img(
+        &[
+            &["convert", "-q", "-f", "raw", "-O", "qcow2"],
+            opts,
+            &[raw, out],
+        ]
+        .concat(),
+    );
+}
+
+/// `qemu-img create -f qcow2 -b BACKING -F FMT NAME` in `dir`: the backing
+/// file named relative to the overlay.
+fn overlay(dir: &Path, name: &str, backing: &str, fmt: &str) {
+    qemu_img_in(
+        dir,
+        &[
+            "create", "-q", "-f", "qcow2", "-b", backing, "-F", fmt, name,
+        ],
+    );
+}
+
 /// Images made by qemu-img and qemu-io in `dir`, by name: raw (with a
 /// tail not a multiple of 512), qcow2, compressed, extended L2, a backing
 /// chain by relative name (qcow2 on qcow2 on raw), and an external data
 /// file.
 fn images(dir: &Path) -> Vec<&'static str> {
     let raw = image(dir, "disk.raw", "1m:r 2m:- 1m:t 512k:0 700000:r");
-    let s = raw.to_str().unwrap();
-    let at = |n: &str| dir.join(n).to_str().unwrap().to_string();
-    qemu_img(&[
-        "convert",
-        "-q",
-        "-f",
-        "raw",
-        "-O",
-        "qcow2",
-        s,
-        &at("disk.qcow2"),
-    ]);
-    qemu_img(&[
-        "convert",
-        "-q",
-        "-c",
-        "-f",
-        "raw",
-        "-O",
-        "qcow2",
-        s,
-        &at("zlib.qcow2"),
-    ]);
-    qemu_img(&[
-        "convert",
-        "-q",
-        "-f",
-        "raw",
-        "-O",
-        "qcow2",
-        "-o",
-        "extended_l2=on,cluster_size=128k",
-        s,
-        &at("ext.qcow2"),
-    ]);
+    to_qcow2(&raw, &dir.join("disk.qcow2"), &[]);
+    to_qcow2(&raw, &dir.join("zlib.qcow2"), &["-c"]);
+    to_qcow2(
+        &raw,
+        &dir.join("ext.qcow2"),
+        &["-o", "extended_l2=on,cluster_size=128k"],
+    );
     std::fs::copy(&raw, dir.join("base.raw")).unwrap();
-    qemu_img_in(
-        dir,
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            "base.raw",
-            "-F",
-            "raw",
-            "mid.qcow2",
-        ],
-    );
+    overlay(dir, "mid.qcow2", "base.raw", "raw");
     qemu_io(&dir.join("mid.qcow2"), "qcow2", &["write -P 0x11 64k 128k"]);
-    qemu_img_in(
-        dir,
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            "mid.qcow2",
-            "-F",
-            "qcow2",
-            "top.qcow2",
-        ],
-    );
+    overlay(dir, "top.qcow2", "mid.qcow2", "qcow2");
     qemu_io(
         &dir.join("top.qcow2"),
         "qcow2",
@@ -160,14 +130,7 @@ fn every_format_over_http_and_https_is_the_file_s_checksum() {
     let names = images(&www);
     let pki = testkit::nbd::make_pki(&dir.path().join("pki"));
     let plain = Nginx::start(&www, None, "");
-    let tls = Nginx::start(
-        &www,
-        Some(Tls {
-            server: &pki.server,
-            client_ca: None,
-        }),
-        "",
-    );
+    let tls = tls_nginx(&www, &pki, None, "");
     let ca = pki.ca_only.to_str().unwrap().to_string();
     for opts in [
         &["-d", "sha256"][..],
@@ -208,14 +171,7 @@ fn every_format_over_http_and_https_is_the_file_s_checksum() {
     assert_eq!(json["inputs"][0]["name"], a.as_str());
     assert_eq!(json["inputs"][0]["format"], "qcow2");
     // A client certificate the server asks for.
-    let strict = Nginx::start(
-        &www,
-        Some(Tls {
-            server: &pki.server,
-            client_ca: Some(&pki.ca_only),
-        }),
-        "",
-    );
+    let strict = tls_nginx(&www, &pki, Some(&pki.ca_only), "");
     let url = format!("{}/disk.qcow2", strict.url);
     let want = checksum(&[www.join("disk.qcow2").to_str().unwrap()]);
     let client = pki.client.to_str().unwrap();
@@ -225,6 +181,21 @@ fn every_format_over_http_and_https_is_the_file_s_checksum() {
     // Another CA: the certificate is not trusted.
     let err = fails(&["--tls-certificates", pki.wrong_ca.to_str().unwrap(), &b]);
     assert!(err.contains("certificate verify failed"), "{err}");
+}
+
+/// nginx serving `www` over TLS with the server certificate of `pki`,
+/// asking clients for one signed by `client_ca` if given.
+fn tls_nginx(
+    www: &Path,
+    pki: &testkit::nbd::Pki,
+    client_ca: Option<&Path>,
+    locations: &str,
+) -> Nginx {
+    let tls = Tls {
+        server: &pki.server,
+        client_ca,
+    };
+    Nginx::start(www, Some(tls), locations)
 }
 
 /// The ranges nginx sent for `uri`, checked to be disjoint.
@@ -317,16 +288,7 @@ fn a_server_without_ranges_streams_raw_and_refuses_qcow2() {
     let dir = tempfile::tempdir().unwrap();
     let raw = image(dir.path(), "odd.raw", "1m:r 1m:- 1000:t");
     let s = raw.to_str().unwrap();
-    qemu_img(&[
-        "convert",
-        "-q",
-        "-f",
-        "raw",
-        "-O",
-        "qcow2",
-        s,
-        dir.path().join("d.qcow2").to_str().unwrap(),
-    ]);
+    to_qcow2(&raw, &dir.path().join("d.qcow2"), &[]);
     let server = PythonServer::start(dir.path());
     let url = format!("{}/odd.raw", server.url);
     // Padded to 512 as the file is: the file's checksum, not the pipe's.
@@ -494,12 +456,10 @@ fn https_never_redirects_to_http() {
     let www = dir.path().join("www");
     std::fs::create_dir(&www).unwrap();
     image(&www, "disk.raw", "1m:r");
-    let tls = Nginx::start(
+    let tls = tls_nginx(
         &www,
-        Some(Tls {
-            server: &pki.server,
-            client_ca: None,
-        }),
+        &pki,
+        None,
         "location = /plain.raw { return 302 http://127.0.0.1:9/disk.raw; }",
     );
     let url = format!("{}/plain.raw", tls.url);
@@ -517,16 +477,7 @@ fn a_checkpoint_of_a_url_records_its_version() {
     std::fs::create_dir(&www).unwrap();
     let raw = image(&www, "disk.raw", "1m:r 1m:- 1m:r");
     let s = raw.to_str().unwrap();
-    qemu_img(&[
-        "convert",
-        "-q",
-        "-f",
-        "raw",
-        "-O",
-        "qcow2",
-        s,
-        www.join("d.qcow2").to_str().unwrap(),
-    ]);
+    to_qcow2(&raw, &www.join("d.qcow2"), &[]);
     let nginx = Nginx::start(&www, None, "");
     let url = format!("{}/d.qcow2", nginx.url);
     let ck = dir.path().join("ck");

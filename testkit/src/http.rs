@@ -284,62 +284,78 @@ pub struct Stats {
     pub heads: Mutex<Vec<String>>,
 }
 
-/// A running hostile HTTP server on 127.0.0.1; stopped when dropped.
-pub struct Hostile {
-    /// `http://127.0.0.1:PORT/disk.img`.
-    pub url: String,
-    /// What it saw.
-    pub stats: Arc<Stats>,
-    stop: Arc<AtomicBool>,
+/// A TCP server on a free port of 127.0.0.1 whose connections a handler
+/// serves, each on a thread of its own (detached: it ends when its client
+/// goes, or, told by the flag, when the server stops); stopped when dropped.
+struct Running {
     port: u16,
+    stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
 }
 
-impl Hostile {
-    /// Serve `data` at `/disk.img` (and any path), misbehaving as told.
-    pub fn start(data: Vec<u8>, how: Misbehave) -> Hostile {
+impl Running {
+    fn start(handle: impl Fn(TcpStream, &AtomicBool) + Send + Sync + 'static) -> Running {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let stop = Arc::new(AtomicBool::new(false));
-        let stats = Arc::new(Stats::default());
-        let data = Arc::new(data);
+        let handle = Arc::new(handle);
         let accept = {
-            let (stop, stats) = (stop.clone(), stats.clone());
+            let stop = stop.clone();
             std::thread::spawn(move || {
                 for conn in listener.incoming() {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
                     let Ok(conn) = conn else { continue };
-                    let n = stats.connections.fetch_add(1, Ordering::SeqCst) + 1;
-                    if how == Misbehave::DropEveryThird && n % 3 == 0 {
-                        drop(conn);
-                        continue;
-                    }
-                    let (data, stats, stop) = (data.clone(), stats.clone(), stop.clone());
-                    // Detached: each ends when its client goes or we stop.
-                    std::thread::spawn(move || {
-                        let _ = serve(conn, &data, how, &stats, &stop);
-                    });
+                    let (handle, stop) = (handle.clone(), stop.clone());
+                    std::thread::spawn(move || handle(conn, &stop));
                 }
             })
         };
-        Hostile {
-            url: format!("http://127.0.0.1:{port}/disk.img"),
-            stats,
-            stop,
+        Running {
             port,
+            stop,
             accept: Some(accept),
         }
     }
 }
 
-impl Drop for Hostile {
+impl Drop for Running {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop.
         let _ = TcpStream::connect(("127.0.0.1", self.port));
         if let Some(h) = self.accept.take() {
             let _ = h.join();
+        }
+    }
+}
+
+/// A running hostile HTTP server on 127.0.0.1; stopped when dropped.
+pub struct Hostile {
+    /// `http://127.0.0.1:PORT/disk.img`.
+    pub url: String,
+    /// What it saw.
+    pub stats: Arc<Stats>,
+    _server: Running,
+}
+
+impl Hostile {
+    /// Serve `data` at `/disk.img` (and any path), misbehaving as told.
+    pub fn start(data: Vec<u8>, how: Misbehave) -> Hostile {
+        let stats = Arc::new(Stats::default());
+        let seen = stats.clone();
+        let server = Running::start(move |conn, stop| {
+            let n = seen.connections.fetch_add(1, Ordering::SeqCst) + 1;
+            if how == Misbehave::DropEveryThird && n % 3 == 0 {
+                return;
+            }
+            let _ = serve(conn, &data, how, &seen, stop);
+        });
+        Hostile {
+            url: format!("http://127.0.0.1:{}/disk.img", server.port),
+            stats,
+            _server: server,
         }
     }
 }
@@ -541,55 +557,27 @@ pub struct ConnectProxy {
     pub url: String,
     /// Tunnels made (CONNECT requests answered 200).
     pub tunnels: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    port: u16,
-    accept: Option<JoinHandle<()>>,
+    _server: Running,
 }
 
 impl ConnectProxy {
     /// Start it.
     pub fn start() -> ConnectProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let stop = Arc::new(AtomicBool::new(false));
         let tunnels = Arc::new(AtomicUsize::new(0));
-        let accept = {
-            let (stop, tunnels) = (stop.clone(), tunnels.clone());
-            std::thread::spawn(move || {
-                for conn in listener.incoming() {
-                    if stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let Ok(conn) = conn else { continue };
-                    let tunnels = tunnels.clone();
-                    std::thread::spawn(move || {
-                        let _ = tunnel(conn, &tunnels);
-                    });
-                }
-            })
-        };
+        let made = tunnels.clone();
+        let server = Running::start(move |conn, _| {
+            let _ = tunnel(conn, &made);
+        });
         ConnectProxy {
-            url: format!("http://127.0.0.1:{port}"),
+            url: format!("http://127.0.0.1:{}", server.port),
             tunnels,
-            stop,
-            port,
-            accept: Some(accept),
+            _server: server,
         }
     }
 
     /// Tunnels made so far.
     pub fn count(&self) -> usize {
         self.tunnels.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for ConnectProxy {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-        if let Some(h) = self.accept.take() {
-            let _ = h.join();
-        }
     }
 }
 

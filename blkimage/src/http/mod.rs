@@ -242,10 +242,10 @@ fn identity(resp: &ureq::http::Response<ureq::Body>) -> Result<(), Fail> {
 pub struct Http {
     client: Client,
     /// Where ranges are asked for: the URL after its redirects.
-    url: HttpUrl,
+    target: HttpUrl,
     /// The URL as given (names beside it resolve against it, as QEMU's
     /// curl driver, which follows redirects inside curl, resolves them).
-    given: HttpUrl,
+    url: HttpUrl,
     /// For a file below the image (a backing or data file): what read
     /// errors are prefixed with, since the command names only the image.
     context: Option<String>,
@@ -276,12 +276,12 @@ impl Http {
 
     /// The URL as given.
     pub fn url(&self) -> &HttpUrl {
-        &self.given
+        &self.url
     }
 
     /// The URL ranges are asked from (the given one after its redirects).
     pub fn target(&self) -> &HttpUrl {
-        &self.url
+        &self.target
     }
 
     /// The version opened: length and validators.
@@ -292,7 +292,7 @@ impl Http {
     /// What identifies this file in a record.
     pub fn remote_file(&self) -> RemoteFile {
         RemoteFile {
-            url: self.given.recorded(),
+            url: self.url.recorded(),
             size: self.version.len,
             etag: self.version.etag.as_ref().map(ETag::value),
             last_modified: self.version.last_modified.clone(),
@@ -340,7 +340,7 @@ impl Http {
         let mut extra = vec![("Range", format!("bytes={offset}-{last}"))];
         extra.extend(self.version.condition());
         let deadline = self.client.timeout().map(|t| Instant::now() + t);
-        let mut resp = self.client.get(&self.url, &extra)?;
+        let mut resp = self.client.get(&self.target, &extra)?;
         let status = resp.status();
         match status.as_u16() {
             206 => {}
@@ -520,8 +520,8 @@ fn first_range(
     }
     Ok(Http {
         client,
-        given: given.clone(),
-        url,
+        url: given.clone(),
+        target: url,
         context: None,
         version,
         head,

@@ -90,19 +90,9 @@ pub(crate) fn open_file(
 ) -> io::Result<Qcow2> {
     let file: Arc<dyn Storage> = Arc::new(ImageFile::new(file, path)?);
     let header = Header::parse(&*file)?;
+    let (data_name, backing_name) = referred(&header, opts)?;
 
-    let data: Option<Arc<dyn Storage>> = if header.external_data {
-        let name = header
-            .data_file
-            .as_deref()
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| invalid("external data file bit set, but no data file named".into()))?;
-        if opts.no_backing {
-            return Err(unsupported(format!(
-                "the image uses the external data file '{}' (files an image refers to are refused)",
-                show(name)
-            )));
-        }
+    let data: Option<Arc<dyn Storage>> = if let Some(name) = data_name {
         let p = resolve(path, name);
         let ctx = |e: io::Error| {
             io::Error::new(
@@ -125,25 +115,68 @@ pub(crate) fn open_file(
         None
     };
 
-    let backing = match &header.backing_file {
+    let backing = match backing_name {
         None => None,
-        Some(name) => {
-            if opts.no_backing {
-                return Err(unsupported(format!(
-                    "the image has the backing file '{}' (backing files are refused)",
-                    show(name)
-                )));
-            }
-            let p = resolve(path, name);
-            Some(open_backing(
-                &p,
-                header.backing_format.as_deref(),
-                opts,
-                chain,
-            )?)
-        }
+        Some(name) => Some(open_backing(
+            &resolve(path, name),
+            header.backing_format.as_deref(),
+            opts,
+            chain,
+        )?),
     };
     Qcow2::new(header, file, data, backing)
+}
+
+/// The names an image gives its external data file and its backing file.
+type Referred<'h> = (Option<&'h [u8]>, Option<&'h [u8]>);
+
+/// The names of the files `header` refers to, its external data file and
+/// its backing file, both refused with `opts.no_backing`.
+fn referred<'h>(header: &'h Header, opts: &OpenOptions) -> io::Result<Referred<'h>> {
+    let data = if header.external_data {
+        let name = header
+            .data_file
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| invalid("external data file bit set, but no data file named".into()))?;
+        if opts.no_backing {
+            return Err(unsupported(format!(
+                "the image uses the external data file '{}' (files an image refers to are refused)",
+                show(name)
+            )));
+        }
+        Some(name)
+    } else {
+        None
+    };
+    let backing = header.backing_file.as_deref();
+    if let Some(name) = backing.filter(|_| opts.no_backing) {
+        return Err(unsupported(format!(
+            "the image has the backing file '{}' (backing files are refused)",
+            show(name)
+        )));
+    }
+    Ok((data, backing))
+}
+
+/// An error if opening `key` (shown as `shown`) below the images of
+/// `chain` would loop or pass [`MAX_CHAIN_DEPTH`].
+fn check_chain<K: PartialEq>(
+    chain: &[K],
+    key: &K,
+    shown: &dyn std::fmt::Display,
+) -> io::Result<()> {
+    if chain.contains(key) {
+        return Err(invalid(format!(
+            "backing chain loops: '{shown}' is its own backing file"
+        )));
+    }
+    if chain.len() >= MAX_CHAIN_DEPTH {
+        return Err(invalid(format!(
+            "backing chain deeper than {MAX_CHAIN_DEPTH} images"
+        )));
+    }
+    Ok(())
 }
 
 fn open_backing(
@@ -172,17 +205,7 @@ fn open_backing(
             "not a regular file or block device",
         )));
     }
-    if chain.contains(&canon) {
-        return Err(invalid(format!(
-            "backing chain loops: '{}' is its own backing file",
-            canon.display()
-        )));
-    }
-    if chain.len() >= MAX_CHAIN_DEPTH {
-        return Err(invalid(format!(
-            "backing chain deeper than {MAX_CHAIN_DEPTH} images"
-        )));
-    }
+    check_chain(chain, &canon, &canon.display())?;
     let format = backing_format(format).map_err(ctx)?;
     let file = RawFile::open(path, !opts.cache).map_err(ctx)?;
     refuse_pseudo_file(&file).map_err(ctx)?;
@@ -214,23 +237,13 @@ pub(crate) fn open_remote(
     chain: &mut Vec<String>,
 ) -> io::Result<Qcow2> {
     let header = Header::parse(&*file)?;
+    let (data_name, backing_name) = referred(&header, opts)?;
     let url = file.url().clone();
     let named = |what: &str, name: &[u8]| {
         url.sibling(name)
             .map_err(|e| unsupported(format!("{what} {e}")))
     };
-    let data: Option<Arc<dyn Storage>> = if header.external_data {
-        let name = header
-            .data_file
-            .as_deref()
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| invalid("external data file bit set, but no data file named".into()))?;
-        if opts.no_backing {
-            return Err(unsupported(format!(
-                "the image uses the external data file '{}' (files an image refers to are refused)",
-                show(name)
-            )));
-        }
+    let data: Option<Arc<dyn Storage>> = if let Some(name) = data_name {
         let u = named("external data file", name)?;
         Some(Arc::new(crate::http::open_below(
             &u,
@@ -240,23 +253,14 @@ pub(crate) fn open_remote(
     } else {
         None
     };
-    let backing = match &header.backing_file {
+    let backing = match backing_name {
         None => None,
-        Some(name) => {
-            if opts.no_backing {
-                return Err(unsupported(format!(
-                    "the image has the backing file '{}' (backing files are refused)",
-                    show(name)
-                )));
-            }
-            let u = named("backing file", name)?;
-            Some(open_remote_backing(
-                &u,
-                header.backing_format.as_deref(),
-                opts,
-                chain,
-            )?)
-        }
+        Some(name) => Some(open_remote_backing(
+            &named("backing file", name)?,
+            header.backing_format.as_deref(),
+            opts,
+            chain,
+        )?),
     };
     Qcow2::new(header, file, data, backing)
 }
@@ -268,17 +272,7 @@ fn open_remote_backing(
     chain: &mut Vec<String>,
 ) -> io::Result<Box<dyn Source>> {
     let key = url.recorded();
-    if chain.contains(&key) {
-        return Err(invalid(format!(
-            "backing chain loops: '{}' is its own backing file",
-            url.shown()
-        )));
-    }
-    if chain.len() >= MAX_CHAIN_DEPTH {
-        return Err(invalid(format!(
-            "backing chain deeper than {MAX_CHAIN_DEPTH} images"
-        )));
-    }
+    check_chain(chain, &key, &url.shown())?;
     let format = backing_format(format).map_err(|e| {
         io::Error::new(
             e.kind(),
