@@ -3,7 +3,7 @@
 serves a qcow2 image (1 GiB of random data in scattered clusters, and an
 internal snapshot holding 256 MiB the active layer does not use) and a raw
 image of random data, over loopback and through bench/delay.py adding 2 and
-10 ms to each reply. Side by side: our blksum of the URL, of the same file
+10 ms to each reply (testkit's delay-relay). Side by side: our blksum of the URL, of the same file
 read locally (page cache), what a user runs today (`curl -o FILE URL &&
 blksum FILE`), QEMU's curl driver (`qemu-img convert -O raw URL FILE &&
 blksum FILE`), nbdkit's curl plugin with qemu-nbd (`blksum nbd+unix://`),
@@ -18,15 +18,15 @@ import shutil
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import (Cmd, GiB, KiB, MiB, human, log, make_with, median_cell, ratio_cell, run_case,
-                    short, warm)
+from common import (RELEASE, Cmd, GiB, KiB, MiB, human, log, make_with, median_cell, ratio_cell,
+                    run_case, short, warm)
 
-DELAY = Path(__file__).resolve().parent / "delay.py"
+# testkit's delay relay (testkit/src/bin/delay-relay.rs), built with the rest.
+DELAY = RELEASE / "delay-relay"
 
 
 def free_port():
@@ -192,9 +192,9 @@ class HttpCases:
 
     def start_delay(self, target, ms):
         port = free_port()
-        p = subprocess.Popen([sys.executable, str(DELAY), str(port), str(target), str(ms)],
+        p = subprocess.Popen([str(DELAY), str(port), str(target), str(ms)],
                              stdin=subprocess.DEVNULL)
-        wait_port(port, p, "delay.py")
+        wait_port(port, p, "delay-relay")
         return p, port
 
     def case_http(self):
@@ -202,9 +202,9 @@ class HttpCases:
                "delay proxy adding 2 and 10 ms to each reply)")
         self.r()
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-        if not (os.access(nginx, os.X_OK) and shutil.which("qemu-img")):
-            self.r.problem("FAILED: nginx or qemu-img not found (scripts/setup.sh): "
-                           "http case skipped")
+        if not (os.access(nginx, os.X_OK) and shutil.which("qemu-img") and DELAY.exists()):
+            self.r.problem(f"FAILED: nginx, qemu-img or {DELAY} not found (scripts/setup.sh, "
+                           "cargo build --release): http case skipped")
             return
         made = self.http_images()
         if not made:
