@@ -96,6 +96,10 @@ impl Source for Masked {
         self.inner.default_io_depth(read_size)
     }
 
+    fn bytes_in_flight(&self) -> Option<usize> {
+        self.inner.bytes_in_flight()
+    }
+
     fn finish(&self) -> io::Result<()> {
         self.inner.finish()
     }

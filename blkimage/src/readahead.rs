@@ -17,6 +17,11 @@
 //! digested), on top of what the hasher itself holds; the depth is cut so
 //! that they fit in [`blkhash::IN_FLIGHT_BUDGET`] (256 MiB), whatever depth
 //! and read size are asked for.
+//!
+//! A source across a network may also bound its reads in flight by bytes
+//! ([`ReadAhead::with_bytes`]): then many small reads (the scattered
+//! clusters of a qcow2 image over HTTP) keep many requests waiting on the
+//! network's latency, and a few large ones no more memory than that.
 
 use crate::buffer::AlignedBuf;
 use crate::sink::{Fill, Sink};
@@ -37,8 +42,8 @@ struct Job {
 
 /// What comes next in guest order.
 enum Pending {
-    /// A read on a reading thread.
-    Read(Receiver<io::Result<AlignedBuf>>),
+    /// A read of so many bytes on a reading thread.
+    Read(Receiver<io::Result<AlignedBuf>>, usize),
     /// Zeros, passed on once the reads before them are.
     Zeros(u64),
 }
@@ -55,6 +60,10 @@ pub struct ReadAhead<'sink> {
     /// The reads in `pending` (zeros there take no reading thread).
     reads: usize,
     depth: usize,
+    /// Bytes of the reads in `pending`, and the most allowed, if bounded
+    /// by bytes ([`ReadAhead::with_bytes`]).
+    bytes: usize,
+    max_bytes: Option<usize>,
     allocated: usize,
     spare: Vec<AlignedBuf>,
 }
@@ -110,9 +119,28 @@ impl<'sink> ReadAhead<'sink> {
             pending: VecDeque::new(),
             reads: 0,
             depth,
+            bytes: 0,
+            max_bytes: None,
             allocated: 0,
             spare: Vec::new(),
         })
+    }
+
+    /// As [`ReadAhead::new`], the reads in flight also bounded by bytes:
+    /// at most `depth` of them, and at most `max_bytes` of reads (one read
+    /// whatever its size). The buffers then hold at most about twice that
+    /// (those in flight and those waiting in the hasher), however many
+    /// reads there are.
+    pub fn with_bytes<'scope, 'env>(
+        scope: &'scope Scope<'scope, 'env>,
+        inner: &'sink mut dyn Sink,
+        depth: usize,
+        read_size: usize,
+        max_bytes: usize,
+    ) -> io::Result<Self> {
+        let mut ahead = ReadAhead::new(scope, inner, depth, read_size)?;
+        ahead.max_bytes = Some(max_bytes);
+        Ok(ahead)
     }
 
     /// A buffer of at least `len` bytes: one given back by the hasher, else
@@ -145,8 +173,9 @@ impl<'sink> ReadAhead<'sink> {
     /// Pass the oldest pending item on to the sink, waiting for its read.
     fn pass_one(&mut self) -> io::Result<()> {
         match self.pending.pop_front() {
-            Some(Pending::Read(rx)) => {
+            Some(Pending::Read(rx, len)) => {
                 self.reads -= 1;
+                self.bytes -= len;
                 let buf = rx
                     .recv()
                     .map_err(|_| io::Error::other("a reading thread stopped"))??;
@@ -168,7 +197,11 @@ impl<'sink> ReadAhead<'sink> {
 
 impl Sink for ReadAhead<'_> {
     fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
-        while self.reads >= self.depth {
+        let over = |a: &Self| {
+            a.max_bytes
+                .is_some_and(|m| a.reads > 0 && a.bytes + len > m)
+        };
+        while self.reads >= self.depth || over(self) {
             self.pass_one()?;
         }
         let buf = self.buffer(len)?;
@@ -183,8 +216,9 @@ impl Sink for ReadAhead<'_> {
             .as_ref()
             .and_then(|j| j.send(job).ok())
             .ok_or_else(|| io::Error::other("the reading threads stopped"))?;
-        self.pending.push_back(Pending::Read(rx));
+        self.pending.push_back(Pending::Read(rx, len));
         self.reads += 1;
+        self.bytes += len;
         Ok(())
     }
 

@@ -100,6 +100,16 @@ pub trait Source: Send + Sync {
         }
     }
 
+    /// Bytes of reads in flight at most when the depth is the source's own
+    /// ([`Source::default_io_depth`], then the most reads): `None`, the
+    /// count alone bounds them. A source behind a network whose reads may
+    /// be small (a qcow2 image's scattered clusters over HTTP) asks for
+    /// many reads and bounds their bytes, so that small reads keep as many
+    /// requests waiting on the latency as large ones do.
+    fn bytes_in_flight(&self) -> Option<usize> {
+        None
+    }
+
     /// Called once all was read: report anything that makes the bytes read
     /// untrustworthy (a file that shrank while we read it).
     fn finish(&self) -> io::Result<()> {

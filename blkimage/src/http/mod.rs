@@ -145,8 +145,11 @@ pub const MAX_REDIRECTS: usize = 10;
 
 /// Bytes of reads a URL keeps in flight by default, as an NBD export does
 /// (`NBD_BYTES_IN_FLIGHT`): 16 reads of the default 1 MiB, each on a
-/// connection of its own, to hide the network's latency.
+/// connection of its own, to hide the network's latency...
 const HTTP_BYTES_IN_FLIGHT: usize = 16 << 20;
+/// ...and up to this many reads when they are smaller (a qcow2 image's
+/// scattered clusters: each a request that waits the whole latency).
+const HTTP_READS_IN_FLIGHT: usize = 64;
 
 /// Another version of the file than the one opened, in the words the
 /// commands print.
@@ -555,6 +558,10 @@ impl Storage for Http {
     fn default_io_depth(&self, read_size: usize) -> Option<usize> {
         Some(Source::default_io_depth(self, read_size))
     }
+
+    fn bytes_in_flight(&self) -> Option<usize> {
+        Source::bytes_in_flight(self)
+    }
 }
 
 impl Source for Http {
@@ -601,10 +608,16 @@ impl Source for Http {
         self.fetch(head, offset)
     }
 
-    /// 16 MiB of reads in flight, as for an NBD export: latency, not the
-    /// digest threads, bounds a file across a network.
+    /// Up to 64 reads in flight, 16 MiB of them ([`Source::bytes_in_flight`]):
+    /// latency, not the digest threads, bounds a file across a network, and
+    /// a small read waits as long as a large one.
     fn default_io_depth(&self, read_size: usize) -> usize {
-        (HTTP_BYTES_IN_FLIGHT / read_size.max(1)).clamp(1, crate::DEFAULT_IO_DEPTH)
+        let _ = read_size;
+        HTTP_READS_IN_FLIGHT
+    }
+
+    fn bytes_in_flight(&self) -> Option<usize> {
+        Some(HTTP_BYTES_IN_FLIGHT)
     }
 
     fn remote_files(&self) -> Vec<RemoteFile> {

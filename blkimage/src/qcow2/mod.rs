@@ -221,6 +221,10 @@ impl Source for Qcow2 {
         }
     }
 
+    fn bytes_in_flight(&self) -> Option<usize> {
+        self.data_file().bytes_in_flight()
+    }
+
     /// The virtual size rounded down to a multiple of 512, as QEMU does
     /// (it counts whole sectors): the guest sees no partial last sector.
     fn size(&self) -> u64 {

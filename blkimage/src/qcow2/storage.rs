@@ -46,6 +46,11 @@ pub trait Storage: Send + Sync {
         let _ = read_size;
         None
     }
+
+    /// See [`Source::bytes_in_flight`].
+    fn bytes_in_flight(&self) -> Option<usize> {
+        None
+    }
 }
 
 fn past_end(offset: u64, len: usize, size: u64) -> io::Error {
