@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
 seconds=${1:-60}
-targets=(qcow2 nbd_reply nbd_transmission nbd_handshake blkmap check_file state record)
+targets=(qcow2 nbd_reply nbd_transmission nbd_handshake blkmap check_file state record http_reply)
 
 # cargo fuzz builds with nightly-only flags (-Zsanitizer=address and the
 # sanitizer coverage options libFuzzer needs): a nightly toolchain when one
@@ -140,7 +140,8 @@ PY
 }
 
 # A checkpoint's record of its image: a qcow2 overlay and its backing
-# file (names with a space and a non-ASCII byte), and an NBD export.
+# file (names with a space and a non-ASCII byte), an NBD export, and a
+# qcow2 image over HTTP with its backing file.
 record_seeds() {
     python3 - "$1" <<'PY'
 import hashlib, sys
@@ -149,6 +150,9 @@ bodies = {
              "file file 2049 12 0 196616 1700000000.000000001 1700000000.000000002 /img/over%20lay.qcow2\n"
              "file block 5 7 2049 0 1.000000000 2.000000000 /dev/%C3%A9\n",
     "export": "blkhash-input 1\nsize 16777216\nnbd unix /run/nbd.sock plain disk\n",
+    "http": "blkhash-input 1\nsize 4294967296\n"
+            "http https://h/top.qcow2 1245184 \"6571d5a2-130000\" Wed,%2025%20Nov%202026%2010:00:00%20GMT\n"
+            "http https://h/base.raw 4294967296 - -\n",
 }
 for name, body in bodies.items():
     with open(f"{sys.argv[1]}/seed-{name}", "w") as f:
