@@ -71,6 +71,12 @@ impl Client {
             .accept_encoding("identity")
             .max_idle_connections(POOL)
             .max_idle_connections_per_host(POOL)
+            // Buffers per connection (ureq's defaults are 128 KiB each, 16
+            // MiB for 64 connections): a request is a few hundred bytes,
+            // and the input buffer need only hold the largest reply head
+            // allowed (64 KiB, ureq's default) with room to spare.
+            .output_buffer_size(16 << 10)
+            .input_buffer_size(80 << 10)
             .proxy(proxy_for(url)?)
             .timeout_connect(opts.timeout)
             .timeout_recv_response(opts.timeout)
