@@ -65,6 +65,9 @@ pub struct ReadAhead<'sink> {
     bytes: usize,
     max_bytes: Option<usize>,
     allocated: usize,
+    /// With a bound in bytes: the capacity of every buffer made here and
+    /// not yet dropped (in flight, spare, or in the hasher).
+    held: usize,
     spare: Vec<AlignedBuf>,
 }
 
@@ -122,6 +125,7 @@ impl<'sink> ReadAhead<'sink> {
             bytes: 0,
             max_bytes: None,
             allocated: 0,
+            held: 0,
             spare: Vec::new(),
         })
     }
@@ -147,6 +151,9 @@ impl<'sink> ReadAhead<'sink> {
     /// a new one while fewer than `2 × depth` exist, else the next one the
     /// hasher gives back.
     fn buffer(&mut self, len: usize) -> io::Result<AlignedBuf> {
+        if let Some(m) = self.max_bytes {
+            return self.buffer_within(len, m);
+        }
         while let Some(b) = self.inner.reclaim() {
             self.spare.push(b);
         }
@@ -167,6 +174,49 @@ impl<'sink> ReadAhead<'sink> {
             Ok(buf)
         } else {
             Ok(AlignedBuf::new(len))
+        }
+    }
+
+    /// A buffer for a read of `len` bytes when reads are bounded by `m`
+    /// bytes: reads vary in size (a qcow2 image's clusters), so buffers are
+    /// counted by capacity, not number. A spare one is taken if it fits
+    /// without wasting more than `len` (a 1 MiB buffer, every page of it
+    /// touched once, would hold a 64 KiB read: 64 reads in flight would
+    /// then hold 64 MiB); else a new one while every buffer together stays
+    /// within 3 × `m` (those in flight, about `m`, and those in the hasher
+    /// and spare); else the oldest read is passed on and its buffer awaited.
+    fn buffer_within(&mut self, len: usize, m: usize) -> io::Result<AlignedBuf> {
+        let cap = len.max(1).next_multiple_of(crate::buffer::ALIGN);
+        let fits = |b: &AlignedBuf| b.capacity() >= len && b.capacity() <= 2 * cap;
+        loop {
+            while let Some(b) = self.inner.reclaim() {
+                self.spare.push(b);
+            }
+            if let Some(i) = (0..self.spare.len()).find(|&i| fits(&self.spare[i])) {
+                return Ok(self.spare.swap_remove(i));
+            }
+            // The spares fit no read of this size: free them for a new one.
+            while self.held + cap > 3 * m
+                && let Some(b) = self.spare.pop()
+            {
+                self.held = self.held.saturating_sub(b.capacity());
+            }
+            if self.held + cap <= 3 * m || self.held == 0 {
+                self.held += cap;
+                return Ok(AlignedBuf::new(len));
+            }
+            if !self.pending.is_empty() {
+                self.pass_one()?;
+                continue;
+            }
+            match self.inner.reclaim_wait() {
+                Some(b) => self.spare.push(b),
+                // Nothing to wait for: over the bound rather than stuck.
+                None => {
+                    self.held += cap;
+                    return Ok(AlignedBuf::new(len));
+                }
+            }
         }
     }
 
@@ -252,5 +302,87 @@ impl Drop for ReadAhead<'_> {
         self.stop.store(true, Ordering::Relaxed);
         self.jobs = None;
         self.pending.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sink that keeps the last `keep` buffers it was given (as a hasher's
+    /// queue does) and gives the older ones back.
+    struct Keeps {
+        keep: usize,
+        held: VecDeque<AlignedBuf>,
+        back: Vec<AlignedBuf>,
+    }
+
+    impl Sink for Keeps {
+        fn read(&mut self, _: usize, _: Fill) -> io::Result<()> {
+            unreachable!("ReadAhead runs reads itself")
+        }
+        fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
+            let fair = 2 * buf.len().next_multiple_of(crate::buffer::ALIGN);
+            assert!(
+                buf.capacity() <= fair,
+                "a {}-byte read in a {}-byte buffer",
+                buf.len(),
+                buf.capacity()
+            );
+            self.held.push_back(buf);
+            while self.held.len() > self.keep {
+                self.back.extend(self.held.pop_front());
+            }
+            Ok(())
+        }
+        fn zeros(&mut self, _: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn reclaim(&mut self) -> Option<AlignedBuf> {
+            self.back.pop()
+        }
+        fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
+            self.back.pop().or_else(|| self.held.pop_front())
+        }
+    }
+
+    /// Reads of mixed sizes under a bound in bytes: the buffers together
+    /// stay within three times the bound (plus one read), however many
+    /// small reads are in flight, and never a large buffer for a small read.
+    #[test]
+    fn buffers_of_mixed_reads_stay_within_the_bound() {
+        let bound = 4 << 20;
+        let mut sink = Keeps {
+            keep: 16,
+            held: VecDeque::new(),
+            back: Vec::new(),
+        };
+        std::thread::scope(|scope| {
+            let mut ahead = ReadAhead::with_bytes(scope, &mut sink, 64, 1 << 20, bound).unwrap();
+            for i in 0..2000u64 {
+                // About one read in four large, at no regular interval.
+                let len = if (i * 2_654_435_761u64) >> 30 & 3 == 0 {
+                    1 << 20
+                } else {
+                    64 << 10
+                };
+                ahead
+                    .read(
+                        len,
+                        Box::new(|b: &mut [u8]| {
+                            b.fill(7);
+                            Ok(())
+                        }),
+                    )
+                    .unwrap();
+                assert!(
+                    ahead.held <= 3 * bound + (1 << 20),
+                    "{} bytes held",
+                    ahead.held
+                );
+                assert!(ahead.bytes <= bound + (1 << 20));
+            }
+            ahead.flush().unwrap();
+        });
     }
 }
