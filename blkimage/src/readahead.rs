@@ -183,8 +183,10 @@ impl<'sink> ReadAhead<'sink> {
     /// without wasting more than `len` (a 1 MiB buffer, every page of it
     /// touched once, would hold a 64 KiB read: 64 reads in flight would
     /// then hold 64 MiB); else a new one while every buffer together stays
-    /// within 3 × `m` (those in flight, about `m`, and those in the hasher
-    /// and spare); else the oldest read is passed on and its buffer awaited.
+    /// within 2 × `m` (those in flight, about `m`, and as much in the hasher
+    /// and spare: the `2 × depth` buffers of a count bound, for reads of
+    /// `m / depth` bytes); else the oldest read is passed on and its buffer
+    /// awaited.
     fn buffer_within(&mut self, len: usize, m: usize) -> io::Result<AlignedBuf> {
         let cap = len.max(1).next_multiple_of(crate::buffer::ALIGN);
         let fits = |b: &AlignedBuf| b.capacity() >= len && b.capacity() <= 2 * cap;
@@ -196,12 +198,12 @@ impl<'sink> ReadAhead<'sink> {
                 return Ok(self.spare.swap_remove(i));
             }
             // The spares fit no read of this size: free them for a new one.
-            while self.held + cap > 3 * m
+            while self.held + cap > 2 * m
                 && let Some(b) = self.spare.pop()
             {
                 self.held = self.held.saturating_sub(b.capacity());
             }
-            if self.held + cap <= 3 * m || self.held == 0 {
+            if self.held + cap <= 2 * m || self.held == 0 {
                 self.held += cap;
                 return Ok(AlignedBuf::new(len));
             }
@@ -347,7 +349,7 @@ mod tests {
     }
 
     /// Reads of mixed sizes under a bound in bytes: the buffers together
-    /// stay within three times the bound (plus one read), however many
+    /// stay within twice the bound (plus one read), however many
     /// small reads are in flight, and never a large buffer for a small read.
     #[test]
     fn buffers_of_mixed_reads_stay_within_the_bound() {
@@ -376,7 +378,7 @@ mod tests {
                     )
                     .unwrap();
                 assert!(
-                    ahead.held <= 3 * bound + (1 << 20),
+                    ahead.held <= 2 * bound + (1 << 20),
                     "{} bytes held",
                     ahead.held
                 );
