@@ -27,7 +27,7 @@ KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
 CASES = ["speed", "random", "holes", "zero", "empty", "ranges", "qcow2", "compressed", "direct",
-         "nbd", "remote",
+         "nbd", "remote", "http",
          "sync", "sync_nbd", "lib", "python"]
 # Run only when named (--only): dirty needs about 24 GiB of disk at its
 # default size.
@@ -197,6 +197,9 @@ class Cmd:
     prep: Optional[object] = None
     # The argv of run i, when runs differ (blksync alternating sources).
     argv_for: Optional[object] = None
+    # Runs at most (a peer that takes minutes where ours take seconds: its
+    # first rounds alternate with ours, then ours go on alone).
+    max_runs: Optional[int] = None
 
     @property
     def failed(self):
@@ -228,9 +231,22 @@ class Cmd:
         return {s.out.split()[0] if s.out.split() else "" for s in self.samples if s.rc == 0}
 
 
+def median_cell(cmd):
+    """A command's median time for a summary table, or a dash."""
+    return f"{cmd.median:.3f}" if cmd and not cmd.failed else "—"
+
+
+def ratio_cell(num, den):
+    """t(num)/t(den) for a summary table, or a dash."""
+    ok = num and den and not num.failed and not den.failed
+    return f"{num.median / den.median:.2f}x" if ok else "—"
+
+
 def run_case(cmds, runs, timeout):
     for r in range(runs):
         for c in cmds:
+            if c.max_runs is not None and r >= c.max_runs:
+                continue
             log(f"run {r + 1}/{runs}: {c.name}")
             if c.prep:
                 c.prep(r)

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 from common import (
+    median_cell,
+    ratio_cell,
     RELEASE,
     Cmd,
     GiB,
@@ -447,13 +449,7 @@ class NetCases:
                     self.r()
                     summary.append((size, ms, transport, c))
 
-        def t(cmd):
-            return f"{cmd.median:.3f}" if cmd and not cmd.failed else "—"
-
-        def ratio(num, den):
-            ok = num and den and not num.failed and not den.failed
-            return f"{num.median / den.median:.2f}x" if ok else "—"
-
+        t, ratio = median_cell, ratio_cell
         self.r("### Remote exports, medians (s)")
         self.r()
         self.r.table(["export", "default", "--io-depth 16", "-d null --io-depth 32", "reference",

@@ -71,6 +71,7 @@ from common import (
 )
 from device import DeviceCases
 from dirty import DirtyCases
+from web import HttpCases
 from library import LibCases
 from net import NetCases
 
@@ -218,7 +219,7 @@ IMAGE_CASES = {
 # ---------------------------------------------------------------- the bench
 
 
-class Bench(NetCases, LibCases, DeviceCases, DirtyCases):
+class Bench(NetCases, LibCases, DeviceCases, DirtyCases, HttpCases):
     def __init__(self, args, report):
         self.a = args
         self.r = report

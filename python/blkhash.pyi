@@ -1,7 +1,7 @@
 """Fast checksums of disk images, byte-identical to blkhash 0.11 (blksum).
 
 ``new()`` makes a hashlib-like hasher fed with bytes; ``checksum()`` hashes
-an image (a file, a qcow2 or other QEMU image, an NBD URL).
+an image (a file, a qcow2 or other QEMU image, an NBD or HTTP(S) URL).
 """
 
 import os
@@ -114,8 +114,18 @@ def checksum(
     tls_certificates: Optional[Union[str, "os.PathLike[str]"]] = None,
     read_size: int = 1048576,
     queue_depth: int = 16,
+    headers: Optional[Dict[str, str]] = None,
+    retries: Optional[int] = None,
 ) -> str:
-    """The hex checksum of an image (path, NBD URL, or "-"), as blksum prints it.
+    """The hex checksum of an image (path, NBD URL, HTTP(S) URL, or "-"), as blksum prints it.
+
+    An HTTP(S) URL of a raw or qcow2 image is read by range requests (only
+    what a qcow2 image holds); ``headers`` (a dict, for a bearer token) go to
+    the URL's host, ``retries`` (None: 4) bound the tries of a request that
+    failed on the way, ``tls_certificates`` names a directory with
+    ``ca-cert.pem`` as for ``nbds://``. A file that changes while it is read
+    raises OSError ("changed while it was read"); a password in the URL is
+    shown as ``***`` in every message.
 
     A raw file's size is rounded up to a multiple of 512 with zeros, as QEMU
     and blksum see it (standard input, ``"-"``, and ``new(data)`` hash the
@@ -149,6 +159,8 @@ def map_range(
     secret_file: Optional[Union[str, "os.PathLike[str]"]] = None,
     timeout: Optional[float] = None,
     tls_certificates: Optional[Union[str, "os.PathLike[str]"]] = None,
+    headers: Optional[Dict[str, str]] = None,
+    retries: Optional[int] = None,
 ) -> Tuple[int, int]:
     """Hash part of ``image`` into the part file ``out``; return its ``(offset, length)``.
 

@@ -26,7 +26,7 @@ case $seconds in
         exit 2
         ;;
 esac
-targets=(qcow2 nbd_reply nbd_transmission nbd_handshake blkmap check_file state record)
+targets=(qcow2 nbd_reply nbd_transmission nbd_handshake blkmap check_file state record http_reply)
 
 # cargo fuzz builds with nightly-only flags (-Zsanitizer=address and the
 # sanitizer coverage options libFuzzer needs): a nightly toolchain when one
@@ -162,7 +162,8 @@ PY
 
 # A checkpoint's record of its image: a qcow2 overlay and its backing
 # file (names with a space and a non-ASCII byte), an image with an
-# external data file, and an NBD export.
+# external data file, an NBD export, and a qcow2 image over HTTP with its
+# backing file.
 record_seeds() {
     python3 - "$1" <<'PY'
 import hashlib, sys
@@ -174,6 +175,9 @@ bodies = {
             "file file 2049 77 0 393216 1795690889.926266915 1795690890.070266924 /img/img.qcow2\n"
             "data file 2049 78 0 67108864 1795690889.000000001 1795690890.058266923 /img/d.raw\n",
     "export": "blkhash-input 1\nsize 16777216\nnbd unix /run/nbd.sock plain disk\n",
+    "http": "blkhash-input 1\nsize 4294967296\n"
+            "http https://h/top.qcow2 1245184 \"6571d5a2-130000\" Wed,%2025%20Nov%202026%2010:00:00%20GMT\n"
+            "http https://h/base.raw 4294967296 - -\n",
 }
 for name, body in bodies.items():
     with open(f"{sys.argv[1]}/seed-{name}", "w") as f:

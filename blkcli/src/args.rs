@@ -5,6 +5,7 @@
 
 use crate::units::{parse_block_size, parse_size, parse_timeout};
 use blkhash::{Algorithm, MAX_THREADS};
+use blkimage::http::HttpOptions;
 use blkimage::nbd::NbdOptions;
 use blkimage::{Format, OpenOptions};
 use blkjob::{Job, JobSpec};
@@ -40,7 +41,8 @@ pub struct InputArgs {
     /// the qcow2 magic and version 2 or later, one of the others by its
     /// signature, else raw]. Standard input, pipes and NBD URLs are always
     /// raw, their exact bytes (so `blksum < FILE` differs from `blksum FILE`
-    /// when the size is not a multiple of 512).
+    /// when the size is not a multiple of 512). HTTP(S) URLs are probed as
+    /// files are, and read as raw or qcow2 only.
     #[arg(short, long, value_name = "FORMAT", value_parser = format_parser(), hide_possible_values = true)]
     pub format: Option<Format>,
 
@@ -78,17 +80,33 @@ pub struct InputArgs {
     #[arg(long)]
     pub no_mmap: bool,
 
-    /// NBD: seconds a handshake step or a reply may take (trickled or
-    /// silent), and a request may wait for its reply to begin, before the
-    /// input fails (also the connect timeout) [default: no limit].
+    /// NBD and HTTP(S) URLs: seconds a handshake step or a reply may take
+    /// (trickled or silent), and a request may wait for its reply to begin,
+    /// before the input fails (also the connect timeout; an HTTP request
+    /// that times out is tried again, see --retries) [default: no limit].
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
 
-    /// NBD over TLS (nbds://, nbds+unix://): the directory with ca-cert.pem,
+    /// TLS (nbds://, nbds+unix://, https://): the directory with ca-cert.pem,
     /// and client-cert.pem and client-key.pem for a client certificate, when
-    /// the URL has no tls-certificates=DIR [default: the system's CAs].
+    /// an NBD URL has no tls-certificates=DIR [default: the system's CAs].
     #[arg(long, value_name = "DIR")]
     pub tls_certificates: Option<PathBuf>,
+
+    /// HTTP(S) URLs: a header sent with every request to the URL's host
+    /// (not to another host it redirects to), as curl's -H: 'Authorization:
+    /// Bearer TOKEN'. Repeatable. A user and password in the URL
+    /// (https://user:password@host/...) are sent as basic auth; any password
+    /// is shown as *** in every output line and message.
+    #[arg(long = "header", value_name = "'NAME: VALUE'", value_parser = blkimage::http::parse_header)]
+    pub headers: Vec<(String, String)>,
+
+    /// HTTP(S) URLs: tries after the first for a request that failed on the
+    /// way (a reset connection, a timeout, 408, 429, 502, 503, 504), the
+    /// first at once, then after 0.25, 0.5, 1, 2, 4 s; then the input fails
+    /// naming the range and the last error [default: 4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub retries: Option<u32>,
 
     /// Bytes per read (suffixes k, m), rounded up to whole blocks [default: 1m].
     /// Whatever the depths, the reads in flight hold at most 256 MiB (one
@@ -104,7 +122,9 @@ pub struct InputArgs {
     /// Reads in flight at once, on reading threads apart from the digest
     /// threads (fio's iodepth); 0 runs each read on a digest thread
     /// [default: 16 for files and devices read with direct I/O and for NBD
-    /// URLs (16 MiB of reads: fewer with a larger --read-size), else 0]. At
+    /// URLs (16 MiB of reads: fewer with a larger --read-size), up to 64 for
+    /// HTTP(S) URLs (16 MiB of them: small reads of scattered clusters wait
+    /// on the network as long as large ones), else 0]. At
     /// most 256 MiB / (2 × read size): each read may have a second buffer
     /// waiting for a digest thread (2 with --read-size 64m).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=blkjob::MAX_IO_DEPTH as i64))]
@@ -157,6 +177,17 @@ impl InputArgs {
             secret_file: self.secret_file.clone(),
             force_share: self.force_share,
             nbd: self.nbd_options(),
+            http: self.http_options(),
+        }
+    }
+
+    /// How to reach HTTP(S) servers.
+    pub fn http_options(&self) -> HttpOptions {
+        HttpOptions {
+            timeout: self.timeout,
+            tls_certificates: self.tls_certificates.clone(),
+            headers: self.headers.clone(),
+            retries: self.retries.unwrap_or(blkimage::http::DEFAULT_RETRIES),
         }
     }
 

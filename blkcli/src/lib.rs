@@ -21,6 +21,28 @@ pub mod progress;
 pub mod signals;
 pub mod units;
 
+/// An input's name as every output line and message shows it: as given,
+/// with the password of a URL (`https://user:password@host/...`) replaced
+/// by `***` ([`blkimage::http::redact`]).
+///
+/// ```
+/// use std::ffi::OsStr;
+/// assert_eq!(blkcli::shown(OsStr::new("https://u:pw@h/d.qcow2")), OsStr::new("https://u:***@h/d.qcow2"));
+/// assert_eq!(blkcli::shown(OsStr::new("disk.img")), OsStr::new("disk.img"));
+/// ```
+pub fn shown(name: &std::ffi::OsStr) -> std::borrow::Cow<'_, std::ffi::OsStr> {
+    use std::borrow::Cow;
+    match name.to_str().map(blkimage::http::redact) {
+        Some(Cow::Owned(s)) => Cow::Owned(s.into()),
+        _ => Cow::Borrowed(name),
+    }
+}
+
+/// [`shown`] as text, for messages (invalid UTF-8 replaced).
+pub fn shown_lossy(name: &std::ffi::OsStr) -> String {
+    shown(name).to_string_lossy().into_owned()
+}
+
 /// `n` and the noun for it, as English has it: "1 range", "2 ranges".
 ///
 /// ```

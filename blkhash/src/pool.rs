@@ -21,16 +21,6 @@ pub type Fill = Box<dyn FnOnce(&mut [u8]) -> io::Result<()> + Send>;
 /// join the checksum.
 pub type Lend = Box<dyn FnOnce(&mut dyn FnMut(&[u8])) -> io::Result<()> + Send>;
 
-/// Called by a worker after each finished job (see `Options::on_job_done`).
-#[derive(Clone)]
-pub(crate) struct JobDone(pub Arc<dyn Fn() + Send + Sync>);
-
-impl fmt::Debug for JobDone {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("JobDone")
-    }
-}
-
 /// Bytes a job digests: an internal staging buffer, a caller's buffer,
 /// bytes a worker produces itself into its own buffer (a read, typically:
 /// done on the core that digests them, they are still in its cache), or

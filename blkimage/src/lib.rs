@@ -14,6 +14,7 @@
 
 mod bitmap;
 mod buffer;
+pub mod http;
 pub mod mapped;
 mod masked;
 pub mod nbd;
@@ -124,6 +125,8 @@ pub struct OpenOptions {
     pub force_share: bool,
     /// NBD connections: timeout, connections, TLS certificates.
     pub nbd: nbd::NbdOptions,
+    /// HTTP(S) requests: timeout, TLS certificates, headers, retries.
+    pub http: http::HttpOptions,
 }
 
 /// An opened input.
@@ -154,10 +157,12 @@ impl Input {
 }
 
 /// Open `name`: `-` is standard input; an NBD URL (`nbd://`, `nbd+unix://`,
-/// `nbds://`, `nbds+unix://`) is its export's raw bytes; a regular file or
+/// `nbds://`, `nbds+unix://`) is its export's raw bytes; an HTTP(S) URL is
+/// the file it names, raw or qcow2 (see [`http`]); a regular file or
 /// block device is an image (qcow2 or raw, or another format QEMU reads,
 /// probed unless `opts.format` says); a FIFO or character device is a
-/// stream (always its raw bytes).
+/// stream (always its raw bytes). A name that is no file and looks like a
+/// URL of another scheme (`ndb://`, `ftp://`) is an error saying so.
 pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result<Input> {
     let name = name.as_ref();
     if let Some(name) = name.to_str().filter(|n| nbd::is_url(n)) {
@@ -165,6 +170,9 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
             return Err(io::Error::new(io::ErrorKind::InvalidInput, nbd::RawOnly));
         }
         return Ok(Input::Image(Box::new(nbd::open_url(name, &opts.nbd)?)));
+    }
+    if let Some(name) = name.to_str().filter(|n| http::is_url(n)) {
+        return http::open(name, opts);
     }
     let stream = |r: Box<dyn Read + Send>| {
         if matches!(opts.format, Some(f) if f != Format::Raw) {
@@ -180,7 +188,9 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
         return stream(Box::new(io::stdin()));
     }
     let path = Path::new(name);
-    let ft = std::fs::metadata(path)?.file_type();
+    let ft = std::fs::metadata(path)
+        .map_err(|e| unknown_scheme(name).unwrap_or(e))?
+        .file_type();
     if ft.is_fifo() || ft.is_char_device() || ft.is_socket() {
         let f = File::open(path)?;
         grow_pipe(&f);
@@ -232,6 +242,27 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
     Ok(Input::Image(Box::new(qcow2::open_file(
         file, path, opts, &mut chain,
     )?)))
+}
+
+/// The schemes of the URLs [`open`] takes, for the message naming them.
+const URL_SCHEMES: &str = "NBD URLs start with nbd://, nbds://, nbd+unix:// or nbds+unix://, \
+                           HTTP ones with http:// or https://";
+
+/// The error for `name`, a name that is no file, if it looks like a URL
+/// of a scheme [`open`] does not take: a misspelt `ndb://` then says so,
+/// not "No such file or directory".
+///
+/// ```
+/// let e = blkimage::unknown_scheme("ndb://host/disk".as_ref()).unwrap();
+/// assert!(e.to_string().starts_with("unknown URL scheme 'ndb'; NBD URLs start with nbd://"));
+/// assert!(blkimage::unknown_scheme("disk.img".as_ref()).is_none());
+/// ```
+pub fn unknown_scheme(name: &std::ffi::OsStr) -> Option<io::Error> {
+    let scheme = http::url_scheme(name.to_str()?)?;
+    Some(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("unknown URL scheme '{scheme}'; {URL_SCHEMES}"),
+    ))
 }
 
 /// The buffer a pipe is given, if it is one: the most an unprivileged

@@ -45,6 +45,17 @@ fn at(file: &File, offset: u64, n: usize) -> Option<Vec<u8>> {
 /// LUKS is reported as "luks" (it needs a passphrase: a secret file).
 pub fn probe_format(file: &File, size: u64) -> io::Result<Option<&'static str>> {
     let head = at(file, 0, 512.min(size as usize)).unwrap_or_default();
+    probe_bytes(&head, size, |offset, len| at(file, offset, len))
+}
+
+/// [`probe_format`] of a file whose first bytes (up to 512) are `head`
+/// and whose length is `size`; `tail(offset, len)` reads the bytes of a
+/// trailer, if it can.
+pub(crate) fn probe_bytes(
+    head: &[u8],
+    size: u64,
+    tail: impl FnOnce(u64, usize) -> Option<Vec<u8>>,
+) -> io::Result<Option<&'static str>> {
     let starts = |m: &[u8]| head.starts_with(m);
     let fmt = if starts(b"KDMV") || starts(b"# Disk DescriptorFile") {
         Some("vmdk")
@@ -68,7 +79,7 @@ pub fn probe_format(file: &File, size: u64) -> io::Result<Option<&'static str>> 
         Some("cloop")
     } else if size >= 1024 && size.is_multiple_of(512) {
         // Trailers: a fixed VHD's footer, a dmg's koly block.
-        match at(file, size - 512, 8).as_deref() {
+        match tail(size - 512, 8).as_deref() {
             Some(b"conectix") => Some("vpc"),
             Some(t) if t.starts_with(b"koly") => Some("dmg"),
             _ => None,

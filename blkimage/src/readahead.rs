@@ -17,6 +17,11 @@
 //! digested), on top of what the hasher itself holds; the depth is cut so
 //! that they fit in [`blkhash::IN_FLIGHT_BUDGET`] (256 MiB), whatever depth
 //! and read size are asked for.
+//!
+//! A source across a network may also bound its reads in flight by bytes
+//! ([`ReadAhead::with_bytes`]): then many small reads (the scattered
+//! clusters of a qcow2 image over HTTP) keep many requests waiting on the
+//! network's latency, and a few large ones no more memory than that.
 
 use crate::buffer::AlignedBuf;
 use crate::sink::{Fill, Sink};
@@ -37,8 +42,8 @@ struct Job {
 
 /// What comes next in guest order.
 enum Pending {
-    /// A read on a reading thread.
-    Read(Receiver<io::Result<AlignedBuf>>),
+    /// A read of so many bytes on a reading thread.
+    Read(Receiver<io::Result<AlignedBuf>>, usize),
     /// Zeros, passed on once the reads before them are.
     Zeros(u64),
 }
@@ -55,7 +60,14 @@ pub struct ReadAhead<'sink> {
     /// The reads in `pending` (zeros there take no reading thread).
     reads: usize,
     depth: usize,
+    /// Bytes of the reads in `pending`, and the most allowed, if bounded
+    /// by bytes ([`ReadAhead::with_bytes`]).
+    bytes: usize,
+    max_bytes: Option<usize>,
     allocated: usize,
+    /// With a bound in bytes: the capacity of every buffer made here and
+    /// not yet dropped (in flight, spare, or in the hasher).
+    held: usize,
     spare: Vec<AlignedBuf>,
 }
 
@@ -111,15 +123,38 @@ impl<'sink> ReadAhead<'sink> {
             pending: VecDeque::new(),
             reads: 0,
             depth,
+            bytes: 0,
+            max_bytes: None,
             allocated: 0,
+            held: 0,
             spare: Vec::new(),
         })
+    }
+
+    /// As [`ReadAhead::new`], the reads in flight also bounded by bytes:
+    /// at most `depth` of them, and at most `max_bytes` of reads (one read
+    /// whatever its size). The buffers then hold at most about twice that
+    /// (those in flight and those waiting in the hasher), however many
+    /// reads there are.
+    pub fn with_bytes<'scope, 'env>(
+        scope: &'scope Scope<'scope, 'env>,
+        inner: &'sink mut dyn Sink,
+        depth: usize,
+        read_size: usize,
+        max_bytes: usize,
+    ) -> io::Result<Self> {
+        let mut ahead = ReadAhead::new(scope, inner, depth, read_size)?;
+        ahead.max_bytes = Some(max_bytes);
+        Ok(ahead)
     }
 
     /// A buffer of at least `len` bytes: one given back by the hasher, else
     /// a new one while fewer than `2 × depth` exist, else the next one the
     /// hasher gives back.
     fn buffer(&mut self, len: usize) -> io::Result<AlignedBuf> {
+        if let Some(m) = self.max_bytes {
+            return self.buffer_within(len, m);
+        }
         while let Some(b) = self.inner.reclaim() {
             self.spare.push(b);
         }
@@ -143,11 +178,57 @@ impl<'sink> ReadAhead<'sink> {
         }
     }
 
+    /// A buffer for a read of `len` bytes when reads are bounded by `m`
+    /// bytes: reads vary in size (a qcow2 image's clusters), so buffers are
+    /// counted by capacity, not number. A spare one is taken if it fits
+    /// without wasting more than `len` (a 1 MiB buffer, every page of it
+    /// touched once, would hold a 64 KiB read: 64 reads in flight would
+    /// then hold 64 MiB); else a new one while every buffer together stays
+    /// within 2 × `m` (those in flight, about `m`, and as much in the hasher
+    /// and spare: the `2 × depth` buffers of a count bound, for reads of
+    /// `m / depth` bytes); else the oldest read is passed on and its buffer
+    /// awaited.
+    fn buffer_within(&mut self, len: usize, m: usize) -> io::Result<AlignedBuf> {
+        let cap = len.max(1).next_multiple_of(crate::buffer::ALIGN);
+        let fits = |b: &AlignedBuf| b.capacity() >= len && b.capacity() <= 2 * cap;
+        loop {
+            while let Some(b) = self.inner.reclaim() {
+                self.spare.push(b);
+            }
+            if let Some(i) = (0..self.spare.len()).find(|&i| fits(&self.spare[i])) {
+                return Ok(self.spare.swap_remove(i));
+            }
+            // The spares fit no read of this size: free them for a new one.
+            while self.held + cap > 2 * m
+                && let Some(b) = self.spare.pop()
+            {
+                self.held = self.held.saturating_sub(b.capacity());
+            }
+            if self.held + cap <= 2 * m || self.held == 0 {
+                self.held += cap;
+                return Ok(AlignedBuf::new(len));
+            }
+            if !self.pending.is_empty() {
+                self.pass_one()?;
+                continue;
+            }
+            match self.inner.reclaim_wait() {
+                Some(b) => self.spare.push(b),
+                // Nothing to wait for: over the bound rather than stuck.
+                None => {
+                    self.held += cap;
+                    return Ok(AlignedBuf::new(len));
+                }
+            }
+        }
+    }
+
     /// Pass the oldest pending item on to the sink, waiting for its read.
     fn pass_one(&mut self) -> io::Result<()> {
         match self.pending.pop_front() {
-            Some(Pending::Read(rx)) => {
+            Some(Pending::Read(rx, len)) => {
                 self.reads -= 1;
+                self.bytes -= len;
                 let buf = rx
                     .recv()
                     .map_err(|_| io::Error::other("a reading thread stopped"))??;
@@ -169,7 +250,11 @@ impl<'sink> ReadAhead<'sink> {
 
 impl Sink for ReadAhead<'_> {
     fn read(&mut self, len: usize, fill: Fill) -> io::Result<()> {
-        while self.reads >= self.depth {
+        let over = |a: &Self| {
+            a.max_bytes
+                .is_some_and(|m| a.reads > 0 && a.bytes + len > m)
+        };
+        while self.reads >= self.depth || over(self) {
             self.pass_one()?;
         }
         let buf = self.buffer(len)?;
@@ -184,8 +269,9 @@ impl Sink for ReadAhead<'_> {
             .as_ref()
             .and_then(|j| j.send(job).ok())
             .ok_or_else(|| io::Error::other("the reading threads stopped"))?;
-        self.pending.push_back(Pending::Read(rx));
+        self.pending.push_back(Pending::Read(rx, len));
         self.reads += 1;
+        self.bytes += len;
         Ok(())
     }
 
@@ -219,5 +305,87 @@ impl Drop for ReadAhead<'_> {
         self.stop.store(true, Ordering::Relaxed);
         self.jobs = None;
         self.pending.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sink that keeps the last `keep` buffers it was given (as a hasher's
+    /// queue does) and gives the older ones back.
+    struct Keeps {
+        keep: usize,
+        held: VecDeque<AlignedBuf>,
+        back: Vec<AlignedBuf>,
+    }
+
+    impl Sink for Keeps {
+        fn read(&mut self, _: usize, _: Fill) -> io::Result<()> {
+            unreachable!("ReadAhead runs reads itself")
+        }
+        fn data(&mut self, buf: AlignedBuf) -> io::Result<()> {
+            let fair = 2 * buf.len().next_multiple_of(crate::buffer::ALIGN);
+            assert!(
+                buf.capacity() <= fair,
+                "a {}-byte read in a {}-byte buffer",
+                buf.len(),
+                buf.capacity()
+            );
+            self.held.push_back(buf);
+            while self.held.len() > self.keep {
+                self.back.extend(self.held.pop_front());
+            }
+            Ok(())
+        }
+        fn zeros(&mut self, _: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn reclaim(&mut self) -> Option<AlignedBuf> {
+            self.back.pop()
+        }
+        fn reclaim_wait(&mut self) -> Option<AlignedBuf> {
+            self.back.pop().or_else(|| self.held.pop_front())
+        }
+    }
+
+    /// Reads of mixed sizes under a bound in bytes: the buffers together
+    /// stay within twice the bound (plus one read), however many
+    /// small reads are in flight, and never a large buffer for a small read.
+    #[test]
+    fn buffers_of_mixed_reads_stay_within_the_bound() {
+        let bound = 4 << 20;
+        let mut sink = Keeps {
+            keep: 16,
+            held: VecDeque::new(),
+            back: Vec::new(),
+        };
+        std::thread::scope(|scope| {
+            let mut ahead = ReadAhead::with_bytes(scope, &mut sink, 64, 1 << 20, bound).unwrap();
+            for i in 0..2000u64 {
+                // About one read in four large, at no regular interval.
+                let len = if (i * 2_654_435_761u64) >> 30 & 3 == 0 {
+                    1 << 20
+                } else {
+                    64 << 10
+                };
+                ahead
+                    .read(
+                        len,
+                        Box::new(|b: &mut [u8]| {
+                            b.fill(7);
+                            Ok(())
+                        }),
+                    )
+                    .unwrap();
+                assert!(
+                    ahead.held <= 2 * bound + (1 << 20),
+                    "{} bytes held",
+                    ahead.held
+                );
+                assert!(ahead.bytes <= bound + (1 << 20));
+            }
+            ahead.flush().unwrap();
+        });
     }
 }

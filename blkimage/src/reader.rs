@@ -70,8 +70,14 @@ pub fn read_image(
     if depth == 0 {
         return walk(src, sink, read_size, cancel, progress);
     }
+    // A depth asked for is a count of reads; the source's own may come
+    // with a bound in bytes (Source::bytes_in_flight).
+    let max_bytes = io_depth.is_none().then(|| src.bytes_in_flight()).flatten();
     std::thread::scope(|scope| {
-        let mut ahead = ReadAhead::new(scope, sink, depth, read_size)?;
+        let mut ahead = match max_bytes {
+            Some(m) => ReadAhead::with_bytes(scope, sink, depth, read_size, m)?,
+            None => ReadAhead::new(scope, sink, depth, read_size)?,
+        };
         let stats = walk(src, &mut ahead, read_size, cancel, progress)?;
         ahead.flush()?;
         Ok(stats)

@@ -122,6 +122,16 @@ pub trait Source: Send + Sync {
         }
     }
 
+    /// Bytes of reads in flight at most when the depth is the source's own
+    /// ([`Source::default_io_depth`], then the most reads): `None`, the
+    /// count alone bounds them. A source behind a network whose reads may
+    /// be small (a qcow2 image's scattered clusters over HTTP) asks for
+    /// many reads and bounds their bytes, so that small reads keep as many
+    /// requests waiting on the latency as large ones do.
+    fn bytes_in_flight(&self) -> Option<usize> {
+        None
+    }
+
     /// Called once all was read: report anything that makes the bytes read
     /// untrustworthy (a file that shrank while we read it).
     fn finish(&self) -> io::Result<()> {
@@ -144,6 +154,14 @@ pub trait Source: Send + Sync {
     /// to tell that the guest content changed. None for a network export or
     /// bytes in memory.
     fn files(&self) -> Vec<std::path::PathBuf> {
+        Vec::new()
+    }
+
+    /// Every file this source reads over HTTP(S), in the order it opened
+    /// them (the image, its data file, its backing chain), each with the
+    /// version it was opened at: what a record of the image must cover,
+    /// as [`Source::files`] is for files on this host.
+    fn remote_files(&self) -> Vec<crate::http::RemoteFile> {
         Vec::new()
     }
 

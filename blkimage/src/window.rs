@@ -91,12 +91,20 @@ impl Source for Window {
         self.inner.default_io_depth(read_size)
     }
 
+    fn bytes_in_flight(&self) -> Option<usize> {
+        self.inner.bytes_in_flight()
+    }
+
     fn finish(&self) -> io::Result<()> {
         self.inner.finish()
     }
 
     fn files(&self) -> Vec<std::path::PathBuf> {
         self.inner.files()
+    }
+
+    fn remote_files(&self) -> Vec<crate::http::RemoteFile> {
+        self.inner.remote_files()
     }
 
     fn backing_files(&self) -> Vec<std::path::PathBuf> {

@@ -277,6 +277,9 @@ struct Slow {
     cancel: Arc<AtomicBool>,
     gather: u64,
     gave_up: AtomicBool,
+    /// Its own reads in flight (`default_io_depth`), and bytes of them.
+    own_depth: usize,
+    own_bytes: Option<usize>,
 }
 
 impl Slow {
@@ -292,6 +295,8 @@ impl Slow {
             cancel: Arc::default(),
             gather: 0,
             gave_up: AtomicBool::new(false),
+            own_depth: 0,
+            own_bytes: None,
         }
     }
     /// Every other `chunk` is data, the rest holes.
@@ -316,6 +321,12 @@ impl Source for Slow {
     }
     fn size(&self) -> u64 {
         self.size
+    }
+    fn default_io_depth(&self, _read_size: usize) -> usize {
+        self.own_depth
+    }
+    fn bytes_in_flight(&self) -> Option<usize> {
+        self.own_bytes
     }
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
         let end = ((offset / self.chunk + 1) * self.chunk).min(offset + len);
@@ -387,6 +398,33 @@ fn many_reads_in_flight_come_in_order_and_holes_are_never_read() {
             assert!(most >= 4, "depth {depth}: at most {most} reads at once");
         }
     }
+}
+
+/// A source's own depth bounded by bytes (a URL's: many reads, 16 MiB of
+/// them): small reads keep more in flight than large ones, never more
+/// bytes than the bound, and a depth asked for is a count again.
+#[test]
+fn reads_bounded_by_bytes_keep_more_small_reads_in_flight() {
+    use std::sync::atomic::Ordering::SeqCst;
+    for (read_size, most_at_least, most_at_most) in [(1 << 20, 2, 4), (64 << 10, 16, 64)] {
+        let mut src = Slow::new(16 << 20);
+        (src.own_depth, src.own_bytes) = (64, Some(4 << 20));
+        src.gather = most_at_least;
+        let src = Arc::new(src);
+        let (sink, _) = read_with(src.clone(), read_size, None, &AtomicBool::new(false)).unwrap();
+        assert!(sink.bytes == src.expected());
+        let most = src.most_in_flight.load(SeqCst);
+        assert!(
+            (most_at_least..=most_at_most).contains(&most),
+            "{read_size}-byte reads: {most} in flight at once"
+        );
+    }
+    let mut src = Slow::new(16 << 20);
+    (src.own_depth, src.own_bytes) = (64, Some(1 << 20));
+    src.gather = 8;
+    let src = Arc::new(src);
+    read_with(src.clone(), 1 << 20, Some(8), &AtomicBool::new(false)).unwrap();
+    assert_eq!(src.most_in_flight.load(SeqCst), 8);
 }
 
 #[test]

@@ -706,6 +706,7 @@ mod tests {
             map: None,
             export: None,
             files: vec![],
+            http: vec![],
         };
         Some(r.to_text().into_bytes())
     }

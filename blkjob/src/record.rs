@@ -13,7 +13,12 @@
 //! the record holds its address and export name (the URL has no secret in
 //! it: TLS keys are files named by path), and resuming also compares
 //! sampled data blocks; what a checkpoint of an export can and cannot prove
-//! is said in docs/guide/parts.md ("Resume").
+//! is said in docs/guide/parts.md ("Resume"). A file read over HTTP(S)
+//! (the image, its backing and data files) is recorded by its URL (without
+//! user, password or query: a presigned URL's signature changes when it is
+//! signed again, the file does not), its length, and the validators its
+//! server gave (ETag, Last-Modified): another version of the file differs
+//! in one of them.
 //!
 //! The record is text, a field per line, signed with its SHA-256:
 //!
@@ -22,6 +27,7 @@
 //! size <the image's guest size in bytes>
 //! map <the checksum of the map it belongs to, hex>                  (a side record)
 //! nbd <tcp HOST:PORT | unix SOCKET> <tls|plain> <export name>      (an export)
+//! http <url> <size> <etag|-> <last-modified|->           (each file read over HTTP)
 //! file <file|block> <dev> <ino> <rdev> <size> <mtime> <ctime> <path>  (each file read)
 //! data <file|block> <dev> <ino> <rdev> <size> <mtime> <ctime> <path>  (the same, for the
 //!                                       image's external data file: its writes are the image's)
@@ -152,6 +158,8 @@ pub struct Record {
     pub export: Option<String>,
     /// The files read, in the order the image opened them.
     pub files: Vec<Stamp>,
+    /// The files read over HTTP(S), in the order the image opened them.
+    pub http: Vec<blkimage::http::RemoteFile>,
 }
 
 impl Record {
@@ -178,6 +186,7 @@ impl Record {
             map: None,
             export,
             files,
+            http: src.remote_files(),
         })
     }
 
@@ -189,6 +198,7 @@ impl Record {
             map: Some(map),
             export: None,
             files: vec![Stamp::of_meta(path.to_path_buf(), meta)],
+            http: Vec::new(),
         }
     }
 
@@ -199,6 +209,21 @@ impl Record {
         }
         if let Some(e) = &self.export {
             s += &format!("nbd {e}\n");
+        }
+        for h in &self.http {
+            // "-" is no value; a value "-" is escaped.
+            let word = |v: &Option<String>| match v.as_deref() {
+                None => "-".to_string(),
+                Some("-") => "%2D".to_string(),
+                Some(v) => escape(v.as_bytes()),
+            };
+            s += &format!(
+                "http {} {} {} {}\n",
+                escape(h.url.as_bytes()),
+                h.size,
+                word(&h.etag),
+                word(&h.last_modified)
+            );
         }
         for f in &self.files {
             s += &format!(
@@ -260,6 +285,7 @@ impl Record {
             map: None,
             export: None,
             files: Vec::new(),
+            http: Vec::new(),
         };
         for line in lines {
             match line.split_once(' ') {
@@ -276,6 +302,7 @@ impl Record {
                     record.export = Some(e.to_string())
                 }
                 Some(("file", f)) => record.files.push(parse_stamp(f)?),
+                Some(("http", h)) => record.http.push(parse_remote(h)?),
                 Some(("data", f)) if !record.files.is_empty() => {
                     let mut stamp = parse_stamp(f)?;
                     stamp.own_data = true;
@@ -292,6 +319,9 @@ impl Record {
     /// the file or export.
     pub fn changed_since(&self, now: &Record, saved: &str) -> Option<String> {
         if let Some(why) = self.export_changed(now, saved) {
+            return Some(why);
+        }
+        if let Some(why) = remote_changed(&self.http, &now.http, saved) {
             return Some(why);
         }
         if self.size != now.size {
@@ -327,6 +357,11 @@ impl Record {
     /// cannot list its files (an export) against one that reads files
     /// besides the image is a difference too: they cannot be checked.
     pub fn below_image_changed(&self, now: &Record, saved: &str) -> Option<String> {
+        // Files over HTTP are read-only here and carry no bitmap: any
+        // other version of any of them is a change.
+        if let Some(why) = remote_changed(&self.http, &now.http, saved) {
+            return Some(why);
+        }
         self.files_changed(now, saved, true)
     }
 
@@ -509,6 +544,7 @@ fn parse_legacy_side(text: &[u8]) -> Result<Record, String> {
         map: Some(map),
         export: None,
         files: vec![stamp],
+        http: Vec::new(),
     })
 }
 
@@ -539,6 +575,75 @@ fn show_export(line: &str) -> String {
         }
         _ => line.to_string(),
     }
+}
+
+/// How the files read over HTTP(S) differ from those recorded, if they do:
+/// another URL, or another version (length, ETag, Last-Modified).
+fn remote_changed(
+    then: &[blkimage::http::RemoteFile],
+    now: &[blkimage::http::RemoteFile],
+    saved: &str,
+) -> Option<String> {
+    for (i, t) in then.iter().enumerate() {
+        let Some(n) = now.get(i) else {
+            return Some(format!("the image no longer reads {} over HTTP", t.url));
+        };
+        if t.url != n.url {
+            return Some(format!("{saved} is of {}, not {}", t.url, n.url));
+        }
+        let shown = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".into());
+        let why = if t.size != n.size {
+            format!(
+                "its length is {} bytes, {saved} recorded {}",
+                n.size, t.size
+            )
+        } else if t.etag != n.etag {
+            format!(
+                "its ETag is {}, {saved} recorded {}",
+                shown(&n.etag),
+                shown(&t.etag)
+            )
+        } else if t.last_modified != n.last_modified {
+            format!(
+                "it was last modified {}, {saved} recorded {}",
+                shown(&n.last_modified),
+                shown(&t.last_modified)
+            )
+        } else {
+            continue;
+        };
+        return Some(format!(
+            "{} is another version than {saved} was saved for: {why}",
+            t.url
+        ));
+    }
+    now.get(then.len()).map(|n| {
+        format!(
+            "the image now reads {} over HTTP, which it did not when {saved} was saved",
+            n.url
+        )
+    })
+}
+
+fn parse_remote(line: &str) -> Result<blkimage::http::RemoteFile, String> {
+    let f: Vec<&str> = line.split(' ').collect();
+    let [url, size, etag, date] = f.as_slice() else {
+        return Err(format!("an http line not understood: '{line}'"));
+    };
+    let text = |v: &str| -> Result<String, String> {
+        let b = unescape(v).ok_or_else(|| format!("bad escape in '{v}'"))?;
+        String::from_utf8(b).map_err(|_| format!("not UTF-8: '{v}'"))
+    };
+    let word = |v: &str| match v {
+        "-" => Ok(None),
+        v => text(v).map(Some),
+    };
+    Ok(blkimage::http::RemoteFile {
+        url: text(url)?,
+        size: size.parse().map_err(|_| format!("bad number '{size}'"))?,
+        etag: word(etag)?,
+        last_modified: word(date)?,
+    })
 }
 
 fn parse_stamp(line: &str) -> Result<Stamp, String> {
@@ -646,6 +751,7 @@ mod tests {
             map: None,
             export: None,
             files: vec![stamp("/a b/over lay.qcow2"), stamp("/x/100%\n\u{e9}.raw")],
+            http: vec![],
         };
         let t = r.to_text();
         assert_eq!(Record::parse(t.as_bytes()), Ok(r.clone()));
@@ -662,6 +768,7 @@ mod tests {
             map: None,
             export: Some(export_of("nbd+unix:///disk?socket=/run/s").unwrap()),
             files: vec![],
+            http: vec![],
         };
         assert_eq!(Record::parse(e.to_text().as_bytes()), Ok(e));
     }
@@ -673,6 +780,7 @@ mod tests {
             map: None,
             export: None,
             files: vec![stamp("/top"), stamp("/base")],
+            http: vec![],
         };
         let same = then.clone();
         assert_eq!(then.changed_since(&same, "the checkpoint"), None);
@@ -712,6 +820,7 @@ mod tests {
             map: None,
             export: Some(export_of("nbd://h:1/a").unwrap()),
             files: vec![],
+            http: vec![],
         };
         let b = Record {
             export: Some(export_of("nbd://h:1/b").unwrap()),
@@ -731,6 +840,7 @@ mod tests {
             map: None,
             export: None,
             files: vec![stamp("/top"), stamp("/base")],
+            http: vec![],
         };
         // The image itself written, moved or replaced: its bitmap's business.
         let mut top = then.clone();
@@ -755,6 +865,7 @@ mod tests {
             map: None,
             export: Some(export_of("nbd+unix:///top?socket=/s").unwrap()),
             files: vec![],
+            http: vec![],
         };
         let why = then.below_image_changed(&export, "OLD").unwrap();
         assert!(why.contains("reads /base besides itself"), "{why}");
@@ -800,6 +911,7 @@ mod tests {
             map: Some("ab12".into()),
             export: None,
             files: vec![stamp("/dst raw")],
+            http: vec![],
         };
         let t = r.to_text();
         assert_eq!(Record::parse_side(t.as_bytes()), Ok(r.clone()));
@@ -829,6 +941,7 @@ mod tests {
             map: None,
             export: None,
             files: vec![stamp("/img.qcow2"), data.clone()],
+            http: vec![],
         };
         let t = then.to_text();
         assert!(t.contains("\ndata file "), "{t}");
@@ -857,5 +970,48 @@ mod tests {
         assert_eq!(then.below_image_changed(&touched, "OLD"), None);
         let why = then.changed_since(&touched, "the checkpoint").unwrap();
         assert!(why.starts_with("/d.raw was written after"), "{why}");
+    }
+
+    #[test]
+    fn files_over_http_by_url_and_version() {
+        let remote = |url: &str, etag: Option<&str>| blkimage::http::RemoteFile {
+            url: url.into(),
+            size: 1 << 20,
+            etag: etag.map(String::from),
+            last_modified: Some("Mon, 01 Jan 2024 00:00:00 GMT".into()),
+        };
+        let then = Record {
+            size: 1 << 20,
+            map: None,
+            export: None,
+            files: vec![],
+            http: vec![
+                remote("https://h/top.qcow2", Some("\"a b\"")),
+                remote("https://h/base.raw", None),
+            ],
+        };
+        assert_eq!(Record::parse(then.to_text().as_bytes()), Ok(then.clone()));
+        assert_eq!(then.changed_since(&then.clone(), "the checkpoint"), None);
+        let mut other = then.clone();
+        other.http[1].etag = Some("\"b\"".into());
+        let why = then.changed_since(&other, "the checkpoint").unwrap();
+        assert!(
+            why.contains("https://h/base.raw is another version") && why.contains("ETag"),
+            "{why}"
+        );
+        let mut moved = then.clone();
+        moved.http[0].url = "https://h/other.qcow2".into();
+        let why = then.changed_since(&moved, "the checkpoint").unwrap();
+        assert!(why.contains("not https://h/other.qcow2"), "{why}");
+        let mut longer = then.clone();
+        longer.http[0].size += 1;
+        assert!(then.changed_since(&longer, "the checkpoint").is_some());
+        let file = Record {
+            http: vec![],
+            files: vec![stamp("/top")],
+            ..then.clone()
+        };
+        assert!(then.changed_since(&file, "the checkpoint").is_some());
+        assert!(file.changed_since(&then, "the checkpoint").is_some());
     }
 }

@@ -170,6 +170,7 @@ fn foreign_hint(tag: &str) -> String {
 /// The name as check output shows it (its bytes): escaped, with a leading
 /// backslash, when it holds a backslash or a newline.
 fn shown(name: &OsStr) -> Vec<u8> {
+    let name = &*blkcli::shown(name);
     let line = lines::format_line_os("", name, None);
     match line.strip_prefix(b"\\") {
         Some(rest) => [b"\\", &rest[2..]].concat(),
@@ -324,7 +325,7 @@ impl Line<'_> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Err(e),
             Err(e) => {
                 tally.unreadable += 1;
-                let lossy = name.to_string_lossy();
+                let lossy = blkcli::shown_lossy(&name);
                 writeln!(err, "blksum: {lossy}: {}", blkcli::units::reason(&e))?;
                 if !opts.status {
                     say(out, &name, "FAILED open or read")?;

@@ -6,8 +6,9 @@ use blkcli::progress::ProgressArgs;
 use clap::Parser;
 
 /// Compute blkhash checksums of disk images: raw and qcow2 files, the other
-/// formats QEMU reads (vmdk, vdi, vhdx, ...), block devices, NBD URLs and
-/// standard input.
+/// formats QEMU reads (vmdk, vdi, vhdx, ...), block devices, NBD URLs,
+/// HTTP(S) URLs of raw and qcow2 images (read by range requests: only what
+/// a qcow2 image holds is fetched) and standard input.
 ///
 /// The checksum is H(H(block 0) || ... || H(block n-1) || le64(size)), equal
 /// to blkhash 0.11's. Unallocated ranges are never read and all-zero blocks
@@ -64,7 +65,9 @@ pub struct Args {
     /// connection, a reboot) resumes where it was. FILE is checked against
     /// the image first (every file the image reads, backing and data files
     /// included: device, inode, size and times; an NBD export's address,
-    /// name and size; a few sampled data blocks) and removed on success; a
+    /// name and size; a URL's file and every file it reads over HTTP(S):
+    /// URL, length, ETag and Last-Modified; a few sampled data blocks) and
+    /// removed on success; a
     /// second run on the same FILE fails at once. It is a
     /// part of the image's block map (blkmap's format), replaced atomically
     /// at each save. One image; not standard input.
@@ -170,6 +173,10 @@ pub const PAGE: Page = Page {
         (
             "Hash an export of an NBD server:",
             "blksum nbd+unix:///?socket=/tmp/nbd.sock",
+        ),
+        (
+            "Check that an imported disk holds the published image, reading only the image's allocated clusters over HTTPS:",
+            "blksum https://images.example/disk.qcow2 /dev/vg/disk",
         ),
         (
             "Hash a large export, resuming after an interruption (run it again):",

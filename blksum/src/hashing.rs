@@ -30,7 +30,7 @@ impl Hashing {
         let input = job.open(name)?;
         let size = input.size();
         self.progress
-            .track(&name.to_string_lossy(), size, |progress| {
+            .track(&blkcli::shown_lossy(name), size, |progress| {
                 match &self.checkpoint {
                     Some(ck) => blkjob::checkpoint::hash(name, input, &job, ck, progress),
                     None => blkjob::hash(input, &job, progress),

@@ -136,6 +136,8 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
     let mut all_ok = true;
     let mut json = Vec::new();
     let mut emit = |name: &OsStr, result: io::Result<Report>| -> Result<(), Stop> {
+        let shown = blkcli::shown(name);
+        let name: &OsStr = &shown;
         let lossy = name.to_string_lossy();
         if args.json {
             json.push(report::input(&lossy, &result));
@@ -308,7 +310,7 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
         let mut compute = |name: &OsStr, alg, bs| {
             hashing.checksum(name, alg, bs).map(|r| {
                 if let Some(n) = r.rounded.filter(|_| !args.quiet && !args.status) {
-                    let lossy = name.to_string_lossy();
+                    let lossy = blkcli::shown_lossy(name);
                     hashing
                         .progress
                         .suspend(|| eprintln!("blksum: {lossy}: {n}"));

@@ -34,6 +34,7 @@ fn spec(
         secret_file,
         timeout,
         tls_certificates,
+        crate::image::HttpArgs::default(),
     )?;
     nbd(&mut open.nbd);
     Ok(JobSpec {

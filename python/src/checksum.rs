@@ -1,7 +1,7 @@
 //! `blkhash.checksum()`: an image's checksum, as blksum computes it (on
 //! a thread of its own, cancelled by Ctrl-C: [`crate::image`]).
 
-use crate::image::{image_name, open_options, run_cancellable, warn_rounded};
+use crate::image::{HttpArgs, image_name, open_options, run_cancellable, warn_rounded};
 use crate::{non_negative, parse_digest, value_error};
 use blkjob::{JobError, JobSpec};
 use pyo3::prelude::*;
@@ -11,8 +11,11 @@ use std::path::PathBuf;
 /// it. ``image`` is a path (str or os.PathLike: a raw file or block device,
 /// a qcow2 image read natively, another format QEMU reads through a private
 /// qemu-nbd), an NBD URL (``nbd://host/export``,
-/// ``nbd+unix:///export?socket=PATH``, ``nbds://`` for TLS), or ``"-"`` for
-/// standard input.
+/// ``nbd+unix:///export?socket=PATH``, ``nbds://`` for TLS), an HTTP(S) URL
+/// of a raw or qcow2 image (read by range requests: only what a qcow2
+/// image holds is fetched; the file's version is checked on every reply
+/// and OSError "changed while it was read" raised if it changes), or
+/// ``"-"`` for standard input.
 ///
 /// A raw file is hashed at the size QEMU gives it, rounded up to a multiple
 /// of 512 with zeros, as blksum and the reference hash it: the checksum of a
@@ -34,8 +37,18 @@ use std::path::PathBuf;
 /// - ``force_share``: read an image another process has open for writing
 ///   (QEMU's image locks ignored, as ``qemu-img -U``; else OSError "in use");
 /// - ``secret_file``: the passphrase file of a LUKS image;
-/// - ``timeout``: seconds an NBD server may stay silent;
-/// - ``tls_certificates``: the certificates directory for ``nbds://``;
+/// - ``timeout``: seconds an NBD or HTTP server may stay silent or take
+///   for a reply (an HTTP request then is tried again);
+/// - ``tls_certificates``: the certificates directory for ``nbds://`` and
+///   ``https://`` (its ``ca-cert.pem``, and ``client-cert.pem`` with
+///   ``client-key.pem``; None: the system's CAs);
+/// - ``headers``: HTTP(S) headers, a dict of names to values, sent to the
+///   URL's host (not to another host it redirects to), as
+///   ``{"Authorization": "Bearer TOKEN"}``; a user and password in the URL
+///   are sent as basic auth, and never shown in messages (``***``);
+/// - ``retries``: HTTP(S) tries after the first for a request that failed
+///   on the way (a reset connection, a timeout, 502, 503...), 0 to 100
+///   (None: 4);
 /// - ``read_size``: bytes per read, a multiple of 4096 up to 256 MiB;
 /// - ``queue_depth``: reads queued ahead of the digest workers, 1 to 128.
 ///
@@ -53,13 +66,14 @@ use std::path::PathBuf;
 #[pyo3(
     text_signature = "(image, *, digest='sha256', block_size=65536, format=None, \
     cache=False, threads=None, no_backing=False, force_share=False, secret_file=None, \
-    timeout=None, tls_certificates=None, read_size=1048576, queue_depth=16)"
+    timeout=None, tls_certificates=None, read_size=1048576, queue_depth=16, headers=None, \
+    retries=None)"
 )]
 #[pyo3(signature = (
     image, *, digest = "sha256", block_size = blkhash::DEFAULT_BLOCK_SIZE as i64,
     format = None, cache = false, threads = None, no_backing = false,
     force_share = false, secret_file = None, timeout = None, tls_certificates = None,
-    read_size = 1 << 20, queue_depth = 16
+    read_size = 1 << 20, queue_depth = 16, headers = None, retries = None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn checksum(
@@ -77,6 +91,8 @@ pub fn checksum(
     tls_certificates: Option<PathBuf>,
     read_size: i64,
     queue_depth: i64,
+    headers: Option<Bound<'_, PyAny>>,
+    retries: Option<i64>,
 ) -> PyResult<String> {
     let name = image_name(&image)?;
     let open = open_options(
@@ -88,6 +104,7 @@ pub fn checksum(
         secret_file,
         timeout,
         tls_certificates,
+        HttpArgs::new(headers.as_ref(), retries)?,
     )?;
     let spec = JobSpec {
         digest: Some(parse_digest(digest)?),

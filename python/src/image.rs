@@ -45,6 +45,43 @@ pub fn image_name(image: &std::path::Path) -> PyResult<String> {
         .ok_or_else(|| PyValueError::new_err(format!("{image:?}: image names must be UTF-8")))
 }
 
+/// The keywords of HTTP(S) URLs: headers (a mapping of names to values,
+/// each checked as `--header` checks it) and retries.
+#[derive(Default)]
+pub struct HttpArgs {
+    headers: Vec<(String, String)>,
+    retries: Option<u32>,
+}
+
+impl HttpArgs {
+    /// From the keywords `headers` (None or a mapping) and `retries`.
+    pub fn new(headers: Option<&Bound<'_, PyAny>>, retries: Option<i64>) -> PyResult<HttpArgs> {
+        let mut parsed = Vec::new();
+        if let Some(h) = headers {
+            let h = h.cast::<pyo3::types::PyMapping>().map_err(|_| {
+                PyValueError::new_err("headers is a mapping of names to values (a dict)")
+            })?;
+            for item in h.items()?.iter() {
+                let (name, value): (String, String) = item.extract()?;
+                parsed.push(
+                    blkimage::http::parse_header(&format!("{name}: {value}"))
+                        .map_err(PyValueError::new_err)?,
+                );
+            }
+        }
+        let retries = match retries {
+            None => None,
+            Some(n) => Some(u32::try_from(n).ok().filter(|&n| n <= 100).ok_or_else(|| {
+                PyValueError::new_err(format!("retries must be 0 to 100, not {n}"))
+            })?),
+        };
+        Ok(HttpArgs {
+            headers: parsed,
+            retries,
+        })
+    }
+}
+
 /// How to open `name`, from the keyword arguments every image function takes.
 #[allow(clippy::too_many_arguments)]
 pub fn open_options(
@@ -56,6 +93,7 @@ pub fn open_options(
     secret_file: Option<PathBuf>,
     timeout: Option<f64>,
     tls_certificates: Option<PathBuf>,
+    http: HttpArgs,
 ) -> PyResult<OpenOptions> {
     let format: Option<Format> = format
         .map(|f| f.parse().map_err(PyValueError::new_err))
@@ -86,8 +124,14 @@ pub fn open_options(
         secret_file,
         nbd: blkimage::nbd::NbdOptions {
             timeout,
-            tls_certificates,
+            tls_certificates: tls_certificates.clone(),
             ..Default::default()
+        },
+        http: blkimage::http::HttpOptions {
+            timeout,
+            tls_certificates,
+            headers: http.headers,
+            retries: http.retries.unwrap_or(blkimage::http::DEFAULT_RETRIES),
         },
     })
 }
@@ -148,6 +192,8 @@ pub fn run_cancellable<T: Send + 'static>(
 /// name)` (Python then picks the subclass,
 /// FileNotFoundError..., and sets `filename`); else "NAME: reason".
 pub fn os_error(name: &str, e: &io::Error) -> PyErr {
+    // A URL's password is never shown (https://user:***@host/...).
+    let name = &*blkimage::http::redact(name);
     if e.get_ref()
         .is_some_and(|inner| inner.is::<blkimage::PassphraseNeeded>())
     {

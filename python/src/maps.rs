@@ -2,7 +2,7 @@
 //! (on several processes or hosts) and the parts merged into its map, as
 //! `blkmap --range` and `blkmap merge` do.
 
-use crate::image::{image_name, open_options, os_error, run_cancellable, warn_rounded};
+use crate::image::{HttpArgs, image_name, open_options, os_error, run_cancellable, warn_rounded};
 use crate::{check_block_size, check_threads, parse_digest, value_error};
 use blkjob::{JobSpec, Span};
 use blkmap::MapError;
@@ -26,13 +26,14 @@ use std::path::PathBuf;
 #[pyo3(
     text_signature = "(image, out, *, offset=0, length=None, part=None, digest='sha256', \
     block_size=65536, format=None, cache=False, threads=None, no_backing=False, \
-    force_share=False, secret_file=None, timeout=None, tls_certificates=None)"
+    force_share=False, secret_file=None, timeout=None, tls_certificates=None, headers=None, \
+    retries=None)"
 )]
 #[pyo3(signature = (
     image, out, *, offset = 0, length = None, part = None, digest = "sha256",
     block_size = blkhash::DEFAULT_BLOCK_SIZE as i64, format = None, cache = false,
     threads = None, no_backing = false, force_share = false, secret_file = None,
-    timeout = None, tls_certificates = None
+    timeout = None, tls_certificates = None, headers = None, retries = None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn map_range(
@@ -52,6 +53,8 @@ pub fn map_range(
     secret_file: Option<PathBuf>,
     timeout: Option<f64>,
     tls_certificates: Option<PathBuf>,
+    headers: Option<Bound<'_, PyAny>>,
+    retries: Option<i64>,
 ) -> PyResult<(u64, u64)> {
     let name = image_name(&image)?;
     let span = match part {
@@ -84,6 +87,7 @@ pub fn map_range(
             secret_file,
             timeout,
             tls_certificates,
+            HttpArgs::new(headers.as_ref(), retries)?,
         )?,
         ..Default::default()
     };

@@ -1,6 +1,7 @@
 //! Test support: the vector recipes' image generator, the reference vectors,
 //! and the helpers every crate's tests share: QEMU's tools ([`tools`]),
 //! NBD servers ([`nbd`]) and one that misbehaves on purpose ([`hostile`]),
+//! HTTP servers (nginx, Python's, and a hostile one: [`http`]),
 //! qemu-storage-daemon driven over QMP ([`qsd`]).
 //!
 //! A recipe is segments separated by spaces, each `SIZE:KIND` (see
@@ -12,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod hostile;
+pub mod http;
 pub mod nbd;
 pub mod qsd;
 pub mod tools;

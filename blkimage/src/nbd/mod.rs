@@ -22,7 +22,7 @@ pub mod protocol;
 mod protocol;
 mod replies;
 mod source;
-mod tls;
+pub(crate) mod tls;
 mod transport;
 mod url;
 

@@ -196,15 +196,36 @@ impl std::fmt::Display for NoCaCertificates {
 
 impl std::error::Error for NoCaCertificates {}
 
-/// The client configuration for the certificates in `dir` (or the
-/// system's CAs).
-pub fn config(dir: Option<&Path>) -> io::Result<ClientConfig> {
+/// What a TLS client trusts and shows: the certificate authorities (a
+/// directory's `ca-cert.pem`, or the system's), and the client certificate
+/// with its key, if the directory has one. The NBD client and the HTTPS
+/// client load it alike.
+pub(crate) struct Trust {
+    /// The certificate authorities the server's certificate must chain to.
+    pub roots: Vec<CertificateDer<'static>>,
+    /// The client certificate chain and its key.
+    pub client: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    /// The key's file as it is (PEM), for a client that takes PEM.
+    pub key_pem: Option<Vec<u8>>,
+}
+
+/// The certificates in `dir` (or the system's CAs), checked: a client
+/// certificate that does not go with its key is an error here.
+pub(crate) fn trust(dir: Option<&Path>) -> io::Result<Trust> {
     let mut roots = RootCertStore::empty();
-    let client = match dir {
-        Some(dir) => load_dir(dir, &mut roots)?,
+    let (roots, client, key_pem) = match dir {
+        Some(dir) => {
+            let client = load_dir(dir, &mut roots)?;
+            let ca = read_certs(&dir.join(CA_CERT))?;
+            let key = match client {
+                Some(_) => Some(read_file(&dir.join(CLIENT_KEY))?),
+                None => None,
+            };
+            (ca, client, key)
+        }
         None => {
             let found = rustls_native_certs::load_native_certs();
-            let (added, _) = roots.add_parsable_certificates(found.certs);
+            let (added, _) = roots.add_parsable_certificates(found.certs.iter().cloned());
             if added == 0 {
                 let why = found.errors.first().map(|e| e.to_string());
                 return Err(io::Error::new(
@@ -212,23 +233,46 @@ pub fn config(dir: Option<&Path>) -> io::Result<ClientConfig> {
                     NoCaCertificates { why },
                 ));
             }
-            None
+            (found.certs, None, None)
         }
     };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| io::Error::other(format!("TLS: {e}")))?
-        .with_root_certificates(roots);
-    match client {
-        Some((chain, key)) => builder.with_client_auth_cert(chain, key).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("TLS: client certificate {CLIENT_CERT} and {CLIENT_KEY}: {e}"),
-            )
-        }),
-        None => Ok(builder.with_no_client_auth()),
+    let trust = Trust {
+        roots,
+        client,
+        key_pem,
+    };
+    trust.client_config()?;
+    Ok(trust)
+}
+
+impl Trust {
+    /// The rustls client configuration (ring's cryptography).
+    fn client_config(&self) -> io::Result<ClientConfig> {
+        let mut store = RootCertStore::empty();
+        store.add_parsable_certificates(self.roots.iter().cloned());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| io::Error::other(format!("TLS: {e}")))?
+            .with_root_certificates(store);
+        match &self.client {
+            Some((chain, key)) => builder
+                .with_client_auth_cert(chain.clone(), key.clone_key())
+                .map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("TLS: client certificate {CLIENT_CERT} and {CLIENT_KEY}: {e}"),
+                    )
+                }),
+            None => Ok(builder.with_no_client_auth()),
+        }
     }
+}
+
+/// The client configuration for the certificates in `dir` (or the
+/// system's CAs).
+pub fn config(dir: Option<&Path>) -> io::Result<ClientConfig> {
+    trust(dir)?.client_config()
 }
 
 /// Put a rustls failure (wrapped in an I/O error by rustls) in words:
@@ -246,7 +290,7 @@ fn explain(e: io::Error, timeout: Option<Duration>) -> io::Error {
     }
 }
 
-fn tls_error(t: &rustls::Error) -> io::Error {
+pub(crate) fn tls_error(t: &rustls::Error) -> io::Error {
     use rustls::{AlertDescription as A, Error};
     let msg = match t {
         Error::InvalidCertificate(_) => format!("TLS: certificate verify failed: {t}"),

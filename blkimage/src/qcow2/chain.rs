@@ -90,19 +90,9 @@ pub(crate) fn open_file(
 ) -> io::Result<Qcow2> {
     let file: Arc<dyn Storage> = Arc::new(ImageFile::new(file, path)?);
     let header = Header::parse(&*file)?;
+    let (data_name, backing_name) = referred(&header, opts)?;
 
-    let data: Option<Arc<dyn Storage>> = if header.external_data {
-        let name = header
-            .data_file
-            .as_deref()
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| invalid("external data file bit set, but no data file named".into()))?;
-        if opts.no_backing {
-            return Err(unsupported(format!(
-                "the image uses the external data file '{}' (files an image refers to are refused)",
-                show(name)
-            )));
-        }
+    let data: Option<Arc<dyn Storage>> = if let Some(name) = data_name {
         let p = resolve(path, name);
         let ctx = |e: io::Error| {
             io::Error::new(
@@ -125,25 +115,68 @@ pub(crate) fn open_file(
         None
     };
 
-    let backing = match &header.backing_file {
+    let backing = match backing_name {
         None => None,
-        Some(name) => {
-            if opts.no_backing {
-                return Err(unsupported(format!(
-                    "the image has the backing file '{}' (backing files are refused)",
-                    show(name)
-                )));
-            }
-            let p = resolve(path, name);
-            Some(open_backing(
-                &p,
-                header.backing_format.as_deref(),
-                opts,
-                chain,
-            )?)
-        }
+        Some(name) => Some(open_backing(
+            &resolve(path, name),
+            header.backing_format.as_deref(),
+            opts,
+            chain,
+        )?),
     };
     Qcow2::new(header, file, data, backing)
+}
+
+/// The names an image gives its external data file and its backing file.
+type Referred<'h> = (Option<&'h [u8]>, Option<&'h [u8]>);
+
+/// The names of the files `header` refers to, its external data file and
+/// its backing file, both refused with `opts.no_backing`.
+fn referred<'h>(header: &'h Header, opts: &OpenOptions) -> io::Result<Referred<'h>> {
+    let data = if header.external_data {
+        let name = header
+            .data_file
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| invalid("external data file bit set, but no data file named".into()))?;
+        if opts.no_backing {
+            return Err(unsupported(format!(
+                "the image uses the external data file '{}' (files an image refers to are refused)",
+                show(name)
+            )));
+        }
+        Some(name)
+    } else {
+        None
+    };
+    let backing = header.backing_file.as_deref();
+    if let Some(name) = backing.filter(|_| opts.no_backing) {
+        return Err(unsupported(format!(
+            "the image has the backing file '{}' (backing files are refused)",
+            show(name)
+        )));
+    }
+    Ok((data, backing))
+}
+
+/// An error if opening `key` (shown as `shown`) below the images of
+/// `chain` would loop or pass [`MAX_CHAIN_DEPTH`].
+fn check_chain<K: PartialEq>(
+    chain: &[K],
+    key: &K,
+    shown: &dyn std::fmt::Display,
+) -> io::Result<()> {
+    if chain.contains(key) {
+        return Err(invalid(format!(
+            "backing chain loops: '{shown}' is its own backing file"
+        )));
+    }
+    if chain.len() >= MAX_CHAIN_DEPTH {
+        return Err(invalid(format!(
+            "backing chain deeper than {MAX_CHAIN_DEPTH} images"
+        )));
+    }
+    Ok(())
 }
 
 fn open_backing(
@@ -172,27 +205,8 @@ fn open_backing(
             "not a regular file or block device",
         )));
     }
-    if chain.contains(&canon) {
-        return Err(invalid(format!(
-            "backing chain loops: '{}' is its own backing file",
-            canon.display()
-        )));
-    }
-    if chain.len() >= MAX_CHAIN_DEPTH {
-        return Err(invalid(format!(
-            "backing chain deeper than {MAX_CHAIN_DEPTH} images"
-        )));
-    }
-    let format = match format {
-        None => None,
-        Some("qcow2") => Some(Format::Qcow2),
-        Some("raw") => Some(Format::Raw),
-        Some(f) => {
-            return Err(ctx(unsupported(format!(
-                "backing format '{f}' is not supported (qcow2 or raw)"
-            ))));
-        }
-    };
+    check_chain(chain, &canon, &canon.display())?;
+    let format = backing_format(format).map_err(ctx)?;
     let file = RawFile::open_with(path, opts).map_err(ctx)?;
     refuse_pseudo_file(&file).map_err(ctx)?;
     file.lock(opts.force_share).map_err(ctx)?;
@@ -210,4 +224,89 @@ fn open_backing(
     let image = open_file(file, path, opts, chain);
     chain.pop();
     Ok(Box::new(image?))
+}
+
+/// The qcow2 image in `file`, a file over HTTP(S) (already probed), with
+/// its data file and backing chain, each named relative to its URL
+/// ([`crate::http::HttpUrl::sibling`]: a remote image never names a file
+/// of this host). `chain` holds the recorded URLs of the images above it,
+/// for loop detection and the depth limit.
+pub(crate) fn open_remote(
+    file: Arc<crate::http::Http>,
+    opts: &OpenOptions,
+    chain: &mut Vec<String>,
+) -> io::Result<Qcow2> {
+    let header = Header::parse(&*file)?;
+    let (data_name, backing_name) = referred(&header, opts)?;
+    let url = file.url().clone();
+    let named = |what: &str, name: &[u8]| {
+        url.sibling(name)
+            .map_err(|e| unsupported(format!("{what} {e}")))
+    };
+    let data: Option<Arc<dyn Storage>> = if let Some(name) = data_name {
+        let u = named("external data file", name)?;
+        Some(Arc::new(crate::http::open_below(
+            &u,
+            &opts.http,
+            "qcow2: external data file",
+        )?))
+    } else {
+        None
+    };
+    let backing = match backing_name {
+        None => None,
+        Some(name) => Some(open_remote_backing(
+            &named("backing file", name)?,
+            header.backing_format.as_deref(),
+            opts,
+            chain,
+        )?),
+    };
+    Qcow2::new(header, file, data, backing)
+}
+
+fn open_remote_backing(
+    url: &crate::http::HttpUrl,
+    format: Option<&str>,
+    opts: &OpenOptions,
+    chain: &mut Vec<String>,
+) -> io::Result<Box<dyn Source>> {
+    let key = url.recorded();
+    check_chain(chain, &key, &url.shown())?;
+    let format = backing_format(format).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("qcow2: backing file '{}': {e}", url.shown()),
+        )
+    })?;
+    let http = crate::http::open_below(url, &opts.http, "qcow2: backing file")?;
+    let is_qcow2 = match format {
+        Some(Format::Raw) => false,
+        _ => crate::http::is_qcow2(&http),
+    };
+    if !is_qcow2 {
+        if format == Some(Format::Qcow2) {
+            return Err(invalid(format!(
+                "backing file '{}': not a qcow2 image",
+                url.shown()
+            )));
+        }
+        return Ok(Box::new(http));
+    }
+    chain.push(key);
+    let image = open_remote(Arc::new(http), opts, chain);
+    chain.pop();
+    Ok(Box::new(image?))
+}
+
+/// A backing format a qcow2 header names: raw or qcow2 (or none: probed).
+fn backing_format(format: Option<&str>) -> io::Result<Option<Format>> {
+    match format {
+        None => Ok(None),
+        Some("qcow2") => Ok(Some(Format::Qcow2)),
+        Some("raw") => Ok(Some(Format::Raw)),
+        Some(f) => Err(unsupported(format!(
+            "backing format '{f}' is not supported (qcow2 or raw)"
+        ))),
+    }
 }

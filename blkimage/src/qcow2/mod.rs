@@ -38,7 +38,7 @@ use mapping::{Map, Mapper};
 use std::io;
 use std::sync::Arc;
 
-pub(crate) use chain::{open_file, pseudo_file_system};
+pub(crate) use chain::{open_file, open_remote, pseudo_file_system};
 
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("qcow2: {msg}"))
@@ -56,6 +56,11 @@ pub fn probe(file: &dyn Source) -> io::Result<bool> {
     }
     file.read_at(&mut head, 0)?;
     Ok(header::probe(&head))
+}
+
+/// True if `head`, a file's first bytes, starts with a qcow2 header.
+pub(crate) fn probe_bytes(head: &[u8]) -> bool {
+    header::probe(head)
 }
 
 /// Extents calls that load an L2 table or ask the backing image: at most
@@ -203,6 +208,21 @@ impl Source for Qcow2 {
     /// on 2 cores, where a raw image was 0.86× faster).
     fn is_direct(&self) -> bool {
         !self.compressed && self.data.as_ref().unwrap_or(&self.file).is_direct()
+    }
+
+    /// What its data clusters' storage wants, if it says (a file over
+    /// HTTP(S): many reads in flight, compressed or not, since latency
+    /// bounds it), else as for any source (see [`Qcow2::is_direct`]).
+    fn default_io_depth(&self, read_size: usize) -> usize {
+        match self.data_file().default_io_depth(read_size) {
+            Some(depth) => depth,
+            None if self.is_direct() => crate::DEFAULT_IO_DEPTH,
+            None => 0,
+        }
+    }
+
+    fn bytes_in_flight(&self) -> Option<usize> {
+        self.data_file().bytes_in_flight()
     }
 
     /// The virtual size rounded down to a multiple of 512, as QEMU does
@@ -387,6 +407,17 @@ impl Source for Qcow2 {
         }
         if let Some(b) = &self.backing {
             v.extend(b.files());
+        }
+        v
+    }
+
+    fn remote_files(&self) -> Vec<crate::http::RemoteFile> {
+        let mut v = self.file.remote_files();
+        if let Some(d) = &self.data {
+            v.extend(d.remote_files());
+        }
+        if let Some(b) = &self.backing {
+            v.extend(b.remote_files());
         }
         v
     }

@@ -60,6 +60,23 @@ pub trait Storage: Send + Sync {
         let _ = offset;
         Ok((true, len))
     }
+
+    /// The files read over HTTP(S) (see [`Source::remote_files`]).
+    fn remote_files(&self) -> Vec<crate::http::RemoteFile> {
+        Vec::new()
+    }
+
+    /// Reads of `read_size` bytes this storage wants in flight, if it
+    /// says: one across a network does (see [`Source::default_io_depth`]).
+    fn default_io_depth(&self, read_size: usize) -> Option<usize> {
+        let _ = read_size;
+        None
+    }
+
+    /// See [`Source::bytes_in_flight`].
+    fn bytes_in_flight(&self) -> Option<usize> {
+        None
+    }
 }
 
 fn past_end(offset: u64, len: usize, size: u64) -> io::Error {

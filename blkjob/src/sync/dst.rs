@@ -84,7 +84,14 @@ impl Dst {
     /// Classify DST (connecting to an NBD URL) and lock it: one run at a
     /// time writes it, locked before it or its state is read.
     pub fn classify(req: &Request, wait: guard::Wait<'_>) -> Result<Dst, Error> {
-        let name = req.dst.to_string_lossy().into_owned();
+        let name = blkimage::http::redact(&req.dst.to_string_lossy()).into_owned();
+        if req.dst.to_str().is_some_and(blkimage::http::is_url) {
+            return Err(Error::unusable(
+                &name,
+                "an HTTP(S) URL is read here, never written: DST must be a file, a block \
+                 device or an NBD URL",
+            ));
+        }
         let nbd = match req.dst.to_str().is_some_and(blkimage::nbd::is_url) {
             true => Some(open_nbd(&name, &req.job.open.nbd)?),
             false => None,
@@ -100,7 +107,12 @@ impl Dst {
                     "not a regular file or block device (DST must be a raw file or a block device)",
                 ));
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Kind::Missing,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                match blkimage::unknown_scheme(&req.dst) {
+                    Some(e) => return Err(Error::io(&name, e)),
+                    None => Kind::Missing,
+                }
+            }
             Err(e) => return Err(Error::io(&name, e)),
         };
         let lock = match kind {

@@ -126,7 +126,7 @@ pub fn run(
     warn: &mut dyn FnMut(&str),
     progress: &dyn Progress,
 ) -> Result<Report, Error> {
-    let src_name = req.src.to_string_lossy().into_owned();
+    let src_name = blkimage::http::redact(&req.src.to_string_lossy()).into_owned();
     let _state_lock = guard_outputs(req, &src_name, cancel)?;
     let wait = req.wait(cancel);
     let mut dst = Dst::classify(req, wait)?;

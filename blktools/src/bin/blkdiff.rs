@@ -128,8 +128,8 @@ fn main() -> ExitCode {
     }
     let mut args: Args = blkcli::args::parse_map_args(command(), |a: &Args| &a.input);
     args.json |= args.output.as_deref() == Some("json");
-    args.a = args.a_path.to_string_lossy().into_owned();
-    args.b = args.b_path.to_string_lossy().into_owned();
+    args.a = blkcli::shown_lossy(&args.a_path);
+    args.b = blkcli::shown_lossy(&args.b_path);
     if args.a == "-" && args.b == "-" {
         return trouble("standard input can be only one of A and B");
     }
@@ -216,7 +216,7 @@ fn hash_both(
             None if name == "-" => progress.track("-", None, |p| blkjob::map_stdin(job, detect, p)),
             None => {
                 let input = job.open(name)?;
-                progress.track(&name.to_string_lossy(), input.size(), |p| {
+                progress.track(&blkcli::shown_lossy(name), input.size(), |p| {
                     blkjob::map(input, job, job.cancel(), p)
                 })
             }

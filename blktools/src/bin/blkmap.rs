@@ -259,7 +259,7 @@ fn map(args: &Args) -> ExitCode {
     let (Some(image_os), Some(out_path)) = (&args.image, &args.out) else {
         unreachable!("clap requires IMAGE and OUT without a subcommand")
     };
-    let (image, out_name) = (image_os.to_string_lossy(), out_path.display());
+    let (image, out_name) = (blkcli::shown_lossy(image_os), out_path.display());
     // Before anything is read: OUT must not replace what it would destroy.
     let out = blkcli::guard::Output {
         path: out_path,
@@ -367,7 +367,7 @@ fn update(
     progress: &Progress,
 ) -> Result<(blkmap::Map, Read), (Option<String>, String)> {
     let image_os = args.image.as_deref().expect("clap requires IMAGE");
-    let image = image_os.to_string_lossy();
+    let image = blkcli::shown_lossy(image_os);
     let base_name = base_path.display().to_string();
     let old = blkmap::Map::load(base_path).map_err(|e| (Some(base_name.clone()), e.to_string()))?;
     let mut spec = args.input.spec();
@@ -423,14 +423,14 @@ const JSON_SCHEMA: u32 = 1;
 fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
     let image = args.image.as_deref().expect("clap requires IMAGE");
     if !args.json {
-        return print_line(&map.checksum().to_hex(), image, None);
+        return print_line(&map.checksum().to_hex(), &blkcli::shown(image), None);
     }
     // Spelled as blksum's and blkdiff's JSON (qemu-img's `virtual-size`);
     // `size`, this document's first name for it, is kept while `schema`
     // is 1.
     let doc = serde_json::json!({
         "schema": JSON_SCHEMA,
-        "image": image.to_string_lossy(),
+        "image": blkcli::shown_lossy(image),
         "checksum": map.checksum().to_hex(),
         "digest": map.algorithm().to_string(),
         "block-size": map.block_size(),
@@ -451,7 +451,7 @@ fn bitmaps(image: &OsStr, json: bool, input: &InputArgs) -> ExitCode {
     let mut spec = input.spec();
     spec.open.nbd.list_bitmaps = true;
     let job = InputArgs::resolve(spec, None);
-    let name = image.to_string_lossy();
+    let name = blkcli::shown_lossy(image);
     let listed = job
         .open(image)
         .and_then(|i| blkjob::seekable(i, "listing bitmaps"))
@@ -520,7 +520,7 @@ fn map_part(name: &OsStr, span: Span, job: &Job, progress: &Progress) -> io::Res
         .resolve(src.size(), job.block_size())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let range = blkmap::Range { offset, len };
-    let shown = name.to_string_lossy();
+    let shown = blkcli::shown_lossy(name);
     let part = progress.track(&shown, Some(len), |p| {
         blkjob::map_range(name, src, range, job, p)
     })?;

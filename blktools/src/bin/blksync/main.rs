@@ -38,7 +38,8 @@ struct Args {
 
     /// The raw file, block device, NBD URL (an export of SRC's size) or
     /// image of SRC's virtual size in another format (qcow2, vmdk...,
-    /// written through a private qemu-nbd) to bring up to date.
+    /// written through a private qemu-nbd) to bring up to date (not an
+    /// HTTP(S) URL: those are read, never written).
     #[arg(value_name = "DST")]
     dst_path: OsString,
 
@@ -174,8 +175,8 @@ fn main() -> ExitCode {
     }
     let args: Args = blkcli::args::parse_map_args(command(), |a: &Args| &a.input);
     let (src, dst) = (
-        args.src_path.to_string_lossy().into_owned(),
-        args.dst_path.to_string_lossy().into_owned(),
+        blkcli::shown_lossy(&args.src_path),
+        blkcli::shown_lossy(&args.dst_path),
     );
     let req = Request {
         src: args.src_path.clone(),

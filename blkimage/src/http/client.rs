@@ -1,0 +1,377 @@
+//! One HTTP(S) client per remote file: ureq's agent (HTTP/1.1, a pool of
+//! keep-alive connections, one per reading thread) set up as the user
+//! asked (TLS certificates, headers, timeout, a proxy from the
+//! environment), and the failures of a request sorted into those worth
+//! another try and those that end the run.
+
+use super::HttpOptions;
+use super::url::HttpUrl;
+use base64::Engine;
+use std::io::{self, Read};
+use std::time::{Duration, Instant};
+use ureq::http::Response;
+use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
+use ureq::{Body, Proxy};
+
+/// Why a request failed: worth another try (a reset connection, a
+/// timeout, 502/503/504...), or not (a refusal, another version, a
+/// malformed reply).
+#[derive(Debug)]
+pub(crate) enum Fail {
+    /// Transient: the same request may succeed.
+    Again(io::Error),
+    /// Final: the run stops with this error.
+    Final(io::Error),
+}
+
+impl Fail {
+    /// The error, transient or not.
+    pub(crate) fn into_error(self) -> io::Error {
+        match self {
+            Fail::Again(e) | Fail::Final(e) => e,
+        }
+    }
+
+    pub(crate) fn final_with(kind: io::ErrorKind, msg: String) -> Fail {
+        Fail::Final(io::Error::new(kind, msg))
+    }
+}
+
+/// Idle connections kept per host: more than the reads in flight
+/// (`DEFAULT_IO_DEPTH`, or what --io-depth asks, up to 256 reads), so that
+/// each reading thread keeps its connection alive between requests.
+const POOL: usize = 256;
+
+/// A client for one file's URL and the URLs it redirects to.
+pub(crate) struct Client {
+    agent: ureq::Agent,
+    /// Where the user's headers and credentials go: the URL's own origin
+    /// (a redirect to another host gets neither, as curl does without
+    /// --location-trusted: a token for a registry must not reach the
+    /// object store it redirects to).
+    origin: url::Origin,
+    auth: Option<String>,
+    headers: Vec<(String, String)>,
+    timeout: Option<Duration>,
+}
+
+impl Client {
+    /// A client for the file the user named `given`, set up (proxy, TLS)
+    /// for requests to `url` (`given` or where it redirects).
+    pub(crate) fn new(given: &HttpUrl, url: &HttpUrl, opts: &HttpOptions) -> io::Result<Client> {
+        let mut config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            // Redirects are followed by hand (super::open): counted, https
+            // to http refused, and the target kept for every range.
+            .max_redirects(0)
+            .max_redirects_will_error(false)
+            .user_agent(concat!("blkhash/", env!("CARGO_PKG_VERSION")))
+            // The bytes as stored: a compressed reply would be hashed as
+            // data (ureq has no decoder without its gzip feature anyway).
+            .accept_encoding("identity")
+            .max_idle_connections(POOL)
+            .max_idle_connections_per_host(POOL)
+            // Buffers per connection (ureq's defaults are 128 KiB each, 16
+            // MiB for 64 connections): a request is a few hundred bytes,
+            // and the input buffer need only hold the largest reply head
+            // allowed (64 KiB, ureq's default) with room to spare.
+            .output_buffer_size(16 << 10)
+            .input_buffer_size(80 << 10)
+            .proxy(proxy_for(url)?)
+            .timeout_connect(opts.timeout)
+            .timeout_recv_response(opts.timeout)
+            .timeout_per_read(opts.timeout);
+        if url.is_https() {
+            config = config.tls_config(tls_config(opts)?);
+        }
+        let auth = given.credentials().map(|(user, password)| {
+            let token =
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+            format!("Basic {token}")
+        });
+        Ok(Client {
+            agent: config.build().into(),
+            origin: given.origin(),
+            auth,
+            headers: opts.headers.clone(),
+            timeout: opts.timeout,
+        })
+    }
+
+    /// The timeout asked for, if any.
+    pub(crate) fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// GET `url` with the extra headers `extra` (a range, a condition);
+    /// the user's headers and credentials only to the client's origin.
+    pub(crate) fn get(
+        &self,
+        url: &HttpUrl,
+        extra: &[(&str, String)],
+    ) -> Result<Response<Body>, Fail> {
+        let mut req = self.agent.get(url.request_url());
+        if url.origin() == self.origin {
+            for (name, value) in &self.headers {
+                req = req.header(name, value);
+            }
+            if let Some(auth) = &self.auth {
+                req = req.header("Authorization", auth);
+            }
+        }
+        for (name, value) in extra {
+            req = req.header(*name, value);
+        }
+        req.call().map_err(|e| match classify(e, self.timeout) {
+            // A connection that cannot be made: say where to.
+            Fail::Final(e) | Fail::Again(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+                ) =>
+            {
+                let e = io::Error::new(
+                    e.kind(),
+                    format!("cannot connect to {}: {e}", url.authority()),
+                );
+                Fail::Final(e)
+            }
+            f => f,
+        })
+    }
+}
+
+/// ureq's TLS settings for `opts`: the roots and client certificate as
+/// for `nbds://` (the certificates directory, else the system's CAs),
+/// checked by rustls first (ureq takes an invalid key for a bug).
+fn tls_config(opts: &HttpOptions) -> io::Result<TlsConfig> {
+    let trust = crate::nbd::tls::trust(opts.tls_certificates.as_deref())?;
+    let roots: Vec<Certificate<'static>> = trust
+        .roots
+        .iter()
+        .map(|c| Certificate::from_der(c.as_ref()).to_owned())
+        .collect();
+    let client = match (&trust.client, &trust.key_pem) {
+        (Some((chain, _)), Some(pem)) => {
+            let chain: Vec<Certificate<'static>> = chain
+                .iter()
+                .map(|c| Certificate::from_der(c.as_ref()).to_owned())
+                .collect();
+            let key = PrivateKey::from_pem(pem).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("TLS certificates: the client key: {e}"),
+                )
+            })?;
+            Some(ClientCert::new_with_certs(&chain, key))
+        }
+        _ => None,
+    };
+    Ok(TlsConfig::builder()
+        .root_certs(RootCerts::new_with_certs(&roots))
+        .client_cert(client)
+        .unversioned_rustls_crypto_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .build())
+}
+
+/// The environment variable `name`, set and not empty (lower case first,
+/// as curl reads them).
+fn env(names: &[&str]) -> Option<String> {
+    names
+        .iter()
+        .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
+}
+
+/// The proxy for `url` as curl picks one: `https_proxy` (or
+/// `HTTPS_PROXY`) for https URLs, `http_proxy` (lower case only: a CGI
+/// program's `HTTP_PROXY` comes from a request header) for http, else
+/// `all_proxy` (or `ALL_PROXY`); none for a host `no_proxy` (or
+/// `NO_PROXY`) names. ureq's own reading of the environment takes the
+/// first variable set whatever the URL's scheme, and matches `no_proxy`'s
+/// `example.com` against that host only, where curl also skips the proxy
+/// for its subdomains: so the choice is made here.
+fn proxy_for(url: &HttpUrl) -> io::Result<Option<Proxy>> {
+    let var = if url.is_https() {
+        env(&["https_proxy", "HTTPS_PROXY"])
+    } else {
+        env(&["http_proxy"])
+    };
+    let Some(value) = var.or_else(|| env(&["all_proxy", "ALL_PROXY"])) else {
+        return Ok(None);
+    };
+    if no_proxy(
+        &env(&["no_proxy", "NO_PROXY"]).unwrap_or_default(),
+        url.host(),
+    ) {
+        return Ok(None);
+    }
+    Proxy::new(&value).map(Some).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "the proxy '{}' from the environment: {e}",
+                super::url::redact(&value)
+            ),
+        )
+    })
+}
+
+/// True if curl's `no_proxy` list `list` names `host`: `*` names every
+/// host; an entry (a leading dot ignored) names itself and its
+/// subdomains, in any case; IPv6 brackets are ignored.
+///
+/// ```ignore
+/// assert!(no_proxy("example.com", "www.example.com"));
+/// ```
+pub(crate) fn no_proxy(list: &str, host: &str) -> bool {
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase();
+    list.split(',').map(str::trim).any(|entry| {
+        let entry = entry
+            .trim_start_matches('.')
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase();
+        entry == "*"
+            || (!entry.is_empty()
+                && (host == entry
+                    || host
+                        .strip_suffix(&entry)
+                        .is_some_and(|head| head.ends_with('.'))))
+    })
+}
+
+/// A ureq failure as a [`Fail`], in words.
+pub(crate) fn classify(e: ureq::Error, timeout: Option<Duration>) -> Fail {
+    let timed_out = || {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "no answer within {} seconds (--timeout)",
+                timeout.unwrap_or_default().as_secs_f64()
+            ),
+        )
+    };
+    match e {
+        ureq::Error::Timeout(_) => Fail::Again(timed_out()),
+        ureq::Error::Io(e) => io_fail(e, timeout),
+        ureq::Error::ConnectionFailed => Fail::final_with(
+            io::ErrorKind::ConnectionRefused,
+            "the connection failed".into(),
+        ),
+        ureq::Error::HostNotFound => Fail::final_with(
+            io::ErrorKind::NotFound,
+            "the host name does not resolve".into(),
+        ),
+        ureq::Error::Rustls(t) => Fail::Final(crate::nbd::tls::tls_error(&t)),
+        ureq::Error::LargeResponseHeader(..) => Fail::final_with(
+            io::ErrorKind::InvalidData,
+            "the server's reply headers are larger than 64 KiB".into(),
+        ),
+        e => Fail::final_with(io::ErrorKind::InvalidData, format!("HTTP: {e}")),
+    }
+}
+
+/// An I/O error of a request or its body as a [`Fail`]: a connection
+/// reset, dropped or timed out is worth another try.
+fn io_fail(e: io::Error, timeout: Option<Duration>) -> Fail {
+    if e.get_ref().is_some_and(|i| i.is::<ureq::Error>()) {
+        return classify(ureq::Error::from(e), timeout);
+    }
+    if let Some(t) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        return Fail::Final(crate::nbd::tls::tls_error(t));
+    }
+    match e.kind() {
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::TimedOut
+        | io::ErrorKind::WouldBlock
+        | io::ErrorKind::Interrupted => Fail::Again(e),
+        _ => Fail::Final(e),
+    }
+}
+
+/// Fill `buf` from a reply's body: all of it within the deadline (a
+/// trickle is a timeout), and nothing after it (a body longer than the
+/// range, or one that never ends, is refused once `buf` is full). The body
+/// is never read past `buf` and one more byte.
+pub(crate) fn read_body(
+    body: &mut dyn Read,
+    buf: &mut [u8],
+    deadline: Option<Instant>,
+    timeout: Option<Duration>,
+) -> Result<(), Fail> {
+    let mut done = 0;
+    while done < buf.len() {
+        match body.read(&mut buf[done..]) {
+            Ok(0) => {
+                return Err(Fail::Again(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the reply ended after {done} of {} bytes", buf.len()),
+                )));
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(match io_fail(e, timeout) {
+                    // ureq's "Peer disconnected": say how far it came.
+                    Fail::Again(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        Fail::Again(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("the reply ended after {done} of {} bytes", buf.len()),
+                        ))
+                    }
+                    f => f,
+                });
+            }
+        }
+        if deadline.is_some_and(|d| Instant::now() > d) {
+            return Err(Fail::Again(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the reply took more than {} seconds (--timeout): {done} of {} bytes came",
+                    timeout.unwrap_or_default().as_secs_f64(),
+                    buf.len()
+                ),
+            )));
+        }
+    }
+    let mut more = [0u8; 1];
+    loop {
+        match body.read(&mut more) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {
+                return Err(Fail::final_with(
+                    io::ErrorKind::InvalidData,
+                    format!("the reply is longer than the {} bytes asked for", buf.len()),
+                ));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_fail(e, timeout)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_proxy_as_curl() {
+        assert!(no_proxy("*", "anything"));
+        assert!(no_proxy("example.com", "example.com"));
+        assert!(no_proxy("example.com", "www.Example.com"));
+        assert!(no_proxy(" .example.com ,other", "a.b.example.com"));
+        assert!(no_proxy("localhost,127.0.0.1", "127.0.0.1"));
+        assert!(no_proxy("::1", "[::1]"));
+        assert!(!no_proxy("example.com", "badexample.com"));
+        assert!(!no_proxy("", "example.com"));
+        assert!(!no_proxy(",", "example.com"));
+    }
+}

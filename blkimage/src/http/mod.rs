@@ -1,0 +1,821 @@
+//! HTTP(S): images read where they are published, over range requests.
+//!
+//! A URL is a file like any other here: [`Http`] is a qcow2 reader's
+//! [`Storage`] (only the header, the tables and the allocated clusters are
+//! asked for) and a raw image's [`Source`]. This module decides ranges,
+//! connections and retries; the formats are the qcow2 reader's and the
+//! raw rules' (a size rounded up to 512 as QEMU does), so a URL hashes to
+//! the checksum of the same file on disk.
+//!
+//! - **One version.** The first request (`Range: bytes=0-65535`, a GET:
+//!   an S3 presigned URL is signed for GET, not HEAD) gives the length,
+//!   the `ETag` and `Last-Modified`. Every later range asks the server to
+//!   refuse another version ([`Version::condition`]) and every reply is
+//!   checked: status 206, a `Content-Range` that is exactly the range
+//!   asked for in a file of the same length, the same validators, a body
+//!   of exactly that many bytes. Another version ends the read: "changed
+//!   while it was read".
+//! - **Retries.** A reset or dropped connection, a timeout, 408, 429, 502,
+//!   503 or 504 ask again for the same range, [`HttpOptions::retries`]
+//!   times (the first at once: a keep-alive connection the server closed;
+//!   then after 0.25, 0.5, 1, 2, 4 s), then fail naming the range and the
+//!   last error.
+//! - **Redirects** are followed at open, at most 10, never from HTTPS to
+//!   plain HTTP, and the target is where every range goes.
+//! - **Servers without ranges** (a 200 with the whole body): a raw image
+//!   is read as one stream (padded to 512 as a file is); qcow2 is refused.
+//! - **Connections**: ureq's keep-alive pool, one connection per reading
+//!   thread; TLS with rustls, trusting `ca-cert.pem` of
+//!   [`HttpOptions::tls_certificates`] (with `client-cert.pem` and
+//!   `client-key.pem`) or the system's CAs; a proxy from `https_proxy`,
+//!   `http_proxy`, `all_proxy` and `no_proxy` as curl reads them.
+//!
+//! ```no_run
+//! use blkimage::{open, Input, OpenOptions};
+//! let input = open("https://images.example/disk.qcow2", &OpenOptions::default()).unwrap();
+//! if let Input::Image(src) = input {
+//!     println!("{} bytes of {}", src.size(), src.format());
+//! }
+//! ```
+
+mod client;
+mod reply;
+mod url;
+
+pub use reply::{ContentRange, ETag, Version, check_range};
+pub use url::{HttpUrl, is_url, redact, url_scheme};
+
+use crate::qcow2::Storage;
+use crate::source::{Extent, ExtentKind, Source};
+use client::{Client, Fail, read_body};
+use reply::RangeError;
+use std::io::{self, Read};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How to reach HTTP(S) servers.
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    /// Seconds a server may take to connect, to begin a reply, or to send
+    /// a whole range (a trickle is a timeout): then the request fails (and
+    /// is tried again). `None`: no limit.
+    pub timeout: Option<Duration>,
+    /// A directory with `ca-cert.pem` to trust instead of the system's
+    /// CAs, and optionally `client-cert.pem` and `client-key.pem`.
+    pub tls_certificates: Option<PathBuf>,
+    /// Headers sent with every request to the URL's own host (a redirect
+    /// elsewhere gets none): `Authorization: Bearer ...`. See
+    /// [`parse_header`].
+    pub headers: Vec<(String, String)>,
+    /// Tries after the first for a request that failed transiently.
+    pub retries: u32,
+}
+
+/// Retries of a failed request by default (5 tries in all).
+pub const DEFAULT_RETRIES: u32 = 4;
+
+impl Default for HttpOptions {
+    fn default() -> HttpOptions {
+        HttpOptions {
+            timeout: None,
+            tls_certificates: None,
+            headers: Vec::new(),
+            retries: DEFAULT_RETRIES,
+        }
+    }
+}
+
+/// Headers the client sets itself: a user's value would break a range,
+/// its check or the connection.
+const OWN_HEADERS: &[&str] = &[
+    "range",
+    "if-match",
+    "if-range",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "accept-encoding",
+    "host",
+    "connection",
+    "content-length",
+    "transfer-encoding",
+    "te",
+];
+
+/// A header as `--header` takes it: `Name: value`. The name is an HTTP
+/// token; the value has no line break; the headers the client sets itself
+/// (`Range`, `If-Match`, `Accept-Encoding`, `Host`...) are refused.
+///
+/// ```
+/// use blkimage::http::parse_header;
+/// assert_eq!(
+///     parse_header("Authorization: Bearer abc").unwrap(),
+///     ("Authorization".to_string(), "Bearer abc".to_string())
+/// );
+/// assert!(parse_header("Range: bytes=0-1").is_err());
+/// assert!(parse_header("no colon").is_err());
+/// ```
+pub fn parse_header(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s
+        .split_once(':')
+        .ok_or_else(|| format!("'{s}' is not a header: write 'Name: value'"))?;
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if name.is_empty() || !name.chars().all(token) {
+        return Err(format!("'{name}' is not a header name"));
+    }
+    if OWN_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+        return Err(format!(
+            "the {name} header is blkhash's own to set (it asks for ranges and checks them)"
+        ));
+    }
+    let value = value.trim_matches([' ', '\t']);
+    if value.chars().any(|c| c.is_control() && c != '\t') {
+        return Err(format!("the value of {name} has a control character"));
+    }
+    Ok((name.to_string(), value.to_string()))
+}
+
+/// Bytes asked for by the first request: the header and tables of most
+/// qcow2 images, and the signatures of the other formats, in one round
+/// trip. They are kept and never asked for again.
+const HEAD: u64 = 64 << 10;
+
+/// Redirects followed at most.
+pub const MAX_REDIRECTS: usize = 10;
+
+/// Bytes of reads a URL keeps in flight by default, as an NBD export does
+/// (`NBD_BYTES_IN_FLIGHT`): 16 reads of the default 1 MiB, each on a
+/// connection of its own, to hide the network's latency...
+const HTTP_BYTES_IN_FLIGHT: usize = 16 << 20;
+/// ...and up to this many reads when they are smaller (a qcow2 image's
+/// scattered clusters: each a request that waits the whole latency).
+const HTTP_READS_IN_FLIGHT: usize = 64;
+
+/// Another version of the file than the one opened, in the words the
+/// commands print.
+fn changed(why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("changed while it was read: {why}"),
+    )
+}
+
+/// The pause before try `n` (1 for the first retry).
+fn backoff(n: u32) -> Duration {
+    match n {
+        0 | 1 => Duration::ZERO,
+        n => Duration::from_millis(250 << (n - 2).min(4)),
+    }
+}
+
+/// Run `f` until it succeeds, fails for good, or failed `retries + 1`
+/// times; `what` names the request in the last error.
+fn with_retries<T>(
+    retries: u32,
+    what: impl Fn() -> String,
+    mut f: impl FnMut() -> Result<T, Fail>,
+) -> io::Result<T> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(Fail::Final(e)) => return Err(e),
+            Err(Fail::Again(e)) if tries > retries => {
+                let n = if tries == 1 {
+                    "1 try".to_string()
+                } else {
+                    format!("{tries} tries")
+                };
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("{}: {n} failed, the last: {e}", what()),
+                ));
+            }
+            Err(Fail::Again(_)) => std::thread::sleep(backoff(tries)),
+        }
+    }
+}
+
+/// What a server's reply header `name` holds, if it is there and text.
+fn header<'a>(resp: &'a ureq::http::Response<ureq::Body>, name: &str) -> Option<&'a str> {
+    resp.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// An error for a status that is neither a success nor worth a retry.
+fn status_error(status: ureq::http::StatusCode) -> Fail {
+    let kind = match status.as_u16() {
+        401 | 403 => io::ErrorKind::PermissionDenied,
+        404 | 410 => io::ErrorKind::NotFound,
+        _ => io::ErrorKind::Other,
+    };
+    Fail::final_with(
+        kind,
+        format!(
+            "HTTP {} {}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("")
+        )
+        .trim_end()
+        .to_string(),
+    )
+}
+
+/// Statuses worth another try: the server or a gateway is busy or
+/// restarting.
+fn transient(status: u16) -> bool {
+    matches!(status, 408 | 429 | 502 | 503 | 504)
+}
+
+/// A reply whose body is encoded (gzip...) holds other bytes than the file.
+fn identity(resp: &ureq::http::Response<ureq::Body>) -> Result<(), Fail> {
+    match header(resp, "content-encoding") {
+        None => Ok(()),
+        Some(e) if e.trim().eq_ignore_ascii_case("identity") => Ok(()),
+        Some(e) => Err(Fail::final_with(
+            io::ErrorKind::InvalidData,
+            format!("the server encoded the reply ({e}), which was asked for as it is stored"),
+        )),
+    }
+}
+
+/// A file behind an HTTP(S) URL whose server answers range requests: a
+/// qcow2 reader's [`Storage`] and a raw image's [`Source`] (its size
+/// rounded up to 512, as a raw file's).
+pub struct Http {
+    client: Client,
+    /// Where ranges are asked for: the URL after its redirects.
+    target: HttpUrl,
+    /// The URL as given (names beside it resolve against it, as QEMU's
+    /// curl driver, which follows redirects inside curl, resolves them).
+    url: HttpUrl,
+    /// For a file below the image (a backing or data file): what read
+    /// errors are prefixed with, since the command names only the image.
+    context: Option<String>,
+    version: Version,
+    /// The first bytes, from the first request.
+    head: Vec<u8>,
+    retries: u32,
+}
+
+/// A server's answer to the first request.
+enum Opening {
+    /// It honours ranges.
+    Ranges(Box<Http>),
+    /// It sent the whole file (200): its length if said, and the body.
+    Whole(Whole),
+}
+
+impl Http {
+    /// Open `url`: follow its redirects, take its length and validators,
+    /// and keep its first bytes. A server that does not answer ranges is
+    /// an error (a qcow2 image needs them).
+    pub fn open(url: &HttpUrl, opts: &HttpOptions) -> io::Result<Http> {
+        match open_url(url, opts)? {
+            Opening::Ranges(h) => Ok(*h),
+            Opening::Whole(_) => Err(no_ranges("it")),
+        }
+    }
+
+    /// The URL as given.
+    pub fn url(&self) -> &HttpUrl {
+        &self.url
+    }
+
+    /// The URL ranges are asked from (the given one after its redirects).
+    pub fn target(&self) -> &HttpUrl {
+        &self.target
+    }
+
+    /// The version opened: length and validators.
+    pub fn version(&self) -> &Version {
+        &self.version
+    }
+
+    /// What identifies this file in a record.
+    pub fn remote_file(&self) -> RemoteFile {
+        RemoteFile {
+            url: self.url.recorded(),
+            size: self.version.len,
+            etag: self.version.etag.as_ref().map(ETag::value),
+            last_modified: self.version.last_modified.clone(),
+        }
+    }
+
+    /// Name read errors as those of `what` ("backing file 'URL'").
+    fn set_context(&mut self, what: String) {
+        self.context = Some(what);
+    }
+
+    fn in_context(&self, e: io::Error) -> io::Error {
+        match &self.context {
+            Some(c) => io::Error::new(e.kind(), format!("{c}: {e}")),
+            None => e,
+        }
+    }
+
+    /// Fill `buf` with the file's bytes at `offset` (inside the file):
+    /// what the first request brought is not asked for again.
+    fn fetch(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let kept = (self.head.len() as u64).saturating_sub(offset);
+        let (buf, offset) = match usize::try_from(kept).map_or(buf.len(), |k| k.min(buf.len())) {
+            0 => (buf, offset),
+            n => {
+                let at = offset as usize;
+                buf[..n].copy_from_slice(&self.head[at..at + n]);
+                (&mut buf[n..], offset + n as u64)
+            }
+        };
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let last = offset + buf.len() as u64 - 1;
+        with_retries(
+            self.retries,
+            || format!("bytes {offset}-{last}"),
+            || self.try_range(buf, offset, last),
+        )
+        .map_err(|e| self.in_context(e))
+    }
+
+    /// One request for bytes `offset..=last` into `buf`.
+    fn try_range(&self, buf: &mut [u8], offset: u64, last: u64) -> Result<(), Fail> {
+        let mut extra = vec![("Range", format!("bytes={offset}-{last}"))];
+        extra.extend(self.version.condition());
+        let deadline = self.client.timeout().map(|t| Instant::now() + t);
+        let mut resp = self.client.get(&self.target, &extra)?;
+        let status = resp.status();
+        match status.as_u16() {
+            206 => {}
+            200 => {
+                // Dropped unread: its connection closes, the file is not sent.
+                let why = self
+                    .version
+                    .differs(header(&resp, "etag"), header(&resp, "last-modified"));
+                return Err(Fail::Final(match why {
+                    Some(why) => changed(&why),
+                    None => io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "the server sent the whole file (200) for bytes {offset}-{last}: \
+                             it stopped honouring ranges"
+                        ),
+                    ),
+                }));
+            }
+            412 => {
+                return Err(Fail::Final(changed(
+                    "the server says it is no longer the version opened (412 Precondition Failed)",
+                )));
+            }
+            416 => {
+                return Err(Fail::Final(changed(&format!(
+                    "the server says bytes {offset}-{last} are past its end (416), it was {} bytes",
+                    self.version.len
+                ))));
+            }
+            s if transient(s) => return Err(Fail::Again(status_error(status).into_error())),
+            300..=399 => {
+                return Err(Fail::final_with(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "the server redirects ({}) a range it served before",
+                        status.as_u16()
+                    ),
+                ));
+            }
+            _ => return Err(status_error(status)),
+        }
+        identity(&resp)?;
+        check_range(
+            &self.version,
+            offset,
+            last,
+            header(&resp, "content-range"),
+            header(&resp, "etag"),
+            header(&resp, "last-modified"),
+        )
+        .map_err(|e| match e {
+            RangeError::Changed(why) => Fail::Final(changed(&why)),
+            RangeError::Wrong(why) => Fail::final_with(io::ErrorKind::InvalidData, why),
+        })?;
+        let len = buf.len() as u64;
+        if let Some(n) = header(&resp, "content-length").filter(|n| n.parse() != Ok(len)) {
+            return Err(Fail::final_with(
+                io::ErrorKind::InvalidData,
+                format!("a reply of Content-Length {n} for the {len} bytes {offset}-{last}"),
+            ));
+        }
+        let mut body = resp.body_mut().as_reader();
+        read_body(&mut body, buf, deadline, self.client.timeout())
+    }
+}
+
+fn no_ranges(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "the server does not answer range requests (it sent the whole file for the first \
+             bytes), and {what} is qcow2, which is read by ranges: download it first \
+             (curl -o FILE URL) and hash FILE"
+        ),
+    )
+}
+
+/// The first request of `url`: its redirects followed, its answer taken.
+fn open_url(url: &HttpUrl, opts: &HttpOptions) -> io::Result<Opening> {
+    let mut client = Client::new(url, url, opts)?;
+    let mut at = url.clone();
+    let mut redirects = 0;
+    loop {
+        let range = [("Range", format!("bytes=0-{}", HEAD - 1))];
+        let resp = with_retries(
+            opts.retries,
+            || "the first request".to_string(),
+            || {
+                let resp = client.get(&at, &range)?;
+                if transient(resp.status().as_u16()) {
+                    return Err(Fail::Again(status_error(resp.status()).into_error()));
+                }
+                Ok(resp)
+            },
+        )?;
+        let status = resp.status().as_u16();
+        if matches!(status, 301 | 302 | 303 | 307 | 308) {
+            let location = header(&resp, "location").ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("a redirect ({status}) without a Location"),
+                )
+            })?;
+            let next = at.redirect(location)?;
+            redirects += 1;
+            if redirects > MAX_REDIRECTS {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "more than {MAX_REDIRECTS} redirects (a loop?), the last to {}",
+                        next.shown()
+                    ),
+                ));
+            }
+            if next.is_https() != at.is_https() {
+                // Another scheme: another proxy, and TLS.
+                client = Client::new(url, &next, opts)?;
+            }
+            at = next;
+            continue;
+        }
+        return match status {
+            206 | 416 => Ok(Opening::Ranges(Box::new(first_range(
+                client, url, at, resp, opts,
+            )?))),
+            200 => Ok(Opening::Whole(Whole::new(resp)?)),
+            _ => Err(status_error(resp.status()).into_error()),
+        };
+    }
+}
+
+/// The answer to the first range request (206, or 416 for an empty file)
+/// as an open file.
+fn first_range(
+    client: Client,
+    given: &HttpUrl,
+    url: HttpUrl,
+    mut resp: ureq::http::Response<ureq::Body>,
+    opts: &HttpOptions,
+) -> io::Result<Http> {
+    let bad = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
+    identity(&resp).map_err(Fail::into_error)?;
+    let value = header(&resp, "content-range").unwrap_or("");
+    let (len, last) = match (resp.status().as_u16(), ContentRange::parse(value)) {
+        (416, Some(ContentRange::Unsatisfied { complete: 0 })) => (0, None),
+        (
+            206,
+            Some(ContentRange::Bytes {
+                first: 0,
+                last,
+                complete: Some(len),
+            }),
+        ) if last == len.min(HEAD) - 1 => (len, Some(last)),
+        (status, _) => {
+            return Err(bad(format!(
+                "the server answered the first {HEAD} bytes with {status} and Content-Range '{}'",
+                value.escape_debug()
+            )));
+        }
+    };
+    let version = Version {
+        len,
+        etag: header(&resp, "etag").and_then(ETag::parse),
+        last_modified: header(&resp, "last-modified").map(str::to_string),
+    };
+    let mut head = vec![0u8; last.map_or(0, |l| l as usize + 1)];
+    if last.is_some() {
+        let deadline = opts.timeout.map(|t| Instant::now() + t);
+        read_body(
+            &mut resp.body_mut().as_reader(),
+            &mut head,
+            deadline,
+            opts.timeout,
+        )
+        .map_err(Fail::into_error)?;
+    }
+    Ok(Http {
+        client,
+        url: given.clone(),
+        target: url,
+        context: None,
+        version,
+        head,
+        retries: opts.retries,
+    })
+}
+
+impl Storage for Http {
+    fn len(&self) -> u64 {
+        self.version.len
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match offset.checked_add(buf.len() as u64) {
+            Some(end) if end <= self.version.len => self.fetch(buf, offset),
+            _ => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "read of {} bytes at offset {offset:#x} is past the end ({:#x} bytes)",
+                    buf.len(),
+                    self.version.len
+                ),
+            )),
+        }
+    }
+
+    fn remote_files(&self) -> Vec<RemoteFile> {
+        vec![self.remote_file()]
+    }
+
+    fn default_io_depth(&self, read_size: usize) -> Option<usize> {
+        Some(Source::default_io_depth(self, read_size))
+    }
+
+    fn bytes_in_flight(&self) -> Option<usize> {
+        Source::bytes_in_flight(self)
+    }
+}
+
+impl Source for Http {
+    fn format(&self) -> &str {
+        "raw"
+    }
+
+    /// The length rounded up to 512, as QEMU sees a raw file.
+    fn size(&self) -> u64 {
+        self.version.len.next_multiple_of(512)
+    }
+
+    fn rounded(&self) -> Option<crate::Rounded> {
+        (self.size() != self.version.len).then_some(crate::Rounded {
+            file_size: self.version.len,
+            size: self.size(),
+        })
+    }
+
+    /// All data (a server says nothing of holes); the rounding's tail a hole.
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        let end = offset + len;
+        let kind = if offset < self.version.len {
+            ExtentKind::Data
+        } else {
+            ExtentKind::Hole
+        };
+        let stop = if kind == ExtentKind::Data {
+            end.min(self.version.len)
+        } else {
+            end
+        };
+        Ok(vec![Extent {
+            offset,
+            len: stop - offset,
+            kind,
+        }])
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let in_file = (self.version.len.saturating_sub(offset) as usize).min(buf.len());
+        let (head, tail) = buf.split_at_mut(in_file);
+        tail.fill(0);
+        self.fetch(head, offset)
+    }
+
+    /// Up to 64 reads in flight, 16 MiB of them ([`Source::bytes_in_flight`]):
+    /// latency, not the digest threads, bounds a file across a network, and
+    /// a small read waits as long as a large one.
+    fn default_io_depth(&self, read_size: usize) -> usize {
+        let _ = read_size;
+        HTTP_READS_IN_FLIGHT
+    }
+
+    fn bytes_in_flight(&self) -> Option<usize> {
+        Some(HTTP_BYTES_IN_FLIGHT)
+    }
+
+    fn remote_files(&self) -> Vec<RemoteFile> {
+        vec![self.remote_file()]
+    }
+}
+
+/// What identifies the version of a file read over HTTP(S), for a record
+/// that must tell it from another ([`Source::remote_files`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteFile {
+    /// Its URL without user, password, query or fragment
+    /// ([`HttpUrl::recorded`]).
+    pub url: String,
+    /// Its length in bytes.
+    pub size: u64,
+    /// Its entity tag, with quotes (and `W/` if weak), if it had one.
+    pub etag: Option<String>,
+    /// Its `Last-Modified` date, if it had one.
+    pub last_modified: Option<String>,
+}
+
+/// The whole file, from a server that does not answer ranges: read once,
+/// start to end, then padded with zeros to a multiple of 512 as a raw file
+/// of that length is hashed. A body shorter or longer than its
+/// `Content-Length` is an error.
+pub struct Whole {
+    body: ureq::BodyReader<'static>,
+    len: Option<u64>,
+    got: u64,
+    /// Zeros still to give after the body.
+    pad: Option<u64>,
+}
+
+impl Whole {
+    fn new(resp: ureq::http::Response<ureq::Body>) -> io::Result<Whole> {
+        identity(&resp).map_err(Fail::into_error)?;
+        let len = header(&resp, "content-length").and_then(|n| n.parse().ok());
+        Ok(Whole {
+            body: resp.into_body().into_reader(),
+            len,
+            got: 0,
+            pad: None,
+        })
+    }
+}
+
+impl Read for Whole {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(pad) = &mut self.pad {
+            let n = (*pad).min(buf.len() as u64) as usize;
+            buf[..n].fill(0);
+            *pad -= n as u64;
+            return Ok(n);
+        }
+        let n = self.body.read(buf)?;
+        self.got += n as u64;
+        if let Some(len) = self
+            .len
+            .filter(|&l| self.got > l || (n == 0 && self.got < l))
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "the reply has {} bytes where its Content-Length says {len}",
+                    self.got
+                ),
+            ));
+        }
+        if n == 0 {
+            self.pad = Some(self.got.next_multiple_of(512) - self.got);
+            return self.read(buf);
+        }
+        Ok(n)
+    }
+}
+
+/// Open the image at `url` as [`crate::open`] does.
+pub(crate) fn open(name: &str, opts: &crate::OpenOptions) -> io::Result<crate::Input> {
+    use crate::{Format, Input};
+    let url = HttpUrl::parse(name)?;
+    let http = match open_url(&url, &opts.http)? {
+        Opening::Ranges(h) => *h,
+        Opening::Whole(whole) => return open_whole(whole, opts.format),
+    };
+    let format = match opts.format {
+        Some(f) => f,
+        None => probe(&http)?,
+    };
+    match format {
+        Format::Raw => Ok(Input::Image(Box::new(http))),
+        Format::Qcow2 => {
+            let mut chain = vec![http.url().recorded()];
+            let image = crate::qcow2::open_remote(std::sync::Arc::new(http), opts, &mut chain)?;
+            Ok(Input::Image(Box::new(image)))
+        }
+        Format::Qemu(f) => Err(other_format(f)),
+    }
+}
+
+/// A format read through QEMU (vmdk, vdi...), which is not read over HTTP.
+fn other_format(f: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "a {f} image: over HTTP(S) only raw and qcow2 images are read; download it \
+             (curl -o FILE URL) and hash FILE, or convert it to qcow2 where it is published"
+        ),
+    )
+}
+
+/// The format of a file with ranges, from its first bytes (and its last
+/// 512, for the formats QEMU tells by a trailer), as a file's is probed.
+fn probe(http: &Http) -> io::Result<crate::Format> {
+    use crate::Format;
+    let head = &http.head[..http.head.len().min(512)];
+    if crate::qcow2::probe_bytes(head) {
+        return Ok(Format::Qcow2);
+    }
+    let len = http.version.len;
+    let tail = |at: u64, n: usize| {
+        let mut b = vec![0u8; n];
+        http.fetch(&mut b, at).ok().map(|()| b)
+    };
+    match crate::qemu::probe_bytes(head, len, tail)? {
+        Some(f) => Ok(Format::Qemu(f)),
+        None => Ok(Format::Raw),
+    }
+}
+
+/// A whole-file reply as an input: raw bytes, as a stream; anything that
+/// needs ranges refused.
+fn open_whole(mut whole: Whole, format: Option<crate::Format>) -> io::Result<crate::Input> {
+    use crate::Format;
+    let mut head = Vec::with_capacity(512);
+    (&mut whole).take(512).read_to_end(&mut head)?;
+    let probed = if crate::qcow2::probe_bytes(&head) {
+        Some(Format::Qcow2)
+    } else {
+        crate::qemu::probe_bytes(&head, 0, |_, _| None)?.map(Format::Qemu)
+    };
+    match format.or(probed) {
+        Some(Format::Qcow2) => Err(no_ranges("the image")),
+        Some(Format::Qemu(f)) => Err(other_format(f)),
+        _ => Ok(crate::Input::Stream(Box::new(
+            io::Cursor::new(head).chain(whole),
+        ))),
+    }
+}
+
+/// Open `url`, a file a remote image names (`what`: "backing file"...),
+/// with ranges, its errors named as that file's.
+pub(crate) fn open_below(url: &HttpUrl, opts: &HttpOptions, what: &str) -> io::Result<Http> {
+    let ctx = format!("{what} '{}'", url.shown());
+    let mut http =
+        Http::open(url, opts).map_err(|e| io::Error::new(e.kind(), format!("{ctx}: {e}")))?;
+    http.set_context(ctx);
+    Ok(http)
+}
+
+/// Whether `http` starts with a qcow2 header, from the bytes it holds.
+pub(crate) fn is_qcow2(http: &Http) -> bool {
+    crate::qcow2::probe_bytes(&http.head[..http.head.len().min(8)])
+}
+
+#[cfg(feature = "fuzzing")]
+/// Fuzz entry point: parse `data` as a server's `Content-Range`, `ETag`
+/// and `Last-Modified` values and check a reply of them against a version;
+/// panics if a parse breaks its contract. Not API.
+pub fn fuzz_reply(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let mut parts = text.splitn(4, '\n');
+    let (cr, etag, lm) = (parts.next(), parts.next(), parts.next());
+    if let Some(cr) = cr
+        && let Some(r) = ContentRange::parse(cr)
+    {
+        match r {
+            ContentRange::Bytes {
+                first,
+                last,
+                complete,
+            } => {
+                assert!(first <= last);
+                assert!(complete.is_none_or(|c| last < c));
+            }
+            ContentRange::Unsatisfied { .. } => {}
+        }
+        assert_eq!(ContentRange::parse(&r.to_string()), Some(r));
+    }
+    if let Some(e) = etag.and_then(ETag::parse) {
+        assert_eq!(ETag::parse(&e.value()), Some(e.clone()));
+    }
+    let version = Version {
+        len: 1 << 20,
+        etag: etag.and_then(ETag::parse),
+        last_modified: lm.map(str::to_string),
+    };
+    let _ = version.condition();
+    assert_eq!(version.differs(etag, lm), None);
+    let _ = check_range(&version, 0, 4095, cr, etag, lm);
+}

@@ -1,0 +1,586 @@
+//! HTTP(S) URLs against real servers: nginx (plain and TLS with
+//! certificates made here), Python's http.server (no ranges), and
+//! testkit's hostile server. Every checksum is blksum's of the same file;
+//! nginx's access log shows what was fetched; every bad server ends in
+//! exit 1 with the URL and the reason, no checksum, no hang.
+
+mod common;
+
+use common::qemu::{create_qcow2, run_timeout};
+use common::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use testkit::http::{
+    ConnectProxy, Hostile, Logged, Misbehave, Nginx, PythonServer, Tls, have_nginx,
+};
+use testkit::tools::{qemu_img, qemu_img_in, qemu_io, qemu_io_in};
+
+/// Far above any run here: a hang fails the test.
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn ready() -> bool {
+    have_nginx() && require(&["qemu-img", "qemu-io"])
+}
+
+/// blksum ARGS, which must succeed; its standard output.
+fn sums(args: &[&str]) -> String {
+    let out = run_timeout(args, None, LIMIT);
+    assert!(out.status.success(), "blksum {args:?}: {}", stderr(&out));
+    stdout(&out)
+}
+
+/// The checksum blksum prints for `args`.
+fn checksum(args: &[&str]) -> String {
+    sums(args).split_whitespace().next().unwrap().to_string()
+}
+
+/// blksum ARGS, which must fail with exit 1 and no checksum; its stderr.
+fn fails(args: &[&str]) -> String {
+    let out = run_timeout(args, None, LIMIT);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "blksum {args:?}: {err}");
+    assert!(out.stdout.is_empty(), "checksum printed: {}", stdout(&out));
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+/// `qemu-img convert -f raw -O qcow2 OPTS RAW OUT`.
+fn to_qcow2(raw: &Path, out: &Path, opts: &[&str]) {
+    let (raw, out) = (raw.to_str().unwrap(), out.to_str().unwrap());
+    qemu_img(
+        &[
+            &["convert", "-q", "-f", "raw", "-O", "qcow2"],
+            opts,
+            &[raw, out],
+        ]
+        .concat(),
+    );
+}
+
+/// `qemu-img create -f qcow2 -b BACKING -F FMT NAME` in `dir`: the backing
+/// file named relative to the overlay.
+fn overlay(dir: &Path, name: &str, backing: &str, fmt: &str) {
+    qemu_img_in(
+        dir,
+        &[
+            "create", "-q", "-f", "qcow2", "-b", backing, "-F", fmt, name,
+        ],
+    );
+}
+
+/// Images made by qemu-img and qemu-io in `dir`, by name: raw (with a
+/// tail not a multiple of 512), qcow2, compressed, extended L2, a backing
+/// chain by relative name (qcow2 on qcow2 on raw), and an external data
+/// file.
+fn images(dir: &Path) -> Vec<&'static str> {
+    let raw = image(dir, "disk.raw", "1m:r 2m:- 1m:t 512k:0 700000:r");
+    to_qcow2(&raw, &dir.join("disk.qcow2"), &[]);
+    to_qcow2(&raw, &dir.join("zlib.qcow2"), &["-c"]);
+    to_qcow2(
+        &raw,
+        &dir.join("ext.qcow2"),
+        &["-o", "extended_l2=on,cluster_size=128k"],
+    );
+    std::fs::copy(&raw, dir.join("base.raw")).unwrap();
+    overlay(dir, "mid.qcow2", "base.raw", "raw");
+    qemu_io(&dir.join("mid.qcow2"), "qcow2", &["write -P 0x11 64k 128k"]);
+    overlay(dir, "top.qcow2", "mid.qcow2", "qcow2");
+    qemu_io(
+        &dir.join("top.qcow2"),
+        "qcow2",
+        &["write -P 0x22 1m 64k", "write -z 3m 64k"],
+    );
+    qemu_img_in(
+        dir,
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            "data_file=ext.data",
+            "data.qcow2",
+            "4m",
+        ],
+    );
+    qemu_io_in(
+        dir,
+        &dir.join("data.qcow2"),
+        "qcow2",
+        &["write -P 0x33 512k 1m"],
+    );
+    vec![
+        "disk.raw",
+        "disk.qcow2",
+        "zlib.qcow2",
+        "ext.qcow2",
+        "top.qcow2",
+        "data.qcow2",
+    ]
+}
+
+#[test]
+fn every_format_over_http_and_https_is_the_file_s_checksum() {
+    if !(ready() && require(&["certtool"])) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let names = images(&www);
+    let pki = testkit::nbd::make_pki(&dir.path().join("pki"));
+    let plain = Nginx::start(&www, None, "");
+    let tls = tls_nginx(&www, &pki, None, "");
+    let ca = pki.ca_only.to_str().unwrap().to_string();
+    for opts in [
+        &["-d", "sha256"][..],
+        &["-d", "blake3", "--block-size", "1m"],
+        &["-d", "sha1", "--block-size", "4k"],
+    ] {
+        for name in &names {
+            let file = www.join(name);
+            let want = checksum(&[opts, &[file.to_str().unwrap()]].concat());
+            let url = format!("{}/{name}", plain.url);
+            assert_eq!(
+                checksum(&[opts, &[url.as_str()]].concat()),
+                want,
+                "{url} {opts:?}"
+            );
+            let url = format!("{}/{name}", tls.url);
+            let got = checksum(&[opts, &["--tls-certificates", &ca, &url]].concat());
+            assert_eq!(got, want, "{url} {opts:?}");
+        }
+    }
+    // Several URLs at once, in a check list, tagged, in JSON.
+    let a = format!("{}/disk.qcow2", plain.url);
+    let b = format!("{}/top.qcow2", tls.url);
+    let list = sums(&["--tag", "--tls-certificates", &ca, "-j", "2", &a, &b]);
+    assert!(
+        list.contains(&format!("({a})")) && list.contains(&format!("({b})")),
+        "{list}"
+    );
+    std::fs::write(dir.path().join("SUMS"), &list).unwrap();
+    let checked = sums(&[
+        "-c",
+        "--tls-certificates",
+        &ca,
+        dir.path().join("SUMS").to_str().unwrap(),
+    ]);
+    assert_eq!(checked, format!("{a}: OK\n{b}: OK\n"));
+    let json: serde_json::Value = serde_json::from_str(&sums(&["--json", &a])).unwrap();
+    assert_eq!(json["inputs"][0]["name"], a.as_str());
+    assert_eq!(json["inputs"][0]["format"], "qcow2");
+    // A client certificate the server asks for.
+    let strict = tls_nginx(&www, &pki, Some(&pki.ca_only), "");
+    let url = format!("{}/disk.qcow2", strict.url);
+    let want = checksum(&[www.join("disk.qcow2").to_str().unwrap()]);
+    let client = pki.client.to_str().unwrap();
+    assert_eq!(checksum(&["--tls-certificates", client, &url]), want);
+    let err = fails(&["--tls-certificates", &ca, &url]);
+    assert!(err.contains(&url) && err.contains("HTTP 400"), "{err}");
+    // Another CA: the certificate is not trusted.
+    let err = fails(&["--tls-certificates", pki.wrong_ca.to_str().unwrap(), &b]);
+    assert!(err.contains("certificate verify failed"), "{err}");
+}
+
+/// nginx serving `www` over TLS with the server certificate of `pki`,
+/// asking clients for one signed by `client_ca` if given.
+fn tls_nginx(
+    www: &Path,
+    pki: &testkit::nbd::Pki,
+    client_ca: Option<&Path>,
+    locations: &str,
+) -> Nginx {
+    let tls = Tls {
+        server: &pki.server,
+        client_ca,
+    };
+    Nginx::start(www, Some(tls), locations)
+}
+
+/// The ranges nginx sent for `uri`, checked to be disjoint.
+fn fetched(log: &[Logged], uri: &str) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = log
+        .iter()
+        .filter(|l| l.uri == uri)
+        .map(|l| {
+            assert_eq!(l.status, 206, "{l:?}");
+            let (a, b) = l.range.expect("a range request");
+            assert_eq!(b - a + 1, l.bytes, "{l:?}");
+            (a, b)
+        })
+        .collect();
+    ranges.sort();
+    for w in ranges.windows(2) {
+        assert!(w[0].1 < w[1].0, "a byte fetched twice: {w:?}");
+    }
+    ranges
+}
+
+#[test]
+fn a_qcow2_image_is_fetched_as_its_clusters_and_metadata_only() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("snap.qcow2");
+    create_qcow2(&img, &[], "256m");
+    // 4 MiB the snapshot holds, then overwritten: the active layer's
+    // clusters are new ones; the snapshot's (0xaa) must never be fetched.
+    let mut writes: Vec<String> = (0..64)
+        .map(|i| format!("write -P 0xaa {}k 64k", i * 1024))
+        .collect();
+    qemu_io(
+        &img,
+        "qcow2",
+        &writes.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    qemu_img(&["snapshot", "-c", "s1", img.to_str().unwrap()]);
+    writes = (0..64)
+        .map(|i| format!("write -P 0xbb {}k 64k", i * 1024))
+        .collect();
+    writes.extend((0..32).map(|i| format!("write -P {} {}k 64k", i + 1, 100 * 1024 + i * 3072)));
+    qemu_io(
+        &img,
+        "qcow2",
+        &writes.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let nginx = Nginx::start(dir.path(), None, "");
+    let url = format!("{}/snap.qcow2", nginx.url);
+    assert_eq!(checksum(&[&url]), checksum(&[img.to_str().unwrap()]));
+    let ranges = fetched(&nginx.log(), "/snap.qcow2");
+    let file = std::fs::read(&img).unwrap();
+    let cluster = 64 << 10;
+    // The active layer's data: 96 clusters of 64 KiB (qemu-img map).
+    let map: serde_json::Value =
+        serde_json::from_slice(&qemu_img(&["map", "--output=json", img.to_str().unwrap()]).stdout)
+            .unwrap();
+    let data: u64 = map
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["data"] == true)
+        .map(|e| e["length"].as_u64().unwrap())
+        .sum();
+    assert_eq!(data, 96 * cluster);
+    let sent: u64 = ranges.iter().map(|(a, b)| b - a + 1).sum();
+    // Metadata: the header cluster, the L1 table, an L2 table per 512 MiB.
+    assert!(
+        sent <= data + 3 * cluster,
+        "{sent} bytes fetched for {data} bytes of data"
+    );
+    for (a, b) in &ranges {
+        for c in (a / cluster..=b / cluster).map(|c| (c * cluster) as usize) {
+            let whole = &file[c..(c + cluster as usize).min(file.len())];
+            assert!(
+                !whole.iter().all(|&x| x == 0xaa),
+                "the snapshot's cluster at {c} was fetched"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_server_without_ranges_streams_raw_and_refuses_qcow2() {
+    if !require(&["python3", "qemu-img"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let raw = image(dir.path(), "odd.raw", "1m:r 1m:- 1000:t");
+    let s = raw.to_str().unwrap();
+    to_qcow2(&raw, &dir.path().join("d.qcow2"), &[]);
+    let server = PythonServer::start(dir.path());
+    let url = format!("{}/odd.raw", server.url);
+    // Padded to 512 as the file is: the file's checksum, not the pipe's.
+    assert_eq!(checksum(&[&url]), checksum(&[s]));
+    let err = fails(&[&format!("{}/d.qcow2", server.url)]);
+    assert!(err.contains("does not answer range requests"), "{err}");
+    let err = fails(&["-f", "qcow2", &url]);
+    assert!(err.contains("does not answer range requests"), "{err}");
+}
+
+/// 1 MiB of pseudo-random bytes: more than the first request's 64 KiB.
+fn data() -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..1 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The checksum of `data` as a file.
+fn file_checksum(dir: &Path, data: &[u8]) -> String {
+    let p: PathBuf = dir.join("same.img");
+    std::fs::write(&p, data).unwrap();
+    checksum(&[p.to_str().unwrap()])
+}
+
+#[test]
+fn every_bad_server_is_an_error_naming_the_url() {
+    let cases: &[(Misbehave, &[&str], &str)] = &[
+        (Misbehave::NoContentRange, &[], "without Content-Range"),
+        (Misbehave::WrongContentRange, &[], "the server sent bytes"),
+        (
+            Misbehave::ShortBody,
+            &["--retries", "1"],
+            "2 tries failed, the last: the reply ended after",
+        ),
+        (Misbehave::LongBody, &[], "Content-Length"),
+        (Misbehave::EndlessBody, &[], "longer than the"),
+        (
+            Misbehave::Trickle,
+            &["--timeout", "1", "--retries", "0"],
+            "took more than 1 seconds",
+        ),
+        (
+            Misbehave::Silent,
+            &["--timeout", "1", "--retries", "0"],
+            "1 try failed",
+        ),
+        (Misbehave::RedirectLoop, &[], "more than 10 redirects"),
+        (Misbehave::HugeHeaders, &[], "larger than 64 KiB"),
+        (Misbehave::Status(404), &[], "HTTP 404 Not Found"),
+        (Misbehave::Status(403), &[], "HTTP 403 Forbidden"),
+        (
+            Misbehave::Status(500),
+            &[],
+            "HTTP 500 Internal Server Error",
+        ),
+        (
+            Misbehave::Status(503),
+            &["--retries", "2"],
+            "3 tries failed, the last: HTTP 503",
+        ),
+        (Misbehave::ChangesAfter(3), &[], "changed while it was read"),
+        (
+            Misbehave::ChangesIgnoringConditions(3),
+            &[],
+            "changed while it was read: its ETag was \"v1\"",
+        ),
+        (Misbehave::Gzip, &[], "encoded the reply (gzip)"),
+    ];
+    for (how, opts, said) in cases {
+        let server = Hostile::start(data(), *how);
+        let args = [*opts, &["--read-size", "64k", &server.url]].concat();
+        let err = fails(&args);
+        assert!(
+            err.contains(&server.url) && err.contains(said),
+            "{how:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_server_that_drops_every_third_connection_gives_the_same_checksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = file_checksum(dir.path(), &data());
+    let server = Hostile::start(data(), Misbehave::DropEveryThird);
+    // 16 reads of 64 KiB, each on a connection of its own at first.
+    assert_eq!(checksum(&["--read-size", "64k", &server.url]), want);
+    assert!(
+        server
+            .stats
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 3
+    );
+    // A correct server: the same, and every range asked for conditionally.
+    let server = Hostile::start(data(), Misbehave::Nothing);
+    assert_eq!(checksum(&["--read-size", "64k", &server.url]), want);
+    let heads = server.stats.heads.lock().unwrap();
+    assert!(heads.len() > 1);
+    for h in &heads[1..] {
+        assert!(h.to_ascii_lowercase().contains("if-match: \"v1\""), "{h}");
+    }
+}
+
+#[test]
+fn passwords_headers_and_redirects() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(www.join("private")).unwrap();
+    std::fs::create_dir_all(www.join("bearer")).unwrap();
+    let raw = image(&www, "disk.raw", "1m:r 1m:- 100k:t");
+    let want = checksum(&[raw.to_str().unwrap()]);
+    std::fs::copy(&raw, www.join("private/disk.raw")).unwrap();
+    std::fs::copy(&raw, www.join("bearer/disk.raw")).unwrap();
+    std::fs::write(dir.path().join("htpasswd"), "me:{PLAIN}s3cret\n").unwrap();
+    let locations = format!(
+        "location /private/ {{ auth_basic \"x\"; auth_basic_user_file {}/htpasswd; }}\n\
+         location /bearer/ {{ if ($http_authorization != \"Bearer t0k\") {{ return 401; }} }}\n\
+         location = /moved.raw {{ return 302 /disk.raw; }}",
+        dir.path().display()
+    );
+    let nginx = Nginx::start(&www, None, &locations);
+    let port = nginx.port;
+    let with_pw = format!("http://me:s3cret@127.0.0.1:{port}/private/disk.raw");
+    let shown = format!("http://me:***@127.0.0.1:{port}/private/disk.raw");
+    assert_eq!(sums(&[&with_pw]), format!("{want}  {shown}\n"));
+    let json = sums(&["--json", &with_pw]);
+    assert!(json.contains(&shown) && !json.contains("s3cret"), "{json}");
+    let bad = with_pw.replace("s3cret", "wrong");
+    let err = fails(&[&bad]);
+    assert!(
+        err.contains("http://me:***@") && err.contains("HTTP 401") && !err.contains("wrong"),
+        "{err}"
+    );
+    let bearer = format!("{}/bearer/disk.raw", nginx.url);
+    assert_eq!(
+        checksum(&["--header", "Authorization: Bearer t0k", &bearer]),
+        want
+    );
+    assert!(fails(&[&bearer]).contains("HTTP 401"));
+    let err = run_timeout(&["--header", "Range: bytes=0-1", &bearer], None, LIMIT);
+    assert_eq!(err.status.code(), Some(2), "{}", stderr(&err));
+    // A redirect is followed, and ranges go to its target.
+    assert_eq!(checksum(&[&format!("{}/moved.raw", nginx.url)]), want);
+    let log = nginx.log();
+    let moved: Vec<&Logged> = log.iter().filter(|l| l.uri == "/moved.raw").collect();
+    assert_eq!(moved.len(), 1, "{log:?}");
+}
+
+#[test]
+fn https_never_redirects_to_http() {
+    if !(ready() && require(&["certtool"])) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pki = testkit::nbd::make_pki(&dir.path().join("pki"));
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    image(&www, "disk.raw", "1m:r");
+    let tls = tls_nginx(
+        &www,
+        &pki,
+        None,
+        "location = /plain.raw { return 302 http://127.0.0.1:9/disk.raw; }",
+    );
+    let url = format!("{}/plain.raw", tls.url);
+    let err = fails(&["--tls-certificates", pki.ca_only.to_str().unwrap(), &url]);
+    assert!(err.contains("from HTTPS to plain HTTP"), "{err}");
+}
+
+#[test]
+fn a_checkpoint_of_a_url_records_its_version() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let raw = image(&www, "disk.raw", "1m:r 1m:- 1m:r");
+    let s = raw.to_str().unwrap();
+    to_qcow2(&raw, &www.join("d.qcow2"), &[]);
+    let nginx = Nginx::start(&www, None, "");
+    let url = format!("{}/d.qcow2", nginx.url);
+    let ck = dir.path().join("ck");
+    let ck = ck.to_str().unwrap();
+    let want = checksum(&[s]);
+    assert_eq!(
+        checksum(&["--checkpoint", ck, "--keep-checkpoint", &url]),
+        want
+    );
+    let record = std::fs::read(ck).unwrap();
+    let text = String::from_utf8_lossy(&record);
+    assert!(text.contains(&format!("http {url} ")), "{text}");
+    // Given again: the same checksum, nothing read but the checks.
+    assert_eq!(
+        checksum(&["--checkpoint", ck, "--keep-checkpoint", &url]),
+        want
+    );
+    // Another version (nginx's ETag is its length and time): refused.
+    let f = std::fs::File::options()
+        .write(true)
+        .open(www.join("d.qcow2"))
+        .unwrap();
+    f.set_modified(std::time::SystemTime::now() + Duration::from_secs(5))
+        .unwrap();
+    drop(f);
+    let err = fails(&["--checkpoint", ck, &url]);
+    assert!(
+        err.contains("another version") && err.contains("ETag"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_schemes_are_named() {
+    for (name, scheme) in [
+        ("ndb://host/disk", "ndb"),
+        ("ftp://u:pw@host/disk.raw", "ftp"),
+    ] {
+        let err = fails(&[name]);
+        assert!(
+            err.contains(&format!(
+                "unknown URL scheme '{scheme}'; NBD URLs start with nbd://"
+            )),
+            "{err}"
+        );
+        assert!(
+            !err.contains("No such file") && !err.contains(":pw@"),
+            "{err}"
+        );
+    }
+}
+
+/// blksum ARGS with the environment `env` (proxies), which must succeed;
+/// the checksum.
+fn checksum_env(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = blksum();
+    cmd.args(args).stdin(std::process::Stdio::null());
+    for v in [
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "no_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+    ] {
+        cmd.env_remove(v);
+    }
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "blksum {args:?} {env:?}: {}",
+        stderr(&out)
+    );
+    stdout(&out).split_whitespace().next().unwrap().to_string()
+}
+
+#[test]
+fn proxies_from_the_environment_as_curl_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = file_checksum(dir.path(), &data());
+    let server = Hostile::start(data(), Misbehave::Nothing);
+    let proxy = ConnectProxy::start();
+    let url = server.url.as_str();
+    let p = proxy.url.as_str();
+    assert_eq!(checksum_env(&[url], &[("http_proxy", p)]), want);
+    let through = proxy.count();
+    assert!(through >= 1);
+    assert_eq!(checksum_env(&[url], &[("all_proxy", p)]), want);
+    assert!(proxy.count() > through);
+    let n = proxy.count();
+    // no_proxy names the host (curl's rules), HTTP_PROXY in upper case is
+    // not read for http (a CGI program's comes from a request header),
+    // https_proxy is for https URLs.
+    for env in [
+        &[("http_proxy", p), ("no_proxy", "localhost,127.0.0.1")][..],
+        &[("all_proxy", p), ("NO_PROXY", "*")],
+        &[("HTTP_PROXY", p)],
+        &[("https_proxy", p)],
+    ] {
+        assert_eq!(checksum_env(&[url], env), want, "{env:?}");
+        assert_eq!(proxy.count(), n, "{env:?}");
+    }
+}

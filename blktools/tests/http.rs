@@ -1,0 +1,106 @@
+//! blkmap, blkdiff and blksync with HTTP URLs served by a real nginx: a
+//! URL's map is the file's byte for byte (whole or in parts), blkdiff finds
+//! no difference between a URL and its file, blksync copies from a URL, and
+//! a URL as DST is refused; a misspelt scheme is named.
+
+mod common;
+
+use common::*;
+use testkit::http::{Nginx, have_nginx};
+
+#[test]
+fn maps_diffs_and_copies_from_a_url() {
+    if !(have_qemu() && have_nginx()) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let img = image(
+        &www,
+        "disk.qcow2",
+        "qcow2",
+        8 * MIB,
+        &[
+            "write -P 0x11 0 1m",
+            "write -P 0x22 5m 64k",
+            "write -z 6m 1m",
+        ],
+    );
+    sh("qemu-img", &["bitmap", "--add", s(&img), "nightly"]);
+    let nginx = Nginx::start(&www, None, "");
+    let url = format!("{}/disk.qcow2", nginx.url);
+    let at = |n: &str| dir.path().join(n);
+
+    sh(BLKMAP, &[s(&img), s(&at("file.map"))]);
+    sh(BLKMAP, &[&url, s(&at("url.map"))]);
+    assert_eq!(
+        std::fs::read(at("file.map")).unwrap(),
+        std::fs::read(at("url.map")).unwrap()
+    );
+    for k in 1..=3 {
+        sh(
+            BLKMAP,
+            &["--range", &format!("{k}/3"), &url, s(&at(&format!("p{k}")))],
+        );
+    }
+    let merged = run(
+        BLKMAP,
+        &[
+            "merge",
+            s(&at("merged.map")),
+            s(&at("p1")),
+            s(&at("p2")),
+            s(&at("p3")),
+        ],
+    );
+    assert_eq!(merged.code, 0, "{}", merged.stderr);
+    assert_eq!(
+        std::fs::read(at("merged.map")).unwrap(),
+        std::fs::read(at("file.map")).unwrap()
+    );
+    let listed = run(BLKMAP, &["bitmaps", &url]);
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    assert!(listed.stdout.contains("nightly"), "{}", listed.stdout);
+
+    let diff = run(BLKDIFF, &[&url, s(&img)]);
+    assert_eq!(diff.code, 0, "{} {}", diff.stdout, diff.stderr);
+
+    let dst = at("dst.raw");
+    let copied = run(BLKSYNC, &[&url, s(&dst)]);
+    assert_eq!(copied.code, 0, "{}", copied.stderr);
+    assert!(same(&img, &dst));
+
+    let refused = run(BLKSYNC, &[s(&img), &url]);
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(
+        refused
+            .stderr
+            .contains("an HTTP(S) URL is read here, never written"),
+        "{}",
+        refused.stderr
+    );
+    // The first byte of the served file is untouched.
+    assert_eq!(std::fs::read(&img).unwrap()[..4], *b"QFI\xfb");
+}
+
+#[test]
+fn misspelt_schemes_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.map");
+    let r = run(BLKMAP, &["ndb://host/disk", s(&out)]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("unknown URL scheme 'ndb'"),
+        "{}",
+        r.stderr
+    );
+    let r = run(BLKSYNC, &["ftp://host/disk", s(&out)]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("unknown URL scheme 'ftp'"),
+        "{}",
+        r.stderr
+    );
+    assert!(!out.exists());
+}
