@@ -850,7 +850,7 @@ mod tests {
         let mut written = then.clone();
         written.files[1].ctime = (9, 0);
         let why = then.below_image_changed(&written, "OLD").unwrap();
-        assert!(why.starts_with("/base was written after OLD"), "{why}");
+        assert!(why.starts_with("/base changed after OLD"), "{why}");
         let mut rebased = then.clone();
         rebased.files[1] = stamp("/other");
         let why = then.below_image_changed(&rebased, "OLD").unwrap();
@@ -969,7 +969,7 @@ mod tests {
         touched.files[1].ctime = (9, 0);
         assert_eq!(then.below_image_changed(&touched, "OLD"), None);
         let why = then.changed_since(&touched, "the checkpoint").unwrap();
-        assert!(why.starts_with("/d.raw was written after"), "{why}");
+        assert!(why.starts_with("/d.raw changed after"), "{why}");
     }
 
     #[test]

@@ -189,8 +189,8 @@ fn backing_file_written() {
     let (base, top, old) = overlay(d);
     let synced = Synced::new(d, s(&top));
     write(&base, "qcow2", &["write -P 0x77 6M 64k"]);
-    refused(d, &old, s(&top), &["base.qcow2", "was written after"]);
-    synced.refused(s(&top), &["base.qcow2", "was written after"]);
+    refused(d, &old, s(&top), &["base.qcow2", "changed after"]);
+    synced.refused(s(&top), &["base.qcow2", "changed after"]);
     let Some(server) = qemu_nbd(d, &top, &["--read-only", "-B", "b"]) else {
         return;
     };

@@ -175,7 +175,7 @@ def test_changes_no_bitmap_records_are_refused(disk, tmp_path):
     d.mkdir()
     backing, top, old = overlay(d)
     qemu_io(backing, "write -P 7 6M 64k")
-    refused(top, old, out, "base.qcow2 was written after")
+    refused(top, old, out, "base.qcow2 changed after")
 
     d = tmp_path / "rebase"
     d.mkdir()
