@@ -232,6 +232,13 @@ pub(crate) fn with_map(
         Some(Some(h)) => h,
         _ => return copy(file, offset, len, f),
     };
+    // Start reading what is not cached as one request: a range alone (the
+    // scattered clusters of a qcow2 image, a bitmap's dirty blocks) gets
+    // no readahead, and populating it would fault it in 64 KiB at a time
+    // (81 scattered MiB from a cold cache: 1.0 s against 0.41 s with
+    // pread). Cached pages make this a lookup. Only advice: an error
+    // changes nothing that follows.
+    let _ = map.advise(Advice::WillNeed);
     // Read in what is not cached and fill the page tables in one call,
     // instead of one fault per 16 pages. EFAULT: pages past the end of the
     // file. EINVAL: a kernel before 5.14, where the pages fault in as
