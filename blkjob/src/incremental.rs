@@ -444,10 +444,13 @@ fn unmarked(ranges: &[blkmap::Range], base: &Base<'_>, bitmap: &str, why: &str) 
         .map(|r| format!("{}+{}", r.offset, r.len))
         .collect();
     let more = if ranges.len() > 8 { ", ..." } else { "" };
+    let count = match ranges.len() {
+        1 => "1 range".to_string(),
+        n => format!("{n} ranges"),
+    };
     invalid(format!(
-        "{} ranges changed since {} without bitmap '{bitmap}' marking them: {}{more}; {why}; \
+        "{count} changed since {} without bitmap '{bitmap}' marking them: {}{more}; {why}; \
          nothing written",
-        ranges.len(),
         base.name,
         shown.join(", ")
     ))
@@ -854,7 +857,7 @@ mod tests {
         let e = unmarked_change(&old, new).unwrap_err().to_string();
         assert!(
             e.contains(
-                "1 ranges changed since old.map without bitmap 'b' marking them: 102400+4096"
+                "1 range changed since old.map without bitmap 'b' marking them: 102400+4096"
             ) && e.contains("allocation"),
             "{e}"
         );
