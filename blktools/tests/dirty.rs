@@ -421,25 +421,7 @@ fn overlay_with_backing_chain() {
         size,
         &["write -P 0x11 0 12M", "write -z 12M 1M"],
     );
-    let top = d.join("top.qcow2");
-    testkit::tools::qemu_img_in(
-        d,
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            "base.qcow2",
-            "-F",
-            "qcow2",
-            "top.qcow2",
-        ],
-    );
-    write(&top, "qcow2", &["write -P 0x22 2M 1M"]);
-    bitmap(&top, &["--add"], "b");
-    let old = d.join("old.map");
-    full(s(&top), &old, &[]);
+    let (top, old) = overlay_with_bitmap(d);
     write(
         &top,
         "qcow2",

@@ -157,25 +157,7 @@ fn shrink_then_grow() {
 /// overlay, OLD made from the overlay file.
 fn overlay(d: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let base = image(d, "base.qcow2", "qcow2", 16 * MIB, &["write -P 0x11 0 12M"]);
-    let top = d.join("top.qcow2");
-    testkit::tools::qemu_img_in(
-        d,
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            "base.qcow2",
-            "-F",
-            "qcow2",
-            "top.qcow2",
-        ],
-    );
-    write(&top, "qcow2", &["write -P 0x22 2M 1M"]);
-    bitmap(&top, &["--add"], "b");
-    let old = d.join("old.map");
-    full(s(&top), &old, &[]);
+    let (top, old) = overlay_with_bitmap(d);
     (base, top, old)
 }
 

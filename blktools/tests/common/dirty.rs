@@ -105,3 +105,29 @@ pub fn bitmap(img: &Path, args: &[&str], name: &str) {
     a.extend([s(img), name]);
     sh("qemu-img", &a);
 }
+
+/// `top.qcow2` in `d`, a qcow2 overlay of `base.qcow2` there, written at
+/// 2 MiB (1 MiB of 0x22), with bitmap `b` added after; OLD (`old.map`)
+/// made from it: top, old.
+pub fn overlay_with_bitmap(d: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let top = d.join("top.qcow2");
+    testkit::tools::qemu_img_in(
+        d,
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-b",
+            "base.qcow2",
+            "-F",
+            "qcow2",
+            "top.qcow2",
+        ],
+    );
+    write(&top, "qcow2", &["write -P 0x22 2M 1M"]);
+    bitmap(&top, &["--add"], "b");
+    let old = d.join("old.map");
+    full(s(&top), &old, &[]);
+    (top, old)
+}
