@@ -268,7 +268,13 @@ print(" ".join(sorted(p["name"] for p in m["packages"]
     rm -rf "$dist/crates"
     cargo publish --dry-run --workspace --allow-dirty
     # The .crate files themselves (the same packages: nothing built again).
-    cargo package --workspace --no-verify --allow-dirty
+    # Named one by one: --workspace would package the crates that are not
+    # published too, and refuses libblkhash's path-only dependency.
+    local packages=()
+    for name in $names; do
+        packages+=(-p "$name")
+    done
+    cargo package --no-verify --allow-dirty "${packages[@]}"
     mkdir -p "$dist/crates"
     for name in $names; do
         cp "$target/package/$name-$version.crate" "$dist/crates/"
