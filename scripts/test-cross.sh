@@ -63,6 +63,26 @@ trap 'rm -rf "$tmp"' EXIT
 start=$SECONDS
 took() { printf '%dm%02ds' $(((SECONDS - $1) / 60)) $(((SECONDS - $1) % 60)); }
 
+# part NAME COMMAND...: run COMMAND in a subshell that stops at its first
+# failure, and go on to the next part whatever it gives: one failing test
+# must not hide the parts after it. The step fails at the end, naming the
+# parts that failed.
+failed=()
+part() {
+    local name=$1 t=$SECONDS rc
+    shift
+    set +e
+    (set -e; "$@")
+    rc=$?
+    set -e
+    if [ "$rc" -eq 0 ]; then
+        say "$name: ok in $(took "$t")"
+    else
+        say "$name: FAILED (exit $rc) in $(took "$t")"
+        failed+=("$name")
+    fi
+}
+
 # The whole workspace: what the arm64 packages are built from.
 cargo build --workspace --release --target "$triple"
 say "workspace built for $triple in $(took "$start")"
@@ -73,46 +93,53 @@ say "workspace built for $triple in $(took "$start")"
 # blkhash's kernel test checks they are found and used.
 # Skipped: huge_zero_range_is_cheap, a bound on time (8 TiB of zeros in
 # under a minute), which emulation says nothing about; x86_64 runs it.
-t=$SECONDS
-BLKHASH_TEST_SHA2=1 cargo test --release --target "$triple" \
+part "unit, property and vector tests under qemu-aarch64" \
+    env BLKHASH_TEST_SHA2=1 cargo test --release --no-fail-fast --target "$triple" \
     -p blkhash -p blkhash-map -p blkhash-job --tests -- --skip huge_zero_range_is_cheap
-cargo test --release --target "$triple" -p blkhash-image --lib
-cargo test --release --target "$triple" -p blksum --test vectors
-say "tests under qemu-aarch64 in $(took "$t")"
+part "blkhash-image's unit tests under qemu-aarch64" \
+    cargo test --release --no-fail-fast --target "$triple" -p blkhash-image --lib
+part "blksum's vectors under qemu-aarch64" \
+    cargo test --release --no-fail-fast --target "$triple" -p blksum --test vectors
 
 # The same blkhash tests on a CPU without the SHA-2 instructions: the
 # shim hides them from getauxval(), in the emulated program only (-E).
-t=$SECONDS
-aarch64-linux-gnu-gcc -O2 -Wall -Werror -shared -fPIC -o "$tmp/no-sha2.so" scripts/cross/no-sha2.c
-BLKHASH_TEST_SHA2=0 env "${var}_RUNNER=qemu-aarch64 -L $sysroot -E LD_PRELOAD=$tmp/no-sha2.so" \
-    cargo test --release --target "$triple" -p blkhash --tests -- --skip huge_zero_range_is_cheap
-say "blkhash's tests without the SHA-2 instructions in $(took "$t")"
+no_sha2() {
+    aarch64-linux-gnu-gcc -O2 -Wall -Werror -shared -fPIC -o "$tmp/no-sha2.so" scripts/cross/no-sha2.c
+    BLKHASH_TEST_SHA2=0 env "${var}_RUNNER=qemu-aarch64 -L $sysroot -E LD_PRELOAD=$tmp/no-sha2.so" \
+        cargo test --release --no-fail-fast --target "$triple" -p blkhash --tests -- \
+        --skip huge_zero_range_is_cheap
+}
+part "blkhash's tests without the SHA-2 instructions" no_sha2
 
 # blksum for aarch64 on real images: raw with data, holes and zeros, and
 # its qcow2 conversions (zlib- and zstd-compressed), the checksums the
 # x86_64 build prints (target/release, built by scripts/test.sh's build
 # step, else here).
-t=$SECONDS
-[ -x "$target/release/blksum" ] || cargo build --release -p blksum
-arm=$target/$triple/release/blksum
-grep -q 'ARM aarch64' <<<"$(file -L "$arm")" || fail "$arm is not an aarch64 program: $(file -L "$arm")"
-head -c 3M /dev/urandom > "$tmp/disk.raw"
-truncate -s 24M "$tmp/disk.raw"
-seq 1 300000 | dd of="$tmp/disk.raw" bs=1M seek=9 conv=notrunc status=none
-dd if=/dev/zero of="$tmp/disk.raw" bs=1M seek=16 count=2 conv=notrunc status=none
-qemu-img convert -f raw -O qcow2 "$tmp/disk.raw" "$tmp/disk.qcow2"
-qemu-img convert -c -f raw -O qcow2 "$tmp/disk.raw" "$tmp/zlib.qcow2"
-qemu-img convert -c -f raw -O qcow2 -o compression_type=zstd "$tmp/disk.raw" "$tmp/zstd.qcow2"
-for d in sha256 blake3 sha512; do
-    want=$("$target/release/blksum" -d "$d" "$tmp/disk.raw")
-    want=${want%% *}
-    for img in disk.raw disk.qcow2 zlib.qcow2 zstd.qcow2; do
-        # Run as a user runs it: the kernel hands it to qemu-aarch64 (binfmt).
-        got=$("$arm" -d "$d" "$tmp/$img")
-        [ "${got%% *}" = "$want" ] || fail "$d $img: aarch64 blksum $got, x86_64 $want"
+aarch64_blksum() {
+    [ -x "$target/release/blksum" ] || cargo build --release -p blksum
+    arm=$target/$triple/release/blksum
+    grep -q 'ARM aarch64' <<<"$(file -L "$arm")" || fail "$arm is not an aarch64 program: $(file -L "$arm")"
+    head -c 3M /dev/urandom > "$tmp/disk.raw"
+    truncate -s 24M "$tmp/disk.raw"
+    seq 1 300000 | dd of="$tmp/disk.raw" bs=1M seek=9 conv=notrunc status=none
+    dd if=/dev/zero of="$tmp/disk.raw" bs=1M seek=16 count=2 conv=notrunc status=none
+    qemu-img convert -f raw -O qcow2 "$tmp/disk.raw" "$tmp/disk.qcow2"
+    qemu-img convert -c -f raw -O qcow2 "$tmp/disk.raw" "$tmp/zlib.qcow2"
+    qemu-img convert -c -f raw -O qcow2 -o compression_type=zstd "$tmp/disk.raw" "$tmp/zstd.qcow2"
+    for d in sha256 blake3 sha512; do
+        want=$("$target/release/blksum" -d "$d" "$tmp/disk.raw")
+        want=${want%% *}
+        for img in disk.raw disk.qcow2 zlib.qcow2 zstd.qcow2; do
+            # Run as a user runs it: the kernel hands it to qemu-aarch64 (binfmt).
+            got=$("$arm" -d "$d" "$tmp/$img")
+            [ "${got%% *}" = "$want" ] || fail "$d $img: aarch64 blksum $got, x86_64 $want"
+        done
+        got=$("$arm" -d "$d" - < "$tmp/disk.raw")
+        [ "${got%% *}" = "$want" ] || fail "$d from a pipe: aarch64 blksum $got, x86_64 $want"
     done
-    got=$("$arm" -d "$d" - < "$tmp/disk.raw")
-    [ "${got%% *}" = "$want" ] || fail "$d from a pipe: aarch64 blksum $got, x86_64 $want"
-done
-say "aarch64 blksum on raw, qcow2, zlib and zstd qcow2 and a pipe: the x86_64 checksums, in $(took "$t")"
+}
+part "aarch64 blksum on raw, qcow2, zlib and zstd qcow2 and a pipe: the x86_64 checksums" aarch64_blksum
+if [ "${#failed[@]}" -gt 0 ]; then
+    fail "$(printf '%s; ' "${failed[@]}")failed, in $(took "$start")"
+fi
 say "ok in $(took "$start") (emulated: no speed figures)"
