@@ -96,8 +96,14 @@ say "workspace built for $triple in $(took "$start")"
 part "unit, property and vector tests under qemu-aarch64" \
     env BLKHASH_TEST_SHA2=1 cargo test --release --no-fail-fast --target "$triple" \
     -p blkhash -p blkhash-map -p blkhash-job --tests -- --skip huge_zero_range_is_cheap
+# Skipped: a map of a range wholly past the end of its file, which a
+# kernel refuses (MADV_POPULATE_READ: EFAULT, a touch: SIGBUS) and
+# qemu-user 7.2 reads without an error (seen: Ok where the test wants
+# the error): emulation, not aarch64. x86_64 runs it natively; the file's
+# size is also checked when a run ends (RawFile::finish).
 part "blkhash-image's unit tests under qemu-aarch64" \
-    cargo test --release --no-fail-fast --target "$triple" -p blkhash-image --lib
+    cargo test --release --no-fail-fast --target "$triple" -p blkhash-image --lib -- \
+    --skip mapped::tests::a_range_is_lent_in_place_and_a_shrunk_file_is_an_error
 part "blksum's vectors under qemu-aarch64" \
     cargo test --release --no-fail-fast --target "$triple" -p blksum --test vectors
 
