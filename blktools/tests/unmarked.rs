@@ -46,11 +46,9 @@ impl Synced {
             .collect()
     }
 
-    /// `blksync --dirty-bitmap b` from `src`, which must be refused with
-    /// every one of `words` said, DST, the state and its record untouched.
-    fn refused(&self, src: &str, words: &[&str]) {
-        let before = self.files();
-        let o = run(
+    /// `blksync --dirty-bitmap b --state STATE SRC DST`.
+    fn sync(&self, src: &str) -> Out {
+        run(
             BLKSYNC,
             &[
                 "--dirty-bitmap",
@@ -60,7 +58,14 @@ impl Synced {
                 src,
                 common::s(&self.dst),
             ],
-        );
+        )
+    }
+
+    /// `blksync --dirty-bitmap b` from `src`, which must be refused with
+    /// every one of `words` said, DST, the state and its record untouched.
+    fn refused(&self, src: &str, words: &[&str]) {
+        let before = self.files();
+        let o = self.sync(src);
         assert_eq!(o.code, 1, "blksync: {}", o.stderr);
         for w in words {
             assert!(o.stderr.contains(w), "{w:?} not in {:?}", o.stderr);
@@ -71,17 +76,7 @@ impl Synced {
     /// `blksync --dirty-bitmap b` from `src`, which must leave DST equal
     /// to SRC.
     fn updates(&self, src: &Path) {
-        let o = run(
-            BLKSYNC,
-            &[
-                "--dirty-bitmap",
-                "b",
-                "--state",
-                common::s(&self.state),
-                common::s(src),
-                common::s(&self.dst),
-            ],
-        );
+        let o = self.sync(common::s(src));
         assert_eq!(o.code, 0, "blksync: {}", o.stderr);
         assert!(same(src, &self.dst), "DST is not SRC");
     }
