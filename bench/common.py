@@ -123,6 +123,9 @@ class Sample:
     rc: int
     out: str
     err: str
+    # User + system CPU seconds of the command and the children it waited
+    # for (wait4's rusage); 0 when lost.
+    cpu: float = 0.0
 
 
 # GNU time reports the command's own peak RSS: its wait4 sees a child that
@@ -163,10 +166,10 @@ def run_once(argv, timeout):
             _, status, ru = os.wait4(p.pid, 0)
             t1 = time.perf_counter()
             rc = os.waitstatus_to_exitcode(status)
-            rss = ru.ru_maxrss
+            rss, cpu = ru.ru_maxrss, ru.ru_utime + ru.ru_stime
         except ChildProcessError:  # reaped by the timer's poll: lost rusage
             t1 = time.perf_counter()
-            rc, rss = p.wait(), 0
+            rc, rss, cpu = p.wait(), 0, 0.0
         finally:
             timer.cancel()
         if timed:
@@ -181,7 +184,7 @@ def run_once(argv, timeout):
         if killed:
             stderr += f"\nkilled after {timeout} s"
             rc = rc or -9
-        return Sample(t1 - t0, rss, rc, stdout, stderr)
+        return Sample(t1 - t0, rss, rc, stdout, stderr, cpu)
 
 
 @dataclass
@@ -219,6 +222,11 @@ class Cmd:
         return None if self.failed else statistics.median(s.seconds for s in self.samples)
 
     @property
+    def cpu(self):
+        """Median CPU seconds (user + system) of its runs."""
+        return None if self.failed else statistics.median(s.cpu for s in self.samples)
+
+    @property
     def best(self):
         return None if self.failed else min(s.seconds for s in self.samples)
 
@@ -234,6 +242,11 @@ class Cmd:
 def median_cell(cmd):
     """A command's median time for a summary table, or a dash."""
     return f"{cmd.median:.3f}" if cmd and not cmd.failed else "—"
+
+
+def cpu_cell(cmd):
+    """A command's median CPU seconds for a summary table, or a dash."""
+    return f"{cmd.cpu:.2f}" if cmd and not cmd.failed else "—"
 
 
 def ratio_cell(num, den):

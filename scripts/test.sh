@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run every test: formatting, lints, the fuzz targets' corpora, unit,
+# Run every test: formatting, lints, unit, the fuzz targets' corpora,
 # property, vector, command, documentation, C and Python tests.
 #
 # Every step runs even when an earlier one fails (one failing Rust test must
@@ -47,18 +47,12 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --workspace --all-targets --release -- -D warnings
 # The API documentation builds without a warning (a broken link, a private item).
 step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-# Every fuzz target over its corpus (the committed one and the seeds made
-# here), each input once: a regression run, a line per target here,
-# libFuzzer's whole output in target/fuzz-logs/. Fuzzing for new inputs
-# takes minutes a target: `scripts/fuzz.sh SECONDS` (FUZZ_SECONDS=60 here
-# makes this step do it). fuzz.sh installs cargo-fuzz (cargo install, into
-# ~/.cargo/bin) if it is missing, and on a stable-only toolchain sets
-# RUSTC_BOOTSTRAP=1 for its own builds, which need nightly flags (the
-# sanitizers): see its comments.
-step "fuzz regression (scripts/fuzz.sh 0)" scripts/fuzz.sh "${FUZZ_SECONDS:-0}"
 # libblkhash.so and .a, which the C tests link (cargo test builds only the rlib).
 step "cargo build" cargo build --workspace --release
 # Every test binary runs, and every failure is reported, not only the first.
+# Among them the fuzz regression: every fuzz target's committed corpus
+# through its checks, each input once (fuzz-checks; the sanitizer build and
+# fuzzing for new inputs: scripts/fuzz.sh, fuzz/README.md).
 # A hung test fails the run after 40 minutes instead of stalling CI (libtest
 # names a test running for over 60 s, which points at the hang).
 step "cargo test" timeout --kill-after=30 2400 cargo test --workspace --release --no-fail-fast

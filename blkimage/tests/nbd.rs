@@ -4,7 +4,7 @@
 //! and a server that dies or falls silent is an error saying so, in bounded
 //! time (the command adds the URL). blksum's tests run the same servers through the command.
 
-mod common;
+use crate::common;
 
 use blkimage::{ExtentKind, OpenOptions, Source};
 use common::{kinds, open_with, read_by_extents, read_plain};

@@ -6,7 +6,7 @@
 //! and our qcow2 reader's for the same image. Replies QEMU never sends come
 //! from `testkit::hostile` (the `hostile` module).
 
-mod common;
+use crate::common;
 
 use blkimage::nbd::{Nbd, NbdOptions, open_url};
 use blkimage::{BitmapInfo, Source};

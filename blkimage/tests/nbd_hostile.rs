@@ -5,7 +5,7 @@
 //! Without a misbehaviour, and with legal tiny block sizes, the export is
 //! read right.
 
-mod common;
+use crate::common;
 
 use blkhash::{Hasher, Pipeline};
 use blkimage::{AlignedBuf, OpenOptions, Source, read_image};

@@ -2,7 +2,7 @@
 //! read through our `Source` and compared with `qemu-img convert -O raw`.
 //! One or two cases per feature; blksum's tests hold the full matrix.
 
-mod common;
+use crate::common;
 
 use blkimage::{ExtentKind, Format, OpenOptions, Qcow2, Source};
 use common::{kinds, open_with, read_by_extents, read_lending, read_plain};

@@ -7,7 +7,7 @@
 // Dirty ranges are lists of byte ranges: one range alone is meant.
 #![allow(clippy::single_range_in_vec_init)]
 
-mod common;
+use crate::common;
 
 use blkimage::{BitmapInfo, OpenOptions, Qcow2, Source};
 use common::open_with;

@@ -9,7 +9,7 @@
 //! save's temporary file, a percentage on `--progress=3`), never after a
 //! sleep: the same points are hit on a fast machine and on a loaded one.
 
-mod common;
+use crate::common;
 
 use common::progress::{PROGRESS_LIMIT, spawn_with_progress};
 use common::*;

@@ -5,7 +5,7 @@
 //! and the reason, the run going on until the unsaved digests would grow
 //! past their bound.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;

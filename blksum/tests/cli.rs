@@ -1,7 +1,7 @@
 //! The command as a user runs it: several inputs, standard input, errors,
 //! exit statuses, signals, a huge sparse file, a block device.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::io::Write;

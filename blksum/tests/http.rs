@@ -4,7 +4,7 @@
 //! nginx's access log shows what was fetched; every bad server ends in
 //! exit 1 with the URL and the reason, no checksum, no hang.
 
-mod common;
+use crate::common;
 
 use common::qemu::{create_qcow2, run_timeout};
 use common::*;

@@ -4,7 +4,7 @@
 //! private qemu-nbd serves; `-U`/`--force-share` reads it anyway; and while
 //! blksum reads an image, a writer cannot open it.
 
-mod common;
+use crate::common;
 
 use common::progress::spawn_with_progress;
 use common::qemu::*;

@@ -2,7 +2,7 @@
 //! here): the checksum over NBD equals the file's; faults are errors that
 //! name the URL, with no checksum and no hang.
 
-mod common;
+use crate::common;
 
 use common::nbd::*;
 use common::qemu::qemu_img;

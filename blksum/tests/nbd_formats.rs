@@ -2,7 +2,7 @@
 //! raw image's checksum, and no qemu-nbd or temporary directory is left,
 //! after a checksum, an error, or SIGTERM.
 
-mod common;
+use crate::common;
 
 use common::nbd::{processes_with, temp_leftovers};
 use common::progress::spawn_with_progress;

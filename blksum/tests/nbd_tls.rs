@@ -4,7 +4,7 @@
 //! TLS while the URL is plain (and the reverse) are errors that name the
 //! URL, exit 1, and print no checksum.
 
-mod common;
+use crate::common;
 
 use common::nbd::*;
 use common::*;

@@ -1,7 +1,7 @@
 //! `-p` as users see it: the bar in a real terminal (tmux), the log lines
 //! without one, and `--progress=FD` as programs read it.
 
-mod common;
+use crate::common;
 
 use common::nbd::{Listen, nbdkit};
 use common::*;

@@ -10,7 +10,7 @@
 //!   ranges written by `qemu-io`;
 //! - the option refusing backing files, and encrypted images.
 
-mod common;
+use crate::common;
 
 use common::qemu::*;
 use common::*;

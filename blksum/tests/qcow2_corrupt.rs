@@ -6,7 +6,7 @@
 //! the image and the problem, within seconds (a hang is killed and fails);
 //! another input on the same command line is still hashed.
 
-mod common;
+use crate::common;
 
 use common::qemu::*;
 use common::*;

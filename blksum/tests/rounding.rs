@@ -4,7 +4,7 @@
 //! sizes, and stays quiet where sha256sum would (`--check` with `--quiet`
 //! or `--status`).
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! SIGBUS, which must end the run with exit 1 and "the file shrank while it
 //! was read", never with the signal and never with a checksum.
 
-mod common;
+use crate::common;
 
 use common::progress::spawn_with_progress;
 use common::*;

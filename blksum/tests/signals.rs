@@ -6,7 +6,7 @@
 //! after a sleep: a signal before the handlers are installed would end a
 //! slow-starting run by the default action instead.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::net::TcpListener;

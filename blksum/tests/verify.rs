@@ -1,7 +1,7 @@
 //! Verification workflows as a user runs them: --check round trips, changed
 //! and missing images, broken checksum files, --tag, --json, --jobs.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;

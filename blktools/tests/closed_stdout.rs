@@ -4,7 +4,7 @@
 //! would panic there). One handling in the command layer:
 //! `blkcli::output`.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;

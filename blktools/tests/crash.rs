@@ -9,7 +9,7 @@
 //! never a time after its start: the same points, and every run stopped
 //! before it ends, on a fast machine and on a loaded one.
 
-mod common;
+use crate::common;
 
 use blkmap::Map;
 use common::*;

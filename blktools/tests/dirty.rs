@@ -12,7 +12,7 @@
 //! and the dirty ranges as QEMU itself exports them (qemu-nbd -B and
 //! `qemu-img map` with `x-dirty-bitmap`).
 
-mod common;
+use crate::common;
 
 use blkmap::Map;
 use common::dirty::*;

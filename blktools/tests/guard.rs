@@ -2,7 +2,7 @@
 //! input, two runs writing one DST, a state that claims blocks DST does not
 //! hold because SRC was written during the run.
 
-mod common;
+use crate::common;
 
 use blkmap::Map;
 use common::*;

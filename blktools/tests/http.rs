@@ -4,7 +4,7 @@
 //! blksync copies from a URL, and a URL as DST is refused; a misspelt
 //! scheme is named.
 
-mod common;
+use crate::common;
 
 use common::*;
 use testkit::http::{Nginx, have_nginx};

@@ -1,7 +1,7 @@
 //! A LUKS SRC needs its passphrase: blkdiff and blksync take
 //! `--secret-file` as blksum does.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -2,7 +2,7 @@
 //! digests to hash: hours) stops on SIGTERM, leaving OUT as it was and no
 //! temporary file beside it.
 
-mod common;
+use crate::common;
 
 use blkhash::Algorithm;
 use common::*;

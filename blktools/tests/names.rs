@@ -2,7 +2,7 @@
 //! blkmap, blkdiff and blksync read and write such files, and print their
 //! names' bytes as they are.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::ffi::OsStr;

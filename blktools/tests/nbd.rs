@@ -5,7 +5,7 @@
 //! written on an update, zeroed blocks become holes, and exports blksync
 //! cannot make equal to SRC are refused by name.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::{Path, PathBuf};

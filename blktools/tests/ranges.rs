@@ -4,7 +4,7 @@
 //! digest, for qcow2 images and for NBD exports hashed by several clients
 //! at once; parts that do not make a map are refused, naming them.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::{Path, PathBuf};

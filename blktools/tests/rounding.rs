@@ -2,7 +2,7 @@
 //! (rounded up, the tail zeros): blkmap, blkdiff and blksync say so once
 //! per such input, naming both sizes, as blksum does (blkdiff not with -q).
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::{Path, PathBuf};

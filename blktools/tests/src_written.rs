@@ -3,7 +3,7 @@
 //! is paused (SIGSTOP) at a point the test sees, after SRC was opened and
 //! before the copy ends, SRC (or its backing file) written, and resumed.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::os::unix::fs::FileExt;

@@ -2,7 +2,7 @@
 //! `qemu-img compare` and blksum), only differing blocks are written, bad
 //! or stale states are refused without touching DST, and what DST can be.
 
-mod common;
+use crate::common;
 
 use blkmap::Map;
 use common::*;

@@ -2,7 +2,7 @@
 //! sees the size rounded down, and blkdiff agrees with `qemu-img compare`
 //! on an image and its raw conversion.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::os::unix::fs::FileExt;

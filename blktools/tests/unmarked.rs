@@ -8,7 +8,7 @@
 //! updates, reading the dirty blocks and little else, and `--json` says
 //! which checks ran.
 
-mod common;
+use crate::common;
 
 use common::dirty::*;
 use common::*;

@@ -1,7 +1,7 @@
 //! What blksync says, as people read it: dates, not epoch nanoseconds;
 //! "1 range", not "1 ranges".
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -1,16 +1,6 @@
-//! A hostile NBD server's replies to requests in flight on one connection
-//! (a read, a write, a write zeroes, a block status, a flush): the reply
-//! dispatch, not just the parsing (nbd_reply). The first byte says what was
-//! negotiated: structured replies (bit 0), base:allocation (bit 1), a dirty
-//! bitmap's context (bit 2). Errors are fine; panics, hangs and writes
-//! outside a read's buffer (the sanitizer) are not.
+//! The `nbd_transmission` target: `fuzz_checks::nbd_transmission::check` (fuzz-checks/src/nbd_transmission.rs says
+//! what it checks; `cargo test -p blkhash-fuzz-checks` replays the corpora).
 
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    if let Some((&flags, replies)) = data.split_first() {
-        blkimage::nbd::fuzz_replies(replies, flags);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| fuzz_checks::nbd_transmission::check(data));

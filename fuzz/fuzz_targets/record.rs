@@ -1,19 +1,6 @@
-//! A checkpoint's record of its image (`blkjob::record::Record::parse`)
-//! from untrusted bytes, as a damaged or crafted checkpoint holds it: a
-//! record that parses must write back to text that parses equal, and find
-//! nothing changed between itself and its copy; anything else is refused
-//! with a reason. A panic or a hang is a bug.
+//! The `record` target: `fuzz_checks::record::check` (fuzz-checks/src/record.rs says
+//! what it checks; `cargo test -p blkhash-fuzz-checks` replays the corpora).
 
 #![no_main]
 
-use blkjob::record::Record;
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    if let Ok(record) = Record::parse(data) {
-        let again = Record::parse(record.to_text().as_bytes()).expect("a written record parses");
-        assert_eq!(again, record);
-        assert!(record.changed_since(&again, "the checkpoint").is_none());
-        assert!(record.first_changed(&again).is_none());
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| fuzz_checks::record::check(data));

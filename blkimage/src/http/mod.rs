@@ -783,7 +783,7 @@ pub(crate) fn is_qcow2(http: &Http) -> bool {
     crate::qcow2::probe_bytes(&http.head[..http.head.len().min(8)])
 }
 
-#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
 /// Fuzz entry point: parse `data` as a server's `Content-Range`, `ETag`
 /// and `Last-Modified` values and check a reply of them against a version;
 /// panics if a parse breaks its contract. Not API.

@@ -284,7 +284,7 @@ impl Drop for Connection {
 /// structured replies were negotiated, bit 1 that block status was
 /// (base:allocation, context 1), bit 2 a dirty bitmap (context 2). Every
 /// outcome is fine but a panic, a hang or a write outside a read's buffer.
-#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
 pub fn fuzz_replies(replies: &[u8], flags: u8) {
     use std::io::{BufReader, Cursor, Read};
     use std::sync::Condvar;

@@ -575,17 +575,14 @@ fn export_name<S: Read + Write + SetReadTimeout>(
 }
 
 /// A server as bytes: reads come from them, writes are dropped.
-#[cfg(any(test, feature = "fuzzing"))]
 struct Scripted<'a>(&'a [u8]);
 
-#[cfg(any(test, feature = "fuzzing"))]
 impl Read for Scripted<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.0.read(buf)
     }
 }
 
-#[cfg(any(test, feature = "fuzzing"))]
 impl Write for Scripted<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         Ok(buf.len())
@@ -595,7 +592,6 @@ impl Write for Scripted<'_> {
     }
 }
 
-#[cfg(any(test, feature = "fuzzing"))]
 impl SetReadTimeout for Scripted<'_> {
     fn set_read_timeout(&mut self, _: Option<Duration>) -> io::Result<()> {
         Ok(())
@@ -603,7 +599,6 @@ impl SetReadTimeout for Scripted<'_> {
 }
 
 /// The whole handshake against `server`'s bytes.
-#[cfg(any(test, feature = "fuzzing"))]
 fn scripted(server: &[u8], starttls: bool, want: Wanted) -> io::Result<Export> {
     let mut s = Scripted(server);
     let mut t = Timed::new(&mut s, None);
@@ -621,7 +616,7 @@ fn scripted(server: &[u8], starttls: bool, want: Wanted) -> io::Result<Export> {
 /// Errors are fine; a panic, a hang or an unbounded allocation is a bug,
 /// and an accepted export must have block sizes we can honour, and the
 /// bitmap asked for, under an id of its own.
-#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
 pub fn fuzz_handshake(server: &[u8], flags: u8) {
     let want = Wanted {
         bitmap: (flags & 2 != 0).then_some("b"),

@@ -13,23 +13,22 @@
 mod connection;
 mod handshake;
 mod pending;
-// The wire format is the client's business, public only to the fuzz targets.
-// Its constants are the spec's names (doc/proto.md says what each means).
-#[cfg(feature = "fuzzing")]
+// The wire format is the client's business, public only to the fuzz checks
+// (fuzz-checks): hidden, not API. Its constants are the spec's names
+// (doc/proto.md says what each means).
+#[doc(hidden)]
 #[allow(missing_docs)]
 pub mod protocol;
-#[cfg(not(feature = "fuzzing"))]
-mod protocol;
 mod replies;
 mod source;
 pub(crate) mod tls;
 mod transport;
 mod url;
 
-// Fuzz entry points: not API, only built for the fuzz targets.
-#[cfg(feature = "fuzzing")]
+// Fuzz entry points (fuzz-checks): hidden, not API.
+#[doc(hidden)]
 pub use connection::fuzz_replies;
-#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
 pub use handshake::fuzz_handshake;
 pub use source::{Nbd, NbdOptions};
 pub use tls::NoCaCertificates;

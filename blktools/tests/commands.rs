@@ -1,0 +1,24 @@
+//! blkmap's, blkdiff's and blksync's command tests: each file a module, one
+//! test binary (a binary per file made the test build link dozens of them).
+
+mod common;
+
+mod cli;
+mod closed_stdout;
+mod crash;
+mod dirty;
+mod guard;
+mod http;
+mod limits;
+mod luks;
+mod manual;
+mod merge_signals;
+mod names;
+mod nbd;
+mod ranges;
+mod rounding;
+mod src_written;
+mod sync;
+mod unaligned;
+mod unmarked;
+mod wording;
