@@ -45,8 +45,9 @@
 #
 # The debs and the wheel reuse the release build in target/ (or
 # CARGO_TARGET_DIR) that scripts/test.sh and scripts/install.sh make: after
-# those, only what changed is rebuilt; the arm64 debs reuse
-# target/aarch64-unknown-linux-gnu/release of scripts/test-cross.sh. Tools:
+# those, only what changed is rebuilt; the arm64 debs are built into
+# target/aarch64-unknown-linux-gnu/release (scripts/test-cross.sh builds
+# its own profile, cross-test). Tools:
 # scripts/setup.sh installs debhelper, lintian, rpm, the aarch64 cross
 # compiler, qemu-user and musl-tools; maturin, ziglang and cargo-zigbuild
 # are installed here, into a venv under target/.

@@ -21,9 +21,11 @@
 # qemu-user-binfmt (binfmt_misc mounted, the qemu-aarch64 handler
 # enabled), and the Rust target (rustup target add
 # aarch64-unknown-linux-gnu). Without one of them it fails, saying which.
-# The build shares target/ (or CARGO_TARGET_DIR) with the release build:
-# target/aarch64-unknown-linux-gnu/release, which the arm64 debs of
-# scripts/package.sh reuse.
+# Built with the cross-test profile (Cargo.toml: release without its
+# link-time optimization: emulation measures nothing, and those links were
+# most of this step's time), in target/aarch64-unknown-linux-gnu/cross-test;
+# the arm64 packages (scripts/package.sh) are built with the release
+# profile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -84,7 +86,8 @@ part() {
 }
 
 # The whole workspace: what the arm64 packages are built from.
-cargo build --workspace --release --target "$triple"
+profile=cross-test
+cargo build --workspace --profile "$profile" --target "$triple"
 say "workspace built for $triple in $(took "$start")"
 
 # Unit, property and vector tests (--tests: the library's unit tests and the
@@ -94,7 +97,7 @@ say "workspace built for $triple in $(took "$start")"
 # Skipped: huge_zero_range_is_cheap, a bound on time (8 TiB of zeros in
 # under a minute), which emulation says nothing about; x86_64 runs it.
 part "unit, property and vector tests under qemu-aarch64" \
-    env BLKHASH_TEST_SHA2=1 cargo test --release --no-fail-fast --target "$triple" \
+    env BLKHASH_TEST_SHA2=1 cargo test --profile "$profile" --no-fail-fast --target "$triple" \
     -p blkhash -p blkhash-map -p blkhash-job --tests -- --skip huge_zero_range_is_cheap
 # Skipped: a map of a range wholly past the end of its file, which a
 # kernel refuses (MADV_POPULATE_READ: EFAULT, a touch: SIGBUS) and
@@ -102,17 +105,17 @@ part "unit, property and vector tests under qemu-aarch64" \
 # the error): emulation, not aarch64. x86_64 runs it natively; the file's
 # size is also checked when a run ends (RawFile::finish).
 part "blkhash-image's unit tests under qemu-aarch64" \
-    cargo test --release --no-fail-fast --target "$triple" -p blkhash-image --lib -- \
+    cargo test --profile "$profile" --no-fail-fast --target "$triple" -p blkhash-image --lib -- \
     --skip mapped::tests::a_range_is_lent_in_place_and_a_shrunk_file_is_an_error
 part "blksum's vectors under qemu-aarch64" \
-    cargo test --release --no-fail-fast --target "$triple" -p blksum --test vectors
+    cargo test --profile "$profile" --no-fail-fast --target "$triple" -p blksum --test vectors
 
 # The same blkhash tests on a CPU without the SHA-2 instructions: the
 # shim hides them from getauxval(), in the emulated program only (-E).
 no_sha2() {
     aarch64-linux-gnu-gcc -O2 -Wall -Werror -shared -fPIC -o "$tmp/no-sha2.so" scripts/cross/no-sha2.c
     BLKHASH_TEST_SHA2=0 env "${var}_RUNNER=qemu-aarch64 -L $sysroot -E LD_PRELOAD=$tmp/no-sha2.so" \
-        cargo test --release --no-fail-fast --target "$triple" -p blkhash --tests -- \
+        cargo test --profile "$profile" --no-fail-fast --target "$triple" -p blkhash --tests -- \
         --skip huge_zero_range_is_cheap
 }
 part "blkhash's tests without the SHA-2 instructions" no_sha2
@@ -123,7 +126,7 @@ part "blkhash's tests without the SHA-2 instructions" no_sha2
 # step, else here).
 aarch64_blksum() {
     [ -x "$target/release/blksum" ] || cargo build --release -p blksum
-    arm=$target/$triple/release/blksum
+    arm=$target/$triple/$profile/blksum
     grep -q 'ARM aarch64' <<<"$(file -L "$arm")" || fail "$arm is not an aarch64 program: $(file -L "$arm")"
     head -c 3M /dev/urandom > "$tmp/disk.raw"
     truncate -s 24M "$tmp/disk.raw"
