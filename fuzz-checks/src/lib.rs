@@ -4,7 +4,9 @@
 //! replays every committed corpus input through them in the ordinary test
 //! build (`cargo test -p blkhash-fuzz-checks`), so the test command runs the
 //! regression without building the fuzz workspace. Each `check` panics on a
-//! bug; errors from the code under test are expected and fine.
+//! bug; errors from the code under test are expected and fine. A module per
+//! target, named as its `fuzz/fuzz_targets/` file and its corpus,
+//! `fuzz/seeds/TARGET/`.
 
 pub mod blkmap;
 pub mod check_file;
@@ -15,19 +17,3 @@ pub mod nbd_transmission;
 pub mod qcow2;
 pub mod record;
 pub mod state;
-
-/// A target's check of one input.
-pub type Check = fn(&[u8]);
-
-/// Every target by name (its corpus is `fuzz/seeds/NAME/`) and its check.
-pub const TARGETS: &[(&str, Check)] = &[
-    ("qcow2", qcow2::check),
-    ("nbd_reply", nbd_reply::check),
-    ("nbd_transmission", nbd_transmission::check),
-    ("nbd_handshake", nbd_handshake::check),
-    ("blkmap", blkmap::check),
-    ("check_file", check_file::check),
-    ("state", state::check),
-    ("record", record::check),
-    ("http_reply", http_reply::check),
-];
