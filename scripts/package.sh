@@ -36,6 +36,13 @@
 #             completions, the licenses and a README. x86_64 needs musl-gcc
 #             (musl-tools) for the C parts; aarch64 is built with
 #             cargo-zigbuild and zig (from PyPI, into a venv here).
+#   --static-profile=NAME
+#             the static tarballs built with cargo profile NAME instead of
+#             release, into target/dist-NAME/ (never dist/: not what is
+#             shipped). The test command's static step checks one built
+#             with the quick profile (release without link-time optimization:
+#             static linking and what the commands compute do not depend
+#             on it, and those links were most of that step's time).
 #   --all     --deb, --wheel, --crates, --rpm (this machine's architecture).
 #   --release everything a release holds: dist/ emptied, then --deb,
 #             --deb-arm64, --wheel, --wheel-arm64, --crates, --rpm, --static.
@@ -47,7 +54,7 @@
 # CARGO_TARGET_DIR) that scripts/test.sh and scripts/install.sh make: after
 # those, only what changed is rebuilt; the arm64 debs are built into
 # target/aarch64-unknown-linux-gnu/release (scripts/test-cross.sh builds
-# its own profile, cross-test). Tools:
+# its own profile, quick). Tools:
 # scripts/setup.sh installs debhelper, lintian, rpm, the aarch64 cross
 # compiler, qemu-user and musl-tools; maturin, ziglang and cargo-zigbuild
 # are installed here, into a venv under target/.
@@ -55,7 +62,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-deb=0 deb_arm64=0 wheel=0 wheel_arm64=0 crates=0 rpm=0 static=() release=0
+deb=0 deb_arm64=0 wheel=0 wheel_arm64=0 crates=0 rpm=0 static=() release=0 static_profile=release
 for arg in "$@"; do
     case $arg in
         --deb) deb=1 ;;
@@ -71,6 +78,7 @@ for arg in "$@"; do
                 case $a in x86_64 | aarch64) ;; *) echo "package: --static: no $a (x86_64, aarch64)" >&2; exit 2 ;; esac
             done
             ;;
+        --static-profile=?*) static_profile=${arg#--static-profile=} ;;
         --all) deb=1 wheel=1 crates=1 rpm=1 ;;
         --release) release=1 deb=1 deb_arm64=1 wheel=1 wheel_arm64=1 crates=1 rpm=1 static=(x86_64 aarch64) ;;
         -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -90,6 +98,11 @@ target=${CARGO_TARGET_DIR:-$root/target}
 case $target in /*) ;; *) target=$root/$target ;; esac
 export CARGO_TARGET_DIR=$target
 dist=$root/dist
+if [ "$static_profile" != release ]; then
+    [ "$deb$deb_arm64$wheel$wheel_arm64$crates$rpm$release" = 0000000 ] ||
+        fail "--static-profile=$static_profile: with --static only (the other packages are release builds)"
+    dist=$target/dist-$static_profile
+fi
 tools=$target/pkgtools
 mkdir -p "$dist" "$tools"
 # maturin for the wheels, pinned so that a rebuild gives the same wheel;
@@ -317,9 +330,9 @@ build_static() {
             ;;
     esac
     # The commands' two packages only (no C library, no Python module).
-    "${build[@]}" --release --target "$triple" -p blksum -p blktools
+    "${build[@]}" --profile "$static_profile" --target "$triple" -p blksum -p blktools
     local name=blkhash-$version-$arch-linux-musl
-    local stage=$tools/static/$name out=$target/$triple/release
+    local stage=$tools/static/$name out=$target/$triple/$static_profile
     rm -rf "$stage"
     mkdir -p "$stage/man/man1" "$stage/complete"
     local b

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # arm64 (aarch64) Linux, tested on this x86_64 machine (scripts/test.sh's
 # "arm64" step):
-# - the whole workspace cross-compiled for aarch64-unknown-linux-gnu by
-#   Debian's cross toolchain (the commands, libblkhash, the Python module);
-# - the unit, property and vector tests of blkhash, blkhash-map,
-#   blkhash-job and blkhash-image, and blksum's vector test, run under
-#   QEMU's user-mode emulation: qemu-aarch64 as cargo's runner for the
-#   target, and binfmt_misc for the commands the tests start;
+# - the unit tests of blkhash, blkhash-map, blkhash-job, blkhash-image and
+#   blksum, blkhash's property, model and vector tests, blkhash-map's map
+#   and part tests and blksum's vector test, cross-compiled for aarch64-unknown-linux-gnu by
+#   Debian's cross toolchain and run under QEMU's user-mode emulation:
+#   qemu-aarch64 as cargo's runner for the target, and binfmt_misc for the
+#   commands the tests start;
 # - blkhash's tests again with the CPU's SHA-2 instructions hidden from the
 #   run-time detection (scripts/cross/no-sha2.c), so that both SHA-256
 #   kernels are checked: the ARMv8 SHA-2 one (QEMU's CPU has the
 #   instructions) and the portable NEON one;
+# - the rest of what the arm64 packages hold (the other commands,
+#   libblkhash, the Python module) checked by the compiler for aarch64;
 # - blksum for aarch64 on real images, raw and qcow2 made by qemu-img,
 #   giving the x86_64 build's checksums.
 # Emulation says nothing about speed: every figure of docs/performance.md
@@ -21,9 +23,9 @@
 # qemu-user-binfmt (binfmt_misc mounted, the qemu-aarch64 handler
 # enabled), and the Rust target (rustup target add
 # aarch64-unknown-linux-gnu). Without one of them it fails, saying which.
-# Built with the cross-test profile (Cargo.toml: release without its
+# Built with the quick profile (Cargo.toml: release without its
 # link-time optimization: emulation measures nothing, and those links were
-# most of this step's time), in target/aarch64-unknown-linux-gnu/cross-test;
+# most of this step's time), in target/aarch64-unknown-linux-gnu/quick;
 # the arm64 packages (scripts/package.sh) are built with the release
 # profile.
 set -euo pipefail
@@ -85,40 +87,68 @@ part() {
     fi
 }
 
-# The whole workspace: what the arm64 packages are built from.
-profile=cross-test
-cargo build --workspace --profile "$profile" --target "$triple"
-say "workspace built for $triple in $(took "$start")"
+# Every test this step runs, built by one cargo call and run by another
+# with the same packages and targets: a call with other packages would
+# resolve other features for the dependencies they share and rebuild them.
+profile=quick
+tests=(--profile "$profile" --target "$triple"
+    -p blkhash -p blkhash-map -p blkhash-job -p blkhash-image -p blksum
+    --lib --test vectors --test model --test limits --test map --test parts)
+cargo test --no-run --message-format=json-render-diagnostics "${tests[@]}" > "$tmp/built.json"
+say "tests built for $triple in $(took "$start")"
 
-# Unit, property and vector tests (--tests: the library's unit tests and the
-# integration tests, not the doc examples, which the x86_64 run covers).
+# The libraries' unit tests; blkhash's property, model and vector tests;
+# blkhash-map's map and part tests; blksum's vectors (--lib and the
+# integration tests by name: not the doc examples, which the x86_64 run
+# covers, nor blkhash-image's and blksum's command tests, which need QEMU's
+# tools and servers).
 # BLKHASH_TEST_SHA2=1: QEMU's CPU has the SHA-2 instructions, and
 # blkhash's kernel test checks they are found and used.
+# BLKHASH_TEST_PIPES=differing: blksum's vectors from a pipe only where the
+# exact bytes have a checksum of their own (blksum/tests/vectors.rs).
 # Skipped: huge_zero_range_is_cheap, a bound on time (8 TiB of zeros in
-# under a minute), which emulation says nothing about; x86_64 runs it.
+# under a minute), which emulation says nothing about; and a map of a
+# range wholly past the end of its file, which a kernel refuses
+# (MADV_POPULATE_READ: EFAULT, a touch: SIGBUS) and qemu-user 7.2 reads
+# without an error (seen: Ok where the test wants the error): emulation,
+# not aarch64. x86_64 runs both natively; the file's size is also checked
+# when a run ends (RawFile::finish).
 part "unit, property and vector tests under qemu-aarch64" \
-    env BLKHASH_TEST_SHA2=1 cargo test --profile "$profile" --no-fail-fast --target "$triple" \
-    -p blkhash -p blkhash-map -p blkhash-job --tests -- --skip huge_zero_range_is_cheap
-# Skipped: a map of a range wholly past the end of its file, which a
-# kernel refuses (MADV_POPULATE_READ: EFAULT, a touch: SIGBUS) and
-# qemu-user 7.2 reads without an error (seen: Ok where the test wants
-# the error): emulation, not aarch64. x86_64 runs it natively; the file's
-# size is also checked when a run ends (RawFile::finish).
-part "blkhash-image's unit tests under qemu-aarch64" \
-    cargo test --profile "$profile" --no-fail-fast --target "$triple" -p blkhash-image --lib -- \
+    env BLKHASH_TEST_SHA2=1 BLKHASH_TEST_PIPES=differing cargo test --no-fail-fast "${tests[@]}" -- \
+    --skip huge_zero_range_is_cheap \
     --skip mapped::tests::a_range_is_lent_in_place_and_a_shrunk_file_is_an_error
-part "blksum's vectors under qemu-aarch64" \
-    cargo test --profile "$profile" --no-fail-fast --target "$triple" -p blksum --test vectors
 
-# The same blkhash tests on a CPU without the SHA-2 instructions: the
-# shim hides them from getauxval(), in the emulated program only (-E).
+# blkhash's test programs again on a CPU without the SHA-2 instructions:
+# the shim hides them from getauxval(), in the emulated program only (-E),
+# so that both SHA-256 kernels are checked: the ARMv8 SHA-2 one (above) and
+# the portable NEON one. Run directly (cargo test with one package would
+# rebuild, see above), as cargo runs them: from the package's directory.
 no_sha2() {
     aarch64-linux-gnu-gcc -O2 -Wall -Werror -shared -fPIC -o "$tmp/no-sha2.so" scripts/cross/no-sha2.c
-    BLKHASH_TEST_SHA2=0 env "${var}_RUNNER=qemu-aarch64 -L $sysroot -E LD_PRELOAD=$tmp/no-sha2.so" \
-        cargo test --profile "$profile" --no-fail-fast --target "$triple" -p blkhash --tests -- \
-        --skip huge_zero_range_is_cheap
+    local programs
+    programs=$(python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"] \
+            and m["manifest_path"] == sys.argv[2]:
+        print(m["executable"])
+' "$tmp/built.json" "$PWD/blkhash/Cargo.toml")
+    [ "$(wc -l <<<"$programs")" -eq 4 ] || fail "blkhash's test programs: want 4 (lib, limits, model, vectors), found: $programs"
+    local p
+    for p in $programs; do
+        (cd blkhash && BLKHASH_TEST_SHA2=0 qemu-aarch64 -L "$sysroot" -E LD_PRELOAD="$tmp/no-sha2.so" \
+            "$p" --skip huge_zero_range_is_cheap)
+    done
 }
 part "blkhash's tests without the SHA-2 instructions" no_sha2
+
+# What the arm64 packages hold beyond the tests above compiles for aarch64
+# too: the other commands, libblkhash and the Python module (checked, not
+# built: their code has nothing of its own to run under emulation, and the
+# commands' and the C library's link is that of blksum above).
+part "the rest of the workspace checked for aarch64" \
+    cargo check --profile "$profile" --target "$triple" -p blktools -p libblkhash -p blkhash-python
 
 # blksum for aarch64 on real images: raw with data, holes and zeros, and
 # its qcow2 conversions (zlib- and zstd-compressed), the checksums the
@@ -126,6 +156,7 @@ part "blkhash's tests without the SHA-2 instructions" no_sha2
 # step, else here).
 aarch64_blksum() {
     [ -x "$target/release/blksum" ] || cargo build --release -p blksum
+    # Built above for blksum's vectors test.
     arm=$target/$triple/$profile/blksum
     grep -q 'ARM aarch64' <<<"$(file -L "$arm")" || fail "$arm is not an aarch64 program: $(file -L "$arm")"
     head -c 3M /dev/urandom > "$tmp/disk.raw"

@@ -47,15 +47,19 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --workspace --all-targets --release -- -D warnings
 # The API documentation builds without a warning (a broken link, a private item).
 step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-# libblkhash.so and .a, which the C tests link (cargo test builds only the rlib).
+# The release build: what the documentation examples, the install, Python
+# and package steps use (the debs are made from it).
 step "cargo build" cargo build --workspace --release
 # Every test binary runs, and every failure is reported, not only the first.
+# Built with the quick profile (Cargo.toml: the release optimizations
+# without link-time ones, whose links of every test binary were most of
+# this step's time), the C API's tests against its libblkhash.so.
 # Among them the fuzz regression: every fuzz target's committed corpus
 # through its checks, each input once (fuzz-checks; the sanitizer build and
 # fuzzing for new inputs: scripts/fuzz.sh, fuzz/README.md).
 # A hung test fails the run after 40 minutes instead of stalling CI (libtest
 # names a test running for over 60 s, which points at the hang).
-step "cargo test" timeout --kill-after=30 2400 cargo test --workspace --release --no-fail-fast
+step "cargo test" timeout --kill-after=30 2400 cargo test --workspace --profile quick --no-fail-fast
 # Every shell example of the README and docs/guide/ run, its output checked
 # (on the release build of the step before).
 step "docs examples (scripts/test-docs.py)" scripts/test-docs.py

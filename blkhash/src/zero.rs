@@ -113,6 +113,8 @@ type Kernel = (&'static str, fn(&[u8]) -> bool);
 /// Every kernel this CPU can run, by name: the tests check each one.
 #[cfg(test)]
 fn kernels() -> Vec<Kernel> {
+    // mut: other architectures push nothing.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut v: Vec<Kernel> = vec![("portable", portable)];
     #[cfg(target_arch = "x86_64")]
     {

@@ -28,11 +28,30 @@ impl Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Ask the server to end (SIGTERM) and wait for it, killing it after
+    /// 10 s. Not SIGKILL first: nbdkit's sh plugin keeps its scripts in a
+    /// directory of its own under /tmp (whatever TMPDIR says), which only
+    /// an orderly exit removes.
+    fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) on our own child, not yet waited for.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+            let until = Instant::now() + Duration::from_secs(10);
+            while let Ok(None) = self.child.try_wait() {
+                if Instant::now() > until {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        self.kill();
+    }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.kill();
+        self.stop();
         if let Some(s) = &self.socket {
             let _ = std::fs::remove_file(s);
         }
