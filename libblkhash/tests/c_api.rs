@@ -20,7 +20,7 @@ fn lib_dir() -> PathBuf {
         .to_path_buf();
     assert!(
         dir.join("libblkhash.so").exists(),
-        "{}: no libblkhash.so (cargo test builds it with the test)",
+        "{}: no libblkhash.so: cargo test does not build it; cargo build -p libblkhash with this test's profile does (scripts/test.sh runs both)",
         dir.display()
     );
     dir
