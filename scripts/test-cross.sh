@@ -3,10 +3,10 @@
 # "arm64" step):
 # - the unit tests of blkhash, blkhash-map, blkhash-job, blkhash-image and
 #   blksum, blkhash's property, model and vector tests, blkhash-map's map
-#   and part tests and blksum's vector test, cross-compiled for aarch64-unknown-linux-gnu by
-#   Debian's cross toolchain and run under QEMU's user-mode emulation:
-#   qemu-aarch64 as cargo's runner for the target, and binfmt_misc for the
-#   commands the tests start;
+#   and part tests and blksum's vector test, cross-compiled for
+#   aarch64-unknown-linux-gnu by Debian's cross toolchain and run under
+#   QEMU's user-mode emulation: qemu-aarch64 as cargo's runner for the
+#   target, and binfmt_misc for the commands the tests start;
 # - blkhash's tests again with the CPU's SHA-2 instructions hidden from the
 #   run-time detection (scripts/cross/no-sha2.c), so that both SHA-256
 #   kernels are checked: the ARMv8 SHA-2 one (QEMU's CPU has the
