@@ -114,9 +114,17 @@ fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
     let bk = d.join(format!("bk{tag}"));
     std::fs::create_dir(&bk).unwrap();
     let rounds: [&[&str]; 3] = [
-        &["write -P 0x5 1M 64k", "write -P 0x7 40M 3M", "write -P 0x8 63M 1M"],
+        &[
+            "write -P 0x5 1M 64k",
+            "write -P 0x7 40M 3M",
+            "write -P 0x8 63M 1M",
+        ],
         // Inside a written cluster, zeros written, a hole written.
-        &["write -P 0x9 1056k 8k", "write -z 40M 1M", "write -P 0xa 20M 4k"],
+        &[
+            "write -P 0x9 1056k 8k",
+            "write -z 40M 1M",
+            "write -P 0xa 20M 4k",
+        ],
         // Over 32 MiB: cut in several lz4 frames.
         &["write -P 0x3 2M 40M", "write -P 0xb 63M 4k"],
     ];
@@ -159,7 +167,11 @@ fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
     let o = run(BLKMAP, &[s(inc2), s(&d.join("gap.map"))]);
     assert_refused(
         &o,
-        &["a gap in the chain", "virtnbdbackup.1", "sda.inc.virtnbdbackup.2.data"],
+        &[
+            "a gap in the chain",
+            "virtnbdbackup.1",
+            "sda.inc.virtnbdbackup.2.data",
+        ],
         &d.join("gap.map"),
         None,
     );
@@ -187,7 +199,11 @@ fn checkpoints_and_pull_backups(lv: &Libvirtd, d: &Path) {
     assert_eq!(o.code, 0, "{}", o.stderr);
     dom.backup_end();
 
-    for c in ["write -P 0x22 1M 4k", "write -z 9M 1M", "write -P 0x23 60M 128k"] {
+    for c in [
+        "write -P 0x22 1M 4k",
+        "write -z 9M 1M",
+        "write -P 0x23 60M 128k",
+    ] {
         dom.write(c);
     }
     dom.backup_begin(&sock, Some("cp1"), Some("cp2"));
@@ -201,7 +217,14 @@ fn checkpoints_and_pull_backups(lv: &Libvirtd, d: &Path) {
 
     let o = run(
         BLKSYNC,
-        &["--dirty-bitmap", "backup-sda", "--state", s(&state), &u, s(&dst)],
+        &[
+            "--dirty-bitmap",
+            "backup-sda",
+            "--state",
+            s(&state),
+            &u,
+            s(&dst),
+        ],
     );
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert_eq!(oracle(d, s(&dst), 65536), sum);
@@ -212,7 +235,13 @@ fn checkpoints_and_pull_backups(lv: &Libvirtd, d: &Path) {
     let o = incremental(&cp1, "backup-sdb", &u, &x, &[]);
     assert_refused(&o, &["backup-sdb"], &x, None);
     // (Another disk of the same size: caught by the sample of clean blocks.)
-    let other = image(d, "other.qcow2", "qcow2", 64 * MIB, &["write -P 0x99 0 64M"]);
+    let other = image(
+        d,
+        "other.qcow2",
+        "qcow2",
+        64 * MIB,
+        &["write -P 0x99 0 64M"],
+    );
     let other_map = d.join("other.map");
     full(s(&other), &other_map, &[]);
     let o = incremental(&other_map, "backup-sda", &u, &x, &[]);

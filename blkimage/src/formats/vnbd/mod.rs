@@ -506,4 +506,108 @@ mod tests {
             vec![(0, 100, 1, 0), (200, 5, 0, 2000)]
         );
     }
+
+    /// The seeds of the fuzz target, written by virtnbdbackup's own stream
+    /// writer and lz4 framing (fuzz/seeds/vnbd/).
+    fn seed(name: &str) -> Vec<u8> {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fuzz/seeds/vnbd")
+            .join(name);
+        std::fs::read(&p).unwrap_or_else(|e| panic!("{p:?}: {e}"))
+    }
+
+    fn content(v: &Vnbd) -> Vec<u8> {
+        let mut buf = vec![0xffu8; v.size() as usize];
+        v.read_at(&mut buf, 0).unwrap();
+        // Reads at odd offsets and lengths agree.
+        for (off, len) in [(1, 4095), (4000, 200), (5000, 4000)] {
+            if off + len <= buf.len() {
+                let mut part = vec![0xffu8; len];
+                v.read_at(&mut part, off as u64).unwrap();
+                assert_eq!(part, buf[off..off + len]);
+            }
+        }
+        buf
+    }
+
+    #[test]
+    fn plain_and_lz4_streams_hold_the_same_disk() {
+        let mut want = vec![0u8; 16384];
+        for (i, b) in want[4096..5120].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        want[8192..8704].fill(5);
+        for name in ["seed-plain", "seed-lz4"] {
+            let v = Vnbd::from_storage(Arc::new(seed(name))).unwrap();
+            assert_eq!(content(&v), want, "{name}");
+            let kinds: Vec<_> = v
+                .extents(0, 16384)
+                .unwrap()
+                .iter()
+                .map(|e| (e.offset, e.len, e.kind))
+                .collect();
+            assert_eq!(
+                kinds,
+                [
+                    (0, 4096, ExtentKind::Zero),
+                    (4096, 1024, ExtentKind::Data),
+                    (5120, 3072, ExtentKind::Zero),
+                    (8192, 1024, ExtentKind::Data),
+                    (9216, 7168, ExtentKind::Hole),
+                ],
+                "{name}"
+            );
+        }
+        let v = Vnbd::from_storage(Arc::new(seed("seed-lz4-chunked"))).unwrap();
+        let mut want = vec![0u8; 65536];
+        for (i, b) in want[..10240].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        assert_eq!(content(&v), want);
+    }
+
+    #[test]
+    fn an_incremental_stream_alone_is_refused() {
+        let e = Vnbd::from_storage(Arc::new(seed("seed-inc")))
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("parent checkpoint 'virtnbdbackup.0'"),
+            "{e}"
+        );
+    }
+
+    /// `s` with the bytes `from` (there once) replaced by `to`.
+    fn replace(s: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+        let at = s.windows(from.len()).position(|w| w == from).unwrap();
+        [&s[..at], to, &s[at + from.len()..]].concat()
+    }
+
+    #[test]
+    fn every_truncation_and_a_lying_trailer_are_errors() {
+        for name in ["seed-plain", "seed-lz4", "seed-lz4-chunked"] {
+            let s = seed(name);
+            for cut in 0..s.len() {
+                let e = Vnbd::from_storage(Arc::new(s[..cut].to_vec()));
+                assert!(e.is_err(), "{name} cut at {cut} opens");
+            }
+        }
+        // One compressed size one byte off, kept the same length.
+        let lie = replace(
+            &seed("seed-lz4-chunked"),
+            b"[312, 312, 304]",
+            b"[313, 311, 304]",
+        );
+        let e = Vnbd::from_storage(Arc::new(lie)).err().unwrap();
+        assert!(e.to_string().contains("offset"), "{e}");
+        // A frame past the virtual size.
+        let past = replace(
+            &seed("seed-plain"),
+            b"\"virtualSize\": 16384",
+            b"\"virtualSize\":  9000",
+        );
+        let e = Vnbd::from_storage(Arc::new(past)).err().unwrap();
+        assert!(e.to_string().contains("past the virtual size"), "{e}");
+    }
 }
