@@ -105,9 +105,9 @@ fn find_parent(child: &Path, disk: &str, parent: &str, opts: &OpenOptions) -> io
     }
     let mut msg = format!(
         "virtnbdbackup stream '{}': a gap in the chain: no stream of disk '{disk}' with its \
-         parent checkpoint '{parent}' beside it ({})",
-        child.display(),
-        dir.join(format!("{disk}.inc.{parent}.data")).display()
+         parent checkpoint '{parent}' beside it (looked for {disk}.inc.{parent}.data and \
+         {disk}.full.data)",
+        child.display()
     );
     if !seen.is_empty() {
         msg += &format!("; {}", seen.join("; "));

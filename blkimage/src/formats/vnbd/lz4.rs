@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// Decompressed frames kept: one per digest worker of a small machine and
 /// one more. At most [`super::parse::MAX_LZ4_FRAME`] bytes each.
-const KEPT: usize = 4;
+const KEPT: usize = 3;
 
 type Bytes = Result<Arc<Vec<u8>>, (io::ErrorKind, String)>;
 /// A frame's (stream, frame) and its bytes, once decompressed.

@@ -99,6 +99,9 @@ struct Seg {
     stream: u32,
 }
 
+/// The most ranges a chain is indexed in: 64 MiB of them.
+const MAX_SEGS: usize = (64 << 20) / std::mem::size_of::<Seg>();
+
 /// A disk as virtnbdbackup streams hold it: one full or copy stream, or an
 /// incremental one over its chain.
 pub struct Vnbd {
@@ -156,11 +159,11 @@ impl Vnbd {
                 })
                 .collect();
             segs = overlay(segs, newer);
-            if segs.len() > MAX_RANGES {
+            if segs.len() > MAX_SEGS {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!(
-                        "virtnbdbackup stream '{}': its chain has more than {MAX_RANGES} ranges \
+                        "virtnbdbackup stream '{}': its chain has more than {MAX_SEGS} ranges \
                          (an index within 64 MiB)",
                         top.name.display()
                     ),
