@@ -215,9 +215,20 @@ impl Vnbd {
                 .map_err(|e| named(&st.name, e))?,
             Kind::Lz4 { frame, skip } => {
                 let f = st.frames[frame as usize];
+                let after = st.frames.get(frame as usize + 1).copied();
+                let load_after =
+                    move || lz4::decompress(&*st.storage, after.expect("a next frame"));
+                let next = after.map(|_| {
+                    let l: lz4::Load = &load_after;
+                    ((seg.stream, frame + 1), l)
+                });
                 let bytes = self
                     .cache
-                    .get((seg.stream, frame), || lz4::decompress(&*st.storage, f))
+                    .get(
+                        (seg.stream, frame),
+                        || lz4::decompress(&*st.storage, f),
+                        next,
+                    )
                     .map_err(|e| named(&st.name, e))?;
                 let at = (skip as u64 + d) as usize;
                 buf.copy_from_slice(&bytes[at..at + buf.len()]);
