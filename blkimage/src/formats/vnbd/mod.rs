@@ -190,6 +190,20 @@ impl Vnbd {
     /// The single stream in `storage` (a full or copy backup: an
     /// incremental one needs its chain, [`crate::open`] finds it). For
     /// streams in memory (tests, fuzzing).
+    ///
+    /// ```
+    /// use blkimage::{Source, formats::vnbd::Vnbd};
+    /// use std::sync::Arc;
+    /// let json = r#"{"virtualSize": 4096, "dataSize": 3, "incremental": false}"#;
+    /// let mut s = format!("meta {:016x} {:016x}\r\n{json}\r\n", 0, json.len());
+    /// s += &format!("data {:016x} {:016x}\r\nabc\r\n", 512, 3);
+    /// s += &format!("stop {:016x} {:016x}\r\n", 0, 0);
+    /// let disk = Vnbd::from_storage(Arc::new(s.into_bytes())).unwrap();
+    /// assert_eq!((disk.format(), disk.size()), ("virtnbdbackup", 4096));
+    /// let mut buf = [0xffu8; 5];
+    /// disk.read_at(&mut buf, 511).unwrap();
+    /// assert_eq!(&buf, b"\0abc\0");
+    /// ```
     pub fn from_storage(storage: Arc<dyn Storage>) -> io::Result<Vnbd> {
         Vnbd::new(vec![Stream::parse(PathBuf::from("(memory)"), storage)?])
     }
