@@ -863,3 +863,82 @@ fn live_writer_frozen_bitmap_read_only() {
         qsd.bitmap_remove("frozen");
     }
 }
+
+/// What a user of a running VM meets (issue #50): blksync on the image
+/// file a qemu-storage-daemon holds is refused (the bitmap is in use)
+/// and pointed to the recipe; the recipe (a frozen copy of the bitmap on
+/// a read-only export) then works, the socket named relative to the
+/// directory where the first copy named it absolute: one export.
+#[test]
+fn a_running_vm_s_bitmap_through_the_recipe() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    if !testkit::qsd::have_qsd() {
+        return;
+    }
+    let img = image(d, "vm.qcow2", "qcow2", 32 * MIB, &["write -P 0x11 0 24M"]);
+    bitmap(&img, &["--add"], "b");
+    let mut qsd = Qsd::start(&img, "qcow2", d);
+    qsd.nbd_start(&d.join("nbd.sock"));
+    let w = qsd.export("w", true, &[]);
+    // The image file, read anyway (-U): its copy, then an update refused.
+    let (file_dst, file_state) = (d.join("file.raw"), d.join("file.map"));
+    let o = run(
+        BLKSYNC,
+        &["-U", "--state", s(&file_state), s(&img), s(&file_dst)],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    write_url(&w, CYCLES[0]);
+    let o = run(
+        BLKSYNC,
+        &[
+            "-U",
+            "--dirty-bitmap",
+            "b",
+            "--state",
+            s(&file_state),
+            s(&img),
+            s(&file_dst),
+        ],
+    );
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    for words in [
+        "in use",
+        "frozen copy of the bitmap",
+        "over NBD",
+        "incremental.md",
+    ] {
+        assert!(o.stderr.contains(words), "{words}: {}", o.stderr);
+    }
+    // The recipe: night 0 from a read-only export, its socket absolute.
+    let (dst, state) = (d.join("dst.raw"), d.join("dst.map"));
+    let url = qsd.export("r", false, &[]);
+    assert!(url.contains(&format!("socket={}", d.display())), "{url}");
+    let o = run(BLKSYNC, &["--state", s(&state), &url, s(&dst)]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    qsd.export_del("r");
+    write_url(&w, CYCLES[1]);
+    // The next night: frozen, exported, read by a relative socket path.
+    qsd.bitmap_freeze("b", "frozen", true);
+    qsd.export("r", false, &["frozen"]);
+    let relative = "nbd+unix:///r?socket=nbd.sock";
+    let o = std::process::Command::new(BLKSYNC)
+        .args([
+            "--dirty-bitmap",
+            "frozen",
+            "--state",
+            s(&state),
+            relative,
+            s(&dst),
+        ])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("(the dirty bitmap's)"), "{err}");
+    qsd.export_del("r");
+    qsd.bitmap_remove("frozen");
+    let copied = full(s(&dst), &d.join("dst.check.map"), &[]);
+    assert_eq!(copied, full(&w, &d.join("w.map"), &[]));
+}

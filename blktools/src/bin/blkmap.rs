@@ -375,7 +375,13 @@ fn update(
     spec.open.nbd.dirty_bitmap = Some(bitmap.to_string());
     let job = InputArgs::resolve(spec, Some((old.algorithm(), old.block_size())))
         .with_cancel(signals.cancel.clone());
-    let failed = |e: io::Error| (None, reason(&e));
+    let failed = |e: io::Error| {
+        let mut msg = reason(&e);
+        if blkimage::caused_by::<blkjob::incremental::ReadWhole>(&e) {
+            msg += " (a full map: blkmap IMAGE OUT, without --base)";
+        }
+        (None, msg)
+    };
     let src = job
         .open(image_os)
         .and_then(|i| blkjob::seekable(i, "--dirty-bitmap"))
