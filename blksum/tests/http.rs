@@ -237,11 +237,17 @@ fn a_private_ca_is_a_file_or_a_directory() {
     let err = fails(&["--tls-certificates", readme.to_str().unwrap(), &url]);
     assert!(err.contains("no PEM certificate in it"), "{err}");
     // --help and the manual page say so.
-    let help = sums(&["--help"]).split_whitespace().collect::<Vec<_>>().join(" ");
+    let help = sums(&["--help"])
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     assert!(help.contains("--tls-certificates <FILE|DIR>"), "{help}");
     assert!(help.contains("as curl's --cacert or --capath"), "{help}");
     let man = sums(&["--man"]);
-    assert!(man.contains("FILE|DIR") && man.contains("SSL_CERT_FILE"), "{man}");
+    assert!(
+        man.contains("FILE|DIR") && man.contains("SSL_CERT_FILE"),
+        "{man}"
+    );
 }
 
 /// blksum ARGS with the environment variable `name` set to `value`.

@@ -146,13 +146,20 @@ def test_bitmap_functions_take_headers_retries_and_a_ca_file(https, tmp_path):
     remote = f"{url}/bearer/disk.qcow2"
     auth = {"headers": {"Authorization": "Bearer t0k"}, "retries": 1,
             "tls_certificates": pki / "ca-cert.pem"}
-    base = tmp_path / "base.map"
-    blkhash.map_range(remote, base, **auth)
+    part, base = tmp_path / "part", tmp_path / "base.map"
+    blkhash.map_range(remote, part, **auth)
+    blkhash.merge([part], base)
     subprocess.run(["qemu-io", "-c", "write -P 0x22 1M 64k", str(img)], check=True,
                    stdout=subprocess.DEVNULL)
     assert [b["name"] for b in blkhash.bitmaps(remote, **auth)] == ["b"]
     assert blkhash.dirty_ranges(remote, "b", **auth) == [(1024 * 1024, 65536)]
+    # A file changed on the server is another version: the bitmap cannot
+    # say what changed, and the way out is named.
     out = tmp_path / "now.map"
+    with pytest.raises(OSError, match=r"another version.*map_range\(\) makes a full map"):
+        blkhash.update_map(remote, base, "b", out, **auth)
+    blkhash.map_range(remote, part, **auth)
+    blkhash.merge([part], base)
     assert blkhash.update_map(remote, base, "b", out, **auth) == blkhash.checksum(img)
     # Without the token: the keyword that passes it is named.
     for call in (lambda: blkhash.bitmaps(remote, tls_certificates=pki),
