@@ -179,8 +179,8 @@ fn load_dir(dir: &Path) -> io::Result<(Vec<CertificateDer<'static>>, Option<Clie
 
 /// Every certificate of the PEM files in `dir`, a directory of CA
 /// certificates as curl's `--capath` and OpenSSL's `c_rehash` take it
-/// (`/etc/ssl/certs`): files that hold no PEM certificate (hash links to
-/// the same file are read again, which only repeats a root) are skipped.
+/// (`/etc/ssl/certs`): files without a PEM certificate are skipped, and a
+/// hash link (c_rehash makes them) only repeats a root.
 /// No crate reads such a directory: rustls-native-certs reads only the
 /// system's, from SSL_CERT_DIR.
 fn load_capath(dir: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
@@ -241,7 +241,10 @@ impl std::fmt::Display for NoCaCertificates {
         if let Some(why) = &self.why {
             write!(f, " ({why})")?;
         }
-        write!(f, ": name a directory with {CA_CERT}")
+        write!(
+            f,
+            ": name the CAs to trust (a PEM file, or a directory with {CA_CERT})"
+        )
     }
 }
 
