@@ -85,10 +85,16 @@ pub fn errno(e: &io::Error) -> Option<i32> {
 /// assert!(!blkimage::caused_by::<blkimage::PassphraseNeeded>(&e));
 /// ```
 pub fn caused_by<T: Error + 'static>(e: &io::Error) -> bool {
+    cause::<T>(e).is_some()
+}
+
+/// The typed error `T` in `e` or under its contexts, as [`caused_by`]
+/// finds it.
+pub fn cause<T: Error + 'static>(e: &io::Error) -> Option<&T> {
     let mut next = e.get_ref().map(|inner| inner as &(dyn Error + 'static));
     while let Some(err) = next {
-        if err.is::<T>() {
-            return true;
+        if let Some(t) = err.downcast_ref::<T>() {
+            return Some(t);
         }
         // An io::Error's source() skips its own inner error: step into it.
         next = match err.downcast_ref::<io::Error>() {
@@ -96,7 +102,7 @@ pub fn caused_by<T: Error + 'static>(e: &io::Error) -> bool {
             None => err.source(),
         };
     }
-    false
+    None
 }
 
 #[cfg(test)]

@@ -145,11 +145,22 @@ fn invalid(msg: String) -> io::Error {
 /// `--base`, `blksync` without `--dirty-bitmap`, Python's `map_range()`),
 /// which the library cannot know.
 #[derive(Debug)]
-pub struct ReadWhole(String);
+pub struct ReadWhole {
+    why: String,
+    verify_helps: bool,
+}
+
+impl ReadWhole {
+    /// Verifying the update (every clean block read too) would do
+    /// instead: the base records nothing of its image.
+    pub fn verify_helps(&self) -> bool {
+        self.verify_helps
+    }
+}
 
 impl std::fmt::Display for ReadWhole {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: read the image whole", self.0)
+        write!(f, "{}: read the image whole", self.why)
     }
 }
 
@@ -157,7 +168,13 @@ impl std::error::Error for ReadWhole {}
 
 /// [`ReadWhole`] for `why`.
 fn read_whole(why: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, ReadWhole(why))
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        ReadWhole {
+            why,
+            verify_helps: false,
+        },
+    )
 }
 
 /// What bitmap `name` of `src` says changed since `base`, once the base is
@@ -202,12 +219,18 @@ fn check_record(now: &Record, base: &Base<'_>, verified: bool) -> io::Result<Opt
         if verified {
             return Ok(None);
         }
-        return Err(read_whole(format!(
+        let why = format!(
             "{} records nothing of the image it was made from (an earlier version wrote \
-             it), so the files the image reads besides itself cannot be checked (or \
-             verify the update: every block read)",
+             it), so the files the image reads besides itself cannot be checked",
             base.name
-        )));
+        );
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            ReadWhole {
+                why,
+                verify_helps: true,
+            },
+        ));
     };
     let then = Record::parse(recorded).map_err(|why| {
         read_whole(format!(

@@ -942,3 +942,53 @@ fn a_running_vm_s_bitmap_through_the_recipe() {
     let copied = full(s(&dst), &d.join("dst.check.map"), &[]);
     assert_eq!(copied, full(&w, &d.join("w.map"), &[]));
 }
+
+/// An update that must read the image whole says what each command's
+/// user runs (issue #50): blkmap a full map (or --verify, when only the
+/// base's record is missing), blksync a copy without --dirty-bitmap.
+#[test]
+fn refusals_name_what_each_command_runs() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let img = src_qcow2(d, 8 * MIB, &["write -P 0x11 0 4M"]);
+    bitmap(&img, &["--add"], "b");
+    let (dst, state) = (d.join("dst.raw"), d.join("dst.map"));
+    let o = run(BLKSYNC, &["--state", s(&state), s(&img), s(&dst)]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    write(&img, "qcow2", &["write -P 0x22 1M 4k"]);
+    // A base (and a state) written before maps recorded their image.
+    let bare = |p: &Path| {
+        let m = Map::load(p).unwrap().with_identity(None).unwrap();
+        m.save(p).unwrap();
+    };
+    let old = d.join("old.map");
+    full(s(&img), &old, &[]);
+    bare(&old);
+    let o = incremental(&old, "b", s(&img), &d.join("out.map"), &[]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("read the image whole")
+            && o.stderr.contains("blkmap IMAGE OUT, without --base")
+            && o.stderr.contains("--verify"),
+        "{}",
+        o.stderr
+    );
+    bare(&state);
+    let o = run(
+        BLKSYNC,
+        &[
+            "--dirty-bitmap",
+            "b",
+            "--state",
+            s(&state),
+            s(&img),
+            s(&dst),
+        ],
+    );
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("blksync without --dirty-bitmap") && !o.stderr.contains("--base"),
+        "{}",
+        o.stderr
+    );
+}

@@ -284,8 +284,13 @@ pub fn os_error(name: &str, e: &io::Error) -> PyErr {
     if caused_by::<blkimage::nbd::UnknownIssuer>(e) {
         return PyOSError::new_err(format!("{name}: {e} (tls_certificates=FILE or DIR)"));
     }
-    if caused_by::<blkjob::incremental::ReadWhole>(e) {
-        return PyOSError::new_err(format!("{name}: {e} (map_range() makes a full map)"));
+    if let Some(w) = blkimage::cause::<blkjob::incremental::ReadWhole>(e) {
+        let or = if w.verify_helps() {
+            "; or verify=True: every block read"
+        } else {
+            ""
+        };
+        return PyOSError::new_err(format!("{name}: {e} (map_range() makes a full map{or})"));
     }
     if caused_by::<blkimage::http::Unauthorized>(e) {
         return PyOSError::new_err(format!("{name}: {e} (headers={{'Authorization': ...}})"));

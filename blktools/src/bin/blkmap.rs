@@ -377,8 +377,12 @@ fn update(
         .with_cancel(signals.cancel.clone());
     let failed = |e: io::Error| {
         let mut msg = reason(&e);
-        if blkimage::caused_by::<blkjob::incremental::ReadWhole>(&e) {
-            msg += " (a full map: blkmap IMAGE OUT, without --base)";
+        if let Some(w) = blkimage::cause::<blkjob::incremental::ReadWhole>(&e) {
+            msg += if w.verify_helps() {
+                " (a full map: blkmap IMAGE OUT, without --base; or --verify: every block read)"
+            } else {
+                " (a full map: blkmap IMAGE OUT, without --base)"
+            };
         }
         (None, msg)
     };
