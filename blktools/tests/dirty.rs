@@ -715,17 +715,7 @@ fn blksync_with_a_dirty_bitmap() {
     ];
     for (i, (cmds, clear_after)) in rounds.iter().enumerate() {
         write(&src, "qcow2", cmds);
-        let o = run(
-            BLKSYNC,
-            &[
-                "--dirty-bitmap",
-                "b",
-                "--state",
-                s(&state),
-                s(&src),
-                s(&dst),
-            ],
-        );
+        let o = sync_through(&["--dirty-bitmap", "b"], &state, &src, &dst);
         assert_eq!(o.code, 0, "round {i}: {}", o.stderr);
         assert!(same(&src, &dst), "round {i}: DST is not SRC");
         assert_eq!(
@@ -883,24 +873,10 @@ fn a_running_vm_s_bitmap_through_the_recipe() {
     let w = qsd.export("w", true, &[]);
     // The image file, read anyway (-U): its copy, then an update refused.
     let (file_dst, file_state) = (d.join("file.raw"), d.join("file.map"));
-    let o = run(
-        BLKSYNC,
-        &["-U", "--state", s(&file_state), s(&img), s(&file_dst)],
-    );
+    let o = sync_through(&["-U"], &file_state, &img, &file_dst);
     assert_eq!(o.code, 0, "{}", o.stderr);
     write_url(&w, CYCLES[0]);
-    let o = run(
-        BLKSYNC,
-        &[
-            "-U",
-            "--dirty-bitmap",
-            "b",
-            "--state",
-            s(&file_state),
-            s(&img),
-            s(&file_dst),
-        ],
-    );
+    let o = sync_through(&["-U", "--dirty-bitmap", "b"], &file_state, &img, &file_dst);
     assert_eq!(o.code, 1, "{}", o.stderr);
     for words in [
         "in use",
@@ -974,21 +950,18 @@ fn refusals_name_what_each_command_runs() {
         o.stderr
     );
     bare(&state);
-    let o = run(
-        BLKSYNC,
-        &[
-            "--dirty-bitmap",
-            "b",
-            "--state",
-            s(&state),
-            s(&img),
-            s(&dst),
-        ],
-    );
+    let o = sync_through(&["--dirty-bitmap", "b"], &state, &img, &dst);
     assert_eq!(o.code, 1, "{}", o.stderr);
     assert!(
         o.stderr.contains("blksync without --dirty-bitmap") && !o.stderr.contains("--base"),
         "{}",
         o.stderr
     );
+}
+
+/// `blksync OPTS --state STATE SRC DST`.
+fn sync_through(opts: &[&str], state: &Path, src: &Path, dst: &Path) -> Out {
+    let mut args = opts.to_vec();
+    args.extend(["--state", s(state), s(src), s(dst)]);
+    run(BLKSYNC, &args)
 }
