@@ -24,15 +24,25 @@ set -euo pipefail
 # (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross: Debian and Ubuntu only;
 # Fedora's cross compilers have no C library), QEMU's user-mode emulation
 # with its binfmt_misc handlers (qemu-user, qemu-user-binfmt), musl-gcc
-# (musl-tools) for the C parts of the static x86_64 build.
+# (musl-tools) for the C parts of the static x86_64 build. libvirt's
+# daemon, client and QEMU driver, QEMU's x86 system emulator and
+# virtnbdbackup for blktools/tests/libvirt.rs (a libvirtd of the test's own
+# in a private mount namespace: the packages' services are not used).
 apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc libc6-dev
     pkg-config valgrind binutils file man-db tmux debhelper lintian rpm nginx
-    gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user qemu-user-binfmt binfmt-support musl-tools)
+    gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user qemu-user-binfmt binfmt-support musl-tools
+    libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu virtnbdbackup)
+# qemu-system-x86 of qemu-utils' version if it is installed: a qemu-utils
+# from backports (10.x) is removed by Debian 12's qemu-system-x86 (7.2),
+# so the same version is asked for (a no-op once both are there).
+qemu_utils=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
+apt_packages+=("qemu-system-x86${qemu_utils:+=$qemu_utils}")
 dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc glibc-static
     pkgconf-pkg-config valgrind binutils file man-db tmux rpm-build nginx)
 # Not in every dnf family's repositories (RHEL has no musl-gcc): tried, and
 # the steps that need them fail naming what is missing.
-dnf_optional=(musl-gcc qemu-user qemu-user-binfmt)
+dnf_optional=(musl-gcc qemu-user qemu-user-binfmt
+    libvirt-daemon-driver-qemu libvirt-client qemu-system-x86-core virtnbdbackup)
 
 # --demo: only what scripts/demo.sh runs beside cargo (qemu-img; the rest
 # is coreutils), not the tools of the tests and packages.
@@ -51,7 +61,7 @@ fi
 missing=()
 if command -v apt-get >/dev/null; then
     for p in "${apt_packages[@]}"; do
-        grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" || missing+=("$p")
+        grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "${p%%=*}" 2>/dev/null)" || missing+=("$p")
     done
     if [ ${#missing[@]} -gt 0 ]; then
         $sudo apt-get update -qq

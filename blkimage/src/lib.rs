@@ -14,6 +14,7 @@
 
 mod bitmap;
 mod buffer;
+pub mod formats;
 pub mod http;
 pub mod mapped;
 mod masked;
@@ -26,6 +27,7 @@ mod readahead;
 mod reader;
 mod sink;
 mod source;
+mod vnbd_chain;
 mod window;
 
 pub use bitmap::{BitmapInfo, Dirty, MAX_DIRTY_RANGES};
@@ -207,6 +209,9 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
     }
     let file = RawFile::open_with(path, opts)?;
     file.lock(opts.force_share)?;
+    if opts.format.is_none() && ft.is_file() && formats::vnbd::probe_file(&file)? {
+        return Ok(Input::Image(Box::new(vnbd_chain::open(file, path, opts)?)));
+    }
     let other = match opts.format {
         Some(Format::Qemu(f)) => Some(f),
         None if !ft.is_block_device() => {

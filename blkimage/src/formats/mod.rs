@@ -1,0 +1,3 @@
+//! Image formats blkimage reads itself, each over any storage.
+
+pub mod vnbd;
