@@ -356,8 +356,7 @@ impl MapBuilder {
         template.check()?;
         let written = Written {
             w: RecordWriter::new(out, &template)?,
-            outer: (!partial)
-                .then(|| Outer::new(algorithm, &zero_digest(algorithm, block_size))),
+            outer: (!partial).then(|| Outer::new(algorithm, &zero_digest(algorithm, block_size))),
             template,
         };
         builder.lock().body = Sink::Written(Box::new(written));
@@ -408,7 +407,9 @@ impl MapBuilder {
         }
         let Sink::Written(written) = std::mem::replace(&mut st.body, Sink::Memory(Body::default()))
         else {
-            return Err(MapError::Invalid("a map built in memory, not written".into()));
+            return Err(MapError::Invalid(
+                "a map built in memory, not written".into(),
+            ));
         };
         let Written { w, template, outer } = *written;
         let header = Header {
@@ -427,8 +428,7 @@ impl MapBuilder {
                 self.block_size
             )));
         }
-        if range.end() == size && !size.is_multiple_of(self.block_size as u64) && w.last_is_zero()
-        {
+        if range.end() == size && !size.is_multiple_of(self.block_size as u64) && w.last_is_zero() {
             return Err(MapError::Invalid(
                 "the short last block is marked as a zero block".into(),
             ));

@@ -3,8 +3,9 @@
 //! the map whole in memory.
 
 use crate::format::{Header, MapReader, TAG_DATA, TAG_ZEROS, open_map_file};
-use crate::stream::Checked;
-use crate::MapError;
+use crate::stream::{Checked, Pieces};
+use crate::{Block, Map, MapError};
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
@@ -84,7 +85,9 @@ impl MapFile {
 
     /// The runs, in order: blocks (counted from the first the records
     /// cover) and whether they hold data.
-    pub fn runs(&self) -> impl Iterator<Item = Result<(std::ops::Range<u64>, bool), MapError>> + '_ {
+    pub fn runs(
+        &self,
+    ) -> impl Iterator<Item = Result<(std::ops::Range<u64>, bool), MapError>> + '_ {
         let mut heads = self.heads(0, self.records);
         std::iter::from_fn(move || {
             heads
@@ -237,5 +240,63 @@ impl Heads<'_> {
         self.at += 9 + skip;
         self.block += count;
         Ok(Some(head))
+    }
+}
+
+/// A map read by block index and as a stream: a map in memory, a saved
+/// map read where it lies ([`MapFile`]), or another map-like file. What
+/// an incremental update asks of its base: the header, the runs (whether
+/// each block holds data), a block's digest now and then, and every
+/// block once, in order.
+pub trait MapLike {
+    /// The header: digest, block size, size, range, checksum, identity.
+    fn header(&self) -> Cow<'_, Header>;
+    /// The runs in order: blocks (from the first the records cover), and
+    /// whether they hold data.
+    fn runs(&self) -> Box<dyn Iterator<Item = Result<(BlockRange, bool), MapError>> + '_>;
+    /// The digest of block `index`; `None` for a zero block.
+    fn block(&self, index: u64) -> Result<Option<Vec<u8>>, MapError>;
+    /// Every block in order, checked as a load checks it once read to
+    /// the end.
+    fn pieces(&self) -> Result<Box<dyn Pieces + '_>, MapError>;
+}
+
+/// Block indexes.
+type BlockRange = std::ops::Range<u64>;
+
+impl MapLike for MapFile {
+    fn header(&self) -> Cow<'_, Header> {
+        Cow::Borrowed(&self.header)
+    }
+    fn runs(&self) -> Box<dyn Iterator<Item = Result<(BlockRange, bool), MapError>> + '_> {
+        Box::new(MapFile::runs(self))
+    }
+    fn block(&self, index: u64) -> Result<Option<Vec<u8>>, MapError> {
+        MapFile::block(self, index)
+    }
+    fn pieces(&self) -> Result<Box<dyn Pieces + '_>, MapError> {
+        Ok(Box::new(MapFile::pieces(self)?))
+    }
+}
+
+impl MapLike for Map {
+    fn header(&self) -> Cow<'_, Header> {
+        Cow::Owned(Map::header(self))
+    }
+    fn runs(&self) -> Box<dyn Iterator<Item = Result<(BlockRange, bool), MapError>> + '_> {
+        Box::new(Map::runs(self).map(|r| Ok((r.first..r.first + r.count, r.digests.is_some()))))
+    }
+    fn block(&self, index: u64) -> Result<Option<Vec<u8>>, MapError> {
+        match Map::block(self, index) {
+            Some(Block::Zero) => Ok(None),
+            Some(Block::Data(d)) => Ok(Some(d.to_vec())),
+            None => Err(MapError::Invalid(format!(
+                "block {index} of a map of {} blocks",
+                self.blocks()
+            ))),
+        }
+    }
+    fn pieces(&self) -> Result<Box<dyn Pieces + '_>, MapError> {
+        Ok(Box::new(Map::pieces(self)))
     }
 }

@@ -54,19 +54,19 @@ mod writer;
 
 pub use builder::{MapBuilder, Observed, Summary};
 pub use diff::{Diff, Mismatch, Range, diff, diff_pieces};
-pub use file::MapFile;
-pub use splice::{Splice, Spliced, splice};
-pub use stream::{Checked, MapPieces, Pieces};
-pub use writer::{Output, RecordWriter};
+pub use file::{MapFile, MapLike};
 pub use format::{
     Header, MAGIC, MAX_IDENTITY, MapReader, Piece, VERSION, check_range, is_map,
     remove_stale_temps, write_atomic,
 };
 pub use merge::{
-    Input, Named, merge, merge_files, merge_files_until, merge_to_file,
-    merge_to_file_until, merge_until,
+    Input, Named, merge, merge_files, merge_files_until, merge_to_file, merge_to_file_until,
+    merge_until,
 };
 pub use part::Part;
+pub use splice::{Splice, Spliced, splice};
+pub use stream::{Checked, MapPieces, Pieces};
+pub use writer::{Output, OutputError, RecordWriter, save_with};
 
 use blkhash::{Algorithm, Checksum, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 use std::fmt;
@@ -269,7 +269,9 @@ impl Body {
         Some(Run {
             first: r.first,
             count: r.count,
-            digests: r.data.map(|at| &self.digests[at..at + r.count as usize * len]),
+            digests: r
+                .data
+                .map(|at| &self.digests[at..at + r.count as usize * len]),
         })
     }
 

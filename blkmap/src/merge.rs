@@ -18,7 +18,6 @@ impl<T: Read + Seek> Input for T {}
 /// An input of a merge: a name for messages, and the part's bytes.
 pub type Named<'a> = (String, Box<dyn Input + 'a>);
 
-
 /// Merge the parts `inputs` (a name for messages, and the part's bytes)
 /// into one map, written to `out` if given; return the header of the
 /// result, whose checksum is the image's when the parts cover it all.

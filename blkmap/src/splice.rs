@@ -3,12 +3,12 @@
 //! new map's records; memory is a piece, the write buffer and the fresh
 //! blocks.
 
+use crate::Block;
 use crate::format::{Header, Piece};
 use crate::merge::placeholder;
 use crate::stream::{Blocks, Pieces};
 use crate::writer::{Output, RecordWriter};
 use crate::{MapError, Outer, Part, Range, zero_digest};
-use crate::Block;
 
 /// Block indexes.
 type BlockRange = std::ops::Range<u64>;

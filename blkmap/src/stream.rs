@@ -193,7 +193,10 @@ impl<P: Pieces> Blocks<P> {
                 return Ok(Some((false, self.zeros)));
             }
             if self.pos < self.buf.len() {
-                return Ok(Some((true, ((self.buf.len() - self.pos) / self.len) as u64)));
+                return Ok(Some((
+                    true,
+                    ((self.buf.len() - self.pos) / self.len) as u64,
+                )));
             }
             if self.end {
                 return Ok(None);

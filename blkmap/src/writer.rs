@@ -193,3 +193,60 @@ impl<W: Output> RecordWriter<W> {
         Ok(w)
     }
 }
+
+/// Write the file `path` atomically with `write`, given the new temporary
+/// file (a map written as it is built: [`MapBuilder::writing`],
+/// [`splice`](crate::splice)), once the guard let `path` be written in
+/// place of what it is and of none of `inputs` ([`crate::guard`]). `path`
+/// is the old file or the new one, never a part of one; on an error it is
+/// left as it was. An error of the output itself (refused, not created,
+/// not renamed) comes as an [`OutputError`], for the caller to name
+/// `path` in its message rather than the input.
+///
+/// [`MapBuilder::writing`]: crate::MapBuilder::writing
+pub fn save_with<T>(
+    path: &std::path::Path,
+    inputs: &[crate::guard::Input<'_>],
+    write: impl FnOnce(std::fs::File) -> io::Result<T>,
+) -> io::Result<T> {
+    let output = |e: io::Error| io::Error::new(e.kind(), OutputError(e));
+    crate::guard::check_outputs(&[crate::guard::Output::map(path)], inputs).map_err(output)?;
+    let mut value = None;
+    let mut failed = None;
+    let done = crate::format::write_atomic(path, |w| {
+        w.flush()?;
+        // A second handle on the new file: what `write` writes goes to it
+        // directly, and the buffer `write_atomic` flushes stays empty.
+        match write(w.get_ref().try_clone()?) {
+            Ok(v) => value = Some(v),
+            Err(e) => {
+                let kind = e.kind();
+                failed = Some(e);
+                return Err(io::Error::from(kind));
+            }
+        }
+        Ok(())
+    });
+    match (failed, done) {
+        (Some(e), _) => Err(e),
+        (None, Err(e)) => Err(output(e)),
+        (None, Ok(())) => Ok(value.expect("written")),
+    }
+}
+
+/// An error of the file a map is written to, not of what was read to make
+/// it ([`save_with`]).
+#[derive(Debug)]
+pub struct OutputError(pub io::Error);
+
+impl std::fmt::Display for OutputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for OutputError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}

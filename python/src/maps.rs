@@ -57,23 +57,7 @@ pub fn map_range(
     retries: Option<i64>,
 ) -> PyResult<(u64, u64)> {
     let name = image_name(&image)?;
-    let span = match part {
-        Some(_) if offset != 0 || length.is_some() => {
-            return Err(PyValueError::new_err(
-                "give part=(k, n) or offset and length, not both",
-            ));
-        }
-        Some((index, count)) if index == 0 || index > count => {
-            return Err(PyValueError::new_err(format!(
-                "part ({index}, {count}): k from 1 to n"
-            )));
-        }
-        Some((index, count)) => Span::Part { index, count },
-        None => Span::Range {
-            offset,
-            len: length,
-        },
-    };
+    let span = span_of(offset, length, part)?;
     let spec = JobSpec {
         digest: Some(parse_digest(digest)?),
         block_size: Some(check_block_size(block_size)?),
@@ -126,17 +110,39 @@ pub fn map_range(
             Ok(r) => r,
             Err(why) => return Ok(Err(why)),
         };
-        let part = blkjob::map_range(std::ffi::OsStr::new(&name), src, range, &job, &mut |_| {})?;
-        let image_input = blkmap::guard::Input {
+        let inputs = [blkmap::guard::Input {
             name: image.as_os_str(),
             role: "the image",
+        }];
+        let out = blkjob::Out {
+            path: &out,
+            inputs: &inputs,
         };
-        part.save_guarded(&out, &[image_input])?;
+        // Written as it is made: memory does not grow with the part.
+        let name = std::ffi::OsStr::new(&name);
+        blkjob::map_range_to(name, src, range, &job, &mut |_| {}, out)?;
         Ok(Ok(((range.offset, range.len), rounded)))
     })?;
     let (range, rounded) = done.map_err(|why| PyValueError::new_err(format!("{shown}: {why}")))?;
     warn_rounded(py, &warn_name, rounded)?;
     Ok(range)
+}
+
+/// The part asked for: ``offset``/``length``, or ``part=(k, n)``.
+fn span_of(offset: u64, length: Option<u64>, part: Option<(u64, u64)>) -> PyResult<Span> {
+    match part {
+        Some(_) if offset != 0 || length.is_some() => Err(PyValueError::new_err(
+            "give part=(k, n) or offset and length, not both",
+        )),
+        Some((index, count)) if index == 0 || index > count => Err(PyValueError::new_err(format!(
+            "part ({index}, {count}): k from 1 to n"
+        ))),
+        Some((index, count)) => Ok(Span::Part { index, count }),
+        None => Ok(Span::Range {
+            offset,
+            len: length,
+        }),
+    }
 }
 
 /// Merge the part files ``parts`` (from ``map_range()`` or ``blkmap

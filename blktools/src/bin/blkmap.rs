@@ -283,18 +283,17 @@ fn map(args: &Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // The map-writing functions check OUT again as they write.
+    // The map-writing functions check OUT again as they write, and write
+    // it as the map is made: memory does not grow with the map.
     let inputs = [input];
+    let out = blkjob::Out {
+        path: out_path,
+        inputs: &inputs,
+    };
     if let (Some(base), Some(bitmap)) = (&args.base, &args.dirty_bitmap) {
-        let done = update(args, base, bitmap, &signals, &progress);
+        let done = update(args, base, bitmap, &signals, &progress, out);
         return match done {
-            Ok((map, read)) => match map.save_guarded(out_path, &inputs) {
-                Ok(()) => print_result(args, &map, read),
-                Err(e) => {
-                    eprintln!("blkmap: {out_name}: {}", reason(&e));
-                    ExitCode::FAILURE
-                }
-            },
+            Ok((header, read)) => print_result(args, &header, read),
             Err(_) if signals.cancelled() => {
                 eprintln!("blkmap: {image}: interrupted");
                 ExitCode::from(signals.exit_status())
@@ -310,35 +309,31 @@ fn map(args: &Args) -> ExitCode {
         };
     }
     let saved = match args.range {
-        Some(span) => map_part(image_os, span, &job, &progress)
-            .map(|part| (part.save_guarded(out_path, &inputs), None)),
-        None => {
-            let mapped = if image_os == "-" {
-                progress.track("-", None, |p| blkjob::map_stdin(&job, false, p))
-            } else {
-                job.open(image_os).and_then(|input| {
-                    progress.track(&image, input.size(), |p| {
-                        blkjob::map_image(image_os, input, &job, job.cancel(), p)
-                    })
+        Some(span) => map_part(image_os, span, &job, &progress, out).map(|()| None),
+        None => job
+            .open(image_os)
+            .and_then(|input| {
+                progress.track(&image, input.size(), |p| {
+                    blkjob::map_image_to(image_os, input, &job, job.cancel(), p, out)
                 })
-            };
-            mapped.map(|m| {
+            })
+            .map(|m| {
                 say_rounded(&image, m.rounded);
                 let read = Read {
-                    dirty_blocks: m.map.blocks(),
+                    dirty_blocks: m.summary.header.blocks(),
                     sampled: 0,
                     conflicting: 0,
                     bytes: m.stats.data,
                     checks: Vec::new(),
                 };
-                (m.map.save_guarded(out_path, &inputs), Some((m.map, read)))
-            })
-        }
+                Some((m.summary.header, read))
+            }),
     };
     let map = match saved {
-        Ok((Ok(()), map)) => map,
-        Ok((Err(e), _)) => {
-            eprintln!("blkmap: {out_name}: {}", reason(&e));
+        Ok(map) => map,
+        Err(e) if output_error(&e).is_some() => {
+            let e = output_error(&e).expect("an output error");
+            eprintln!("blkmap: {out_name}: {}", reason(e));
             return ExitCode::FAILURE;
         }
         Err(_) if signals.cancelled() => {
@@ -351,7 +346,7 @@ fn map(args: &Args) -> ExitCode {
         }
     };
     match map {
-        Some((map, read)) => print_result(args, &map, read),
+        Some((header, read)) => print_result(args, &header, read),
         // A part has no checksum of its own.
         None => ExitCode::SUCCESS,
     }
@@ -365,17 +360,24 @@ fn update(
     bitmap: &str,
     signals: &Signals,
     progress: &Progress,
-) -> Result<(blkmap::Map, Read), (Option<String>, String)> {
+    out: blkjob::Out<'_>,
+) -> Result<(blkmap::Header, Read), (Option<String>, String)> {
     let image_os = args.image.as_deref().expect("clap requires IMAGE");
     let image = blkcli::shown_lossy(image_os);
     let base_name = base_path.display().to_string();
-    let old = blkmap::Map::load(base_path).map_err(|e| (Some(base_name.clone()), e.to_string()))?;
+    // Read where it lies: its blocks once in order, a few by index.
+    let old =
+        blkmap::MapFile::open(base_path).map_err(|e| (Some(base_name.clone()), e.to_string()))?;
     let mut spec = args.input.spec();
     // An NBD server offers a bitmap only if asked for it while connecting.
     spec.open.nbd.dirty_bitmap = Some(bitmap.to_string());
-    let job = InputArgs::resolve(spec, Some((old.algorithm(), old.block_size())))
-        .with_cancel(signals.cancel.clone());
-    let failed = |e: io::Error| (None, reason(&e));
+    let (algorithm, block_size) = (old.header().algorithm, old.header().block_size);
+    let job =
+        InputArgs::resolve(spec, Some((algorithm, block_size))).with_cancel(signals.cancel.clone());
+    let failed = |e: io::Error| match output_error(&e) {
+        Some(o) => (Some(out.path.display().to_string()), reason(o)),
+        None => (None, reason(&e)),
+    };
     let src = job
         .open(image_os)
         .and_then(|i| blkjob::seekable(i, "--dirty-bitmap"))
@@ -388,7 +390,12 @@ fn update(
     let size = Some(src.size() * (1 + u64::from(args.verify)));
     let updated = progress
         .track(&image, size, |p| {
-            blkjob::incremental::update_map(src, image_os, &base, bitmap, args.verify, &job, p)
+            blkmap::save_with(out.path, out.inputs, |mut file| {
+                let verify = args.verify;
+                blkjob::incremental::update_map(
+                    src, image_os, &base, bitmap, verify, &job, p, &mut file,
+                )
+            })
         })
         .map_err(failed)?;
     let read = Read {
@@ -398,7 +405,15 @@ fn update(
         bytes: updated.read_bytes,
         checks: updated.changes.checks.iter().map(|c| c.name()).collect(),
     };
-    Ok((updated.map, read))
+    Ok((updated.header, read))
+}
+
+/// The error of OUT itself (refused, not created or renamed), if `e` is
+/// one: said of OUT, not of the image.
+fn output_error(e: &io::Error) -> Option<&io::Error> {
+    e.get_ref()
+        .and_then(|i| i.downcast_ref::<blkmap::OutputError>())
+        .map(|o| &o.0)
 }
 
 /// What a run read, for --json.
@@ -420,10 +435,15 @@ struct Read {
 const JSON_SCHEMA: u32 = 1;
 
 /// The checksum line, or with --json the object describing the run.
-fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
+fn print_result(args: &Args, map: &blkmap::Header, read: Read) -> ExitCode {
     let image = args.image.as_deref().expect("clap requires IMAGE");
+    let checksum = map
+        .checksum
+        .as_ref()
+        .map(|c| c.to_hex())
+        .unwrap_or_default();
     if !args.json {
-        return print_line(&map.checksum().to_hex(), &blkcli::shown(image), None);
+        return print_line(&checksum, &blkcli::shown(image), None);
     }
     // Spelled as blksum's and blkdiff's JSON (qemu-img's `virtual-size`);
     // `size`, this document's first name for it, is kept while `schema`
@@ -431,11 +451,11 @@ fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
     let doc = serde_json::json!({
         "schema": JSON_SCHEMA,
         "image": blkcli::shown_lossy(image),
-        "checksum": map.checksum().to_hex(),
-        "digest": map.algorithm().to_string(),
-        "block-size": map.block_size(),
-        "virtual-size": map.size(),
-        "size": map.size(),
+        "checksum": checksum,
+        "digest": map.algorithm.to_string(),
+        "block-size": map.block_size,
+        "virtual-size": map.size,
+        "size": map.size,
         "blocks": map.blocks(),
         "dirty-blocks": read.dirty_blocks,
         "sampled-blocks": read.sampled,
@@ -511,7 +531,13 @@ fn bitmaps(image: &OsStr, json: bool, input: &InputArgs) -> ExitCode {
 }
 
 /// Hash the bytes `span` of the image `name` into a part.
-fn map_part(name: &OsStr, span: Span, job: &Job, progress: &Progress) -> io::Result<blkmap::Part> {
+fn map_part(
+    name: &OsStr,
+    span: Span,
+    job: &Job,
+    progress: &Progress,
+    out: blkjob::Out<'_>,
+) -> io::Result<()> {
     let input = job.open(name)?;
     // Asked of the image, not of the range's window over it.
     let rounded = input.rounded();
@@ -521,11 +547,11 @@ fn map_part(name: &OsStr, span: Span, job: &Job, progress: &Progress) -> io::Res
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let range = blkmap::Range { offset, len };
     let shown = blkcli::shown_lossy(name);
-    let part = progress.track(&shown, Some(len), |p| {
-        blkjob::map_range(name, src, range, job, p)
+    progress.track(&shown, Some(len), |p| {
+        blkjob::map_range_to(name, src, range, job, p, out)
     })?;
     say_rounded(&shown, rounded);
-    Ok(part)
+    Ok(())
 }
 
 /// A raw file hashed at QEMU's size, not its own: said once.
