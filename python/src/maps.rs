@@ -94,38 +94,54 @@ pub fn map_range(
     // known only once the image is open.
     let warn_name = image.clone();
     let done = run_cancellable(py, &shown, move |cancel| {
-        let job = job.with_cancel(cancel);
-        let input = job.open(&name)?;
-        // Asked of the image, not of the range's window over it.
-        let rounded = input.rounded();
-        let src = blkjob::seekable(input, "map_range")?;
-        let checked = span
-            .resolve(src.size(), job.block_size())
-            .map(|(offset, len)| blkmap::Range { offset, len })
-            .and_then(|r| {
-                blkmap::check_range(src.size(), job.block_size(), r).map_err(|e| e.to_string())?;
-                Ok(r)
-            });
-        let range = match checked {
-            Ok(r) => r,
-            Err(why) => return Ok(Err(why)),
-        };
-        let inputs = [blkmap::guard::Input {
-            name: image.as_os_str(),
-            role: "the image",
-        }];
-        let out = blkjob::Out {
-            path: &out,
-            inputs: &inputs,
-        };
-        // Written as it is made: memory does not grow with the part.
-        let name = std::ffi::OsStr::new(&name);
-        blkjob::map_range_to(name, src, range, &job, &mut |_| {}, out)?;
-        Ok(Ok(((range.offset, range.len), rounded)))
+        hash_range(&job.with_cancel(cancel), &name, &image, &out, span)
     })?;
     let (range, rounded) = done.map_err(|why| PyValueError::new_err(format!("{shown}: {why}")))?;
     warn_rounded(py, &warn_name, rounded)?;
     Ok(range)
+}
+
+/// The range hashed, and the raw file's size rounded up to QEMU's, if it
+/// was.
+type Hashed = ((u64, u64), Option<blkimage::Rounded>);
+
+/// Hash the part `span` of the image `name` (the path `image`) into the
+/// part file `out`, written as it is made: memory does not grow with the
+/// part. The range and the rounding, or why the range does not fit the
+/// image (a bad argument, known only once the image is open).
+fn hash_range(
+    job: &blkjob::Job,
+    name: &str,
+    image: &std::path::Path,
+    out: &std::path::Path,
+    span: Span,
+) -> std::io::Result<Result<Hashed, String>> {
+    let input = job.open(name)?;
+    // Asked of the image, not of the range's window over it.
+    let rounded = input.rounded();
+    let src = blkjob::seekable(input, "map_range")?;
+    let checked = span
+        .resolve(src.size(), job.block_size())
+        .map(|(offset, len)| blkmap::Range { offset, len })
+        .and_then(|r| {
+            blkmap::check_range(src.size(), job.block_size(), r).map_err(|e| e.to_string())?;
+            Ok(r)
+        });
+    let range = match checked {
+        Ok(r) => r,
+        Err(why) => return Ok(Err(why)),
+    };
+    let inputs = [blkmap::guard::Input {
+        name: image.as_os_str(),
+        role: "the image",
+    }];
+    let out = blkjob::Out {
+        path: out,
+        inputs: &inputs,
+    };
+    let name = std::ffi::OsStr::new(name);
+    blkjob::map_range_to(name, src, range, job, &mut |_| {}, out)?;
+    Ok(Ok(((range.offset, range.len), rounded)))
 }
 
 /// The part asked for: ``offset``/``length``, or ``part=(k, n)``.
