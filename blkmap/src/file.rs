@@ -57,8 +57,17 @@ impl MapFile {
     /// Open the map or part at `path`: header and record heads checked
     /// (as [`MapReader`] checks them), digests left where they are.
     pub fn open(path: impl AsRef<Path>) -> Result<MapFile, MapError> {
-        let file = open_map_file(path.as_ref())?;
-        let header = MapReader::new(BufReader::new(&file))?.header().clone();
+        MapFile::from_file(open_map_file(path.as_ref())?)
+    }
+
+    /// [`open`](MapFile::open) a file already open (read from its start,
+    /// whatever its position).
+    pub fn from_file(file: File) -> Result<MapFile, MapError> {
+        let at = At {
+            file: &file,
+            pos: 0,
+        };
+        let header = MapReader::new(BufReader::new(at))?.header().clone();
         let records = header.encoded_len() as u64;
         let mut map = MapFile {
             file,
