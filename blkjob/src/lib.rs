@@ -330,6 +330,31 @@ pub fn map_image_to(
     })
 }
 
+/// [`map`] written to an unnamed temporary file as it is built, and
+/// opened where it lies: memory stays bounded by buffers whatever the
+/// image's size (what blkdiff compares with a saved map, side by side).
+pub fn map_to_temp(
+    input: Input,
+    job: &Job,
+    cancel: &AtomicBool,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<(blkmap::MapFile, Written)> {
+    let file = tempfile::tempfile()?;
+    let out = Box::new(file.try_clone()?);
+    let builder = MapBuilder::writing(job.algorithm(), job.block_size(), out, false, None)?;
+    let (sink, builder) = hasher_into(job, builder)?;
+    let (summary, read) = read_all(input, sink, job, cancel, progress, |sink| {
+        builder.finalize_written(sink)
+    })?;
+    let written = Written {
+        summary,
+        format: read.format,
+        rounded: read.rounded,
+        stats: read.stats,
+    };
+    Ok((blkmap::MapFile::from_file(file)?, written))
+}
+
 /// A hasher for `job` observed by `builder`.
 fn hasher_into(job: &Job, builder: MapBuilder) -> io::Result<(Pipeline<AlignedBuf>, MapBuilder)> {
     let mut h = Pipeline::new(job.hasher_options())?;

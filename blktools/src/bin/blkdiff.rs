@@ -176,13 +176,17 @@ fn main() -> ExitCode {
 /// never loaded whole), or the map of an input hashed now.
 enum Side {
     Saved(blkmap::MapFile),
+    /// A map read from standard input, in memory.
     Hashed(Mapped),
+    /// An image's map, written to an unnamed temporary file as it was
+    /// made.
+    Written(blkmap::MapFile, blkjob::Written),
 }
 
 impl Side {
     fn map(&self) -> &dyn MapLike {
         match self {
-            Side::Saved(m) => m,
+            Side::Saved(m) | Side::Written(m, _) => m,
             Side::Hashed(m) => &m.map,
         }
     }
@@ -195,6 +199,7 @@ impl Side {
         match self {
             Side::Saved(_) => "map",
             Side::Hashed(m) => &m.format,
+            Side::Written(_, w) => &w.format,
         }
     }
 
@@ -202,6 +207,7 @@ impl Side {
         match self {
             Side::Saved(_) => None,
             Side::Hashed(m) => m.rounded,
+            Side::Written(_, w) => w.rounded,
         }
     }
 }
@@ -255,9 +261,9 @@ fn hash_both(
                 let input = job.open(name)?;
                 progress
                     .track(&blkcli::shown_lossy(name), input.size(), |p| {
-                        blkjob::map(input, job, job.cancel(), p)
+                        blkjob::map_to_temp(input, job, job.cancel(), p)
                     })
-                    .map(Side::Hashed)
+                    .map(|(file, written)| Side::Written(file, written))
             }
         }
     };
