@@ -374,9 +374,19 @@ fn update(
     let (algorithm, block_size) = (old.header().algorithm, old.header().block_size);
     let job =
         InputArgs::resolve(spec, Some((algorithm, block_size))).with_cancel(signals.cancel.clone());
-    let failed = |e: io::Error| match output_error(&e) {
-        Some(o) => (Some(out.path.display().to_string()), reason(o)),
-        None => (None, reason(&e)),
+    let failed = |e: io::Error| {
+        if let Some(o) = output_error(&e) {
+            return (Some(out.path.display().to_string()), reason(o));
+        }
+        let mut msg = reason(&e);
+        if let Some(w) = blkimage::cause::<blkjob::incremental::ReadWhole>(&e) {
+            msg += if w.verify_helps() {
+                " (a full map: blkmap IMAGE OUT, without --base; or --verify: every block read)"
+            } else {
+                " (a full map: blkmap IMAGE OUT, without --base)"
+            };
+        }
+        (None, msg)
     };
     let src = job
         .open(image_os)
