@@ -17,6 +17,7 @@ targets from our issue with PASS/FAIL.
     python3 bench/run.py --only python   # the Python package against blksum and the library
     python3 bench/run.py --only remote --runs 3   # nbdkit exports with read delays, unix and TCP
     python3 bench/run.py --only dirty --dirty-size 2g --runs 1   # incremental maps, quick
+    python3 bench/run.py --only mapsize --runs 3   # map commands' RSS at 64 GiB, 256 GiB, 1 TiB
     python3 bench/run.py --plots         # the charts of docs/, from the reports in docs/bench/
 
 Environment:
@@ -71,6 +72,7 @@ from common import (
 )
 from device import DeviceCases
 from dirty import DirtyCases
+from mapsize import MapSizeCases
 from web import HttpCases
 from library import LibCases
 from net import NetCases
@@ -219,7 +221,7 @@ IMAGE_CASES = {
 # ---------------------------------------------------------------- the bench
 
 
-class Bench(NetCases, LibCases, DeviceCases, DirtyCases, HttpCases):
+class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases):
     def __init__(self, args, report):
         self.a = args
         self.r = report

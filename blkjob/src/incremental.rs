@@ -37,7 +37,7 @@ use crate::record::Record;
 use crate::state::block_matches;
 use crate::{Job, hasher, read_all};
 use blkimage::{BitmapInfo, Input, Masked, Source};
-use blkmap::{Block, Map};
+use blkmap::{Header, MapLike, Output, Pieces};
 use std::ffi::OsStr;
 use std::io;
 use std::ops::Range;
@@ -84,11 +84,12 @@ impl Check {
     }
 }
 
-/// The base an update starts from: a map, and the name it was loaded
-/// from, for messages.
+/// The base an update starts from: a map (in memory, or read where it
+/// lies: [`blkmap::MapFile`]), and the name it was loaded from, for
+/// messages.
 pub struct Base<'a> {
     /// The map of the image when the bitmap was created or last cleared.
-    pub map: &'a Map,
+    pub map: &'a (dyn MapLike + Sync),
     /// Its name, as the user gave it.
     pub name: &'a str,
 }
@@ -192,20 +193,26 @@ pub fn changes(
     verified: bool,
 ) -> io::Result<Changes> {
     let size = src.size();
-    if base.map.size() != size {
+    let header = base.map.header();
+    if header.is_partial() {
+        return Err(invalid(format!(
+            "{} is a part of a map, not a whole map: merge the parts first (blkmap merge)",
+            base.name
+        )));
+    }
+    if header.size != size {
         return Err(invalid(format!(
             "{} is the map of a {}-byte image and this one is {size} bytes: not its earlier map",
-            base.name,
-            base.map.size()
+            base.name, header.size
         )));
     }
     let mut checks = vec![Check::Size];
-    checks.extend(check_record(now, base, verified)?);
+    checks.extend(check_record(now, &header, base.name, verified)?);
     let dirty = dirty(src, name)?;
     checks.push(Check::Bitmap);
     let (dirty_bytes, bitmap) = (dirty.bytes(), dirty.bitmap.clone());
     Ok(Changes {
-        blocks: dirty.into_blocks(base.map.block_size()),
+        blocks: dirty.into_blocks(header.block_size),
         dirty_bytes,
         bitmap,
         checks,
@@ -214,15 +221,20 @@ pub fn changes(
 
 /// Check the files the image reads besides itself (or its export) against
 /// the record the base keeps: the check made, if one could be.
-fn check_record(now: &Record, base: &Base<'_>, verified: bool) -> io::Result<Option<Check>> {
-    let Some(recorded) = base.map.identity() else {
+fn check_record(
+    now: &Record,
+    header: &Header,
+    base_name: &str,
+    verified: bool,
+) -> io::Result<Option<Check>> {
+    let Some(recorded) = header.identity.as_deref() else {
         if verified {
             return Ok(None);
         }
         let why = format!(
             "{} records nothing of the image it was made from (an earlier version wrote \
              it), so the files the image reads besides itself cannot be checked",
-            base.name
+            base_name
         );
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -236,10 +248,10 @@ fn check_record(now: &Record, base: &Base<'_>, verified: bool) -> io::Result<Opt
         read_whole(format!(
             "{}: its record of the image it was made from is not one this version reads \
              ({why})",
-            base.name
+            base_name
         ))
     })?;
-    if let Some(why) = then.below_image_changed(now, base.name) {
+    if let Some(why) = then.below_image_changed(now, base_name) {
         return Err(read_whole(format!(
             "{why}; a dirty bitmap records writes to the image that holds it only, so the \
              bitmap cannot say what changed"
@@ -275,11 +287,13 @@ pub fn dirty(src: &dyn Source, name: &str) -> io::Result<blkimage::Dirty> {
 /// Costs the extents only (qcow2 tables, NBD block status).
 pub fn allocation_conflicts(
     src: &dyn Source,
-    map: &Map,
+    map: &dyn MapLike,
     changes: &Changes,
 ) -> io::Result<Vec<Range<u64>>> {
-    let bs = map.block_size() as u64;
-    let size = map.size();
+    let (bs, size) = {
+        let h = map.header();
+        (h.block_size as u64, h.size)
+    };
     // Blocks holding any data now.
     let mut data: Vec<Range<u64>> = Vec::new();
     let mut at = 0;
@@ -297,10 +311,9 @@ pub fn allocation_conflicts(
     }
     let (mut zero, mut recorded) = (Vec::new(), Vec::new());
     for run in map.runs() {
-        let r = run.first..run.first + run.count;
-        match run.digests {
-            Some(_) => append(&mut recorded, r),
-            None => append(&mut zero, r),
+        match run? {
+            (r, true) => append(&mut recorded, r),
+            (r, false) => append(&mut zero, r),
         }
     }
     let conflicts = union(&intersect(&zero, &data), &subtract(&recorded, &data));
@@ -365,33 +378,45 @@ fn subtract(a: &[Range<u64>], b: &[Range<u64>]) -> Vec<Range<u64>> {
 }
 
 /// Clean block indexes to sample: [`SAMPLES`] spread over the clean data
-/// blocks of the base, then, if there are fewer, over all clean blocks.
-fn samples(base: &Map, changes: &Changes) -> Vec<u64> {
-    let clean = |i: &u64| !changes.is_dirty(*i);
-    let data: Vec<u64> = (base.runs())
-        .filter(|r| r.digests.is_some())
-        .flat_map(|r| r.first..r.first + r.count)
-        .filter(clean)
-        .collect();
-    let mut picked = spread(&data, SAMPLES as usize);
+/// blocks of the base, then, if there are fewer, over its clean zero
+/// blocks. Memory: the base's runs as ranges, never a list of blocks.
+fn samples(base: &dyn MapLike, changes: &Changes) -> io::Result<Vec<u64>> {
+    let (mut data, mut zero) = (Vec::new(), Vec::new());
+    for run in base.runs() {
+        match run? {
+            (r, true) => append(&mut data, r),
+            (r, false) => append(&mut zero, r),
+        }
+    }
+    let mut picked = spread(&subtract(&data, &changes.blocks), SAMPLES);
     if picked.len() < SAMPLES as usize {
-        let rest: Vec<u64> = (0..base.blocks())
-            .filter(clean)
-            .filter(|i| !picked.contains(i))
-            .take(1 << 20)
-            .collect();
-        picked.extend(spread(&rest, SAMPLES as usize - picked.len()));
+        let rest = SAMPLES - picked.len() as u64;
+        picked.extend(spread(&subtract(&zero, &changes.blocks), rest));
         picked.sort_unstable();
     }
-    picked
+    Ok(picked)
 }
 
-/// `n` of `items`, spread evenly (all of them if there are fewer).
-fn spread(items: &[u64], n: usize) -> Vec<u64> {
-    if items.len() <= n {
-        return items.to_vec();
+/// `n` of the blocks in the ordered ranges `v`, spread evenly (all of
+/// them if there are fewer).
+fn spread(v: &[Range<u64>], n: u64) -> Vec<u64> {
+    let total = count(v);
+    let wanted: Vec<u64> = match total <= n {
+        true => (0..total).collect(),
+        false => (0..n)
+            .map(|k| (k as u128 * total as u128 / n as u128) as u64)
+            .collect(),
+    };
+    // The k-th block of the ranges, for each wanted k (in order).
+    let (mut out, mut r, mut before) = (Vec::with_capacity(wanted.len()), 0, 0);
+    for k in wanted {
+        while before + (v[r].end - v[r].start) <= k {
+            before += v[r].end - v[r].start;
+            r += 1;
+        }
+        out.push(v[r].start + (k - before));
     }
-    (0..n).map(|k| items[k * items.len() / n]).collect()
+    out
 }
 
 /// Read the sampled clean blocks of `src` and check each holds what the
@@ -399,19 +424,17 @@ fn spread(items: &[u64], n: usize) -> Vec<u64> {
 /// image's earlier map, or the image changed behind the bitmap's back.
 pub fn check_clean(src: &dyn Source, base: &Base<'_>, changes: &Changes) -> io::Result<u64> {
     let map = base.map;
-    let bs = map.block_size() as u64;
+    let h = map.header();
+    let bs = h.block_size as u64;
     let mut buf = vec![0u8; bs as usize];
     let mut read = 0;
-    for i in samples(map, changes) {
+    for i in samples(map, changes)? {
         let offset = i * bs;
-        let n = bs.min(map.size() - offset) as usize;
+        let n = bs.min(h.size - offset) as usize;
         src.read_at(&mut buf[..n], offset)?;
         read += n as u64;
-        let recorded = match map.block(i) {
-            Some(Block::Data(d)) => Some(d),
-            _ => None,
-        };
-        if !block_matches(map.algorithm(), &buf[..n], recorded) {
+        let recorded = map.block(i)?;
+        if !block_matches(h.algorithm, &buf[..n], recorded.as_deref()) {
             return Err(invalid(format!(
                 "{} is not its map as it was when bitmap '{}' was created or cleared: \
                  block {i} (offset {offset}) holds other data, and the bitmap says it was \
@@ -438,8 +461,17 @@ pub fn check_allocation(
         return Ok((0, 0));
     }
     let (fresh, read) = hash_blocks(src, &conflicts, job, &mut |_| {})?;
-    let now = base.map.splice_part(&fresh, &conflicts)?;
-    refuse_unmarked(base, &now, &conflicts, &changes.bitmap.name)?;
+    let mut differ: Vec<Range<u64>> = Vec::new();
+    for i in conflicts.iter().flat_map(|r| r.clone()) {
+        let now = match fresh.block(i) {
+            Some(blkmap::Block::Data(d)) => Some(d),
+            _ => None,
+        };
+        if now != base.map.block(i)?.as_deref() {
+            append(&mut differ, i..i + 1);
+        }
+    }
+    refuse_unmarked(base, &differ, &changes.bitmap.name)?;
     Ok((count(&conflicts), read.stats.data))
 }
 
@@ -447,25 +479,15 @@ fn count(blocks: &[Range<u64>]) -> u64 {
     blocks.iter().map(|r| r.end - r.start).sum()
 }
 
-/// Refuse `now` (the base with `blocks` hashed again) if any of those
-/// blocks differs from the base: the bitmap did not mark them.
-fn refuse_unmarked(
-    base: &Base<'_>,
-    now: &Map,
-    blocks: &[Range<u64>],
-    bitmap: &str,
-) -> io::Result<()> {
-    let bs = now.block_size() as u64;
-    let mut differ: Vec<Range<u64>> = Vec::new();
-    for i in blocks.iter().flat_map(|r| r.clone()) {
-        if now.block(i) != base.map.block(i) {
-            append(&mut differ, i..i + 1);
-        }
-    }
+/// Refuse the update if any clean block in `differ` (hashed again since
+/// its allocation contradicts the base) differs from the base: the bitmap
+/// did not mark them.
+fn refuse_unmarked(base: &Base<'_>, differ: &[Range<u64>], bitmap: &str) -> io::Result<()> {
     if differ.is_empty() {
         return Ok(());
     }
-    let ranges: Vec<blkmap::Range> = byte_ranges(&differ, bs as usize, now.size())
+    let h = base.map.header();
+    let ranges: Vec<blkmap::Range> = byte_ranges(differ, h.block_size, h.size)
         .into_iter()
         .map(|r| blkmap::Range {
             offset: r.start,
@@ -505,12 +527,15 @@ fn unmarked_text(ranges: &[blkmap::Range], base: &Base<'_>, bitmap: &str, why: &
     )
 }
 
-/// An incremental map, and what it took.
+/// An incremental map, written, and what it took.
 #[derive(Debug)]
 pub struct Updated {
-    /// The image's map now, byte for byte the map a full run would make,
-    /// with the image's record now as its identity.
-    pub map: Map,
+    /// The image's map now as written (byte for byte the map a full run
+    /// would make, with the image's record now as its identity): its
+    /// header, with the checksum.
+    pub header: Header,
+    /// Its data blocks.
+    pub data_blocks: u64,
     /// "qcow2", "raw" (an NBD export), ...
     pub format: String,
     /// What the bitmap said, and the checks that passed.
@@ -525,28 +550,36 @@ pub struct Updated {
 }
 
 /// The map of `src` (opened from `image`) now, from `base` and the dirty
-/// bitmap `bitmap`: the base checked ([`changes`], [`check_clean`],
-/// [`allocation_conflicts`]), then only the dirty blocks and the clean
-/// blocks whose allocation contradicts the base read and hashed, as `job`
-/// says (its digest and block size must be the base's). With `verify`,
-/// every block is read again after ([`verify`]), and any that changed
-/// without the bitmap marking it refuses the update. `progress` gets the
-/// bytes passed on, the clean ones included (twice the image with
-/// `verify`).
+/// bitmap `bitmap`, written to `out` (new and empty): the base checked
+/// ([`changes`], [`check_clean`], [`allocation_conflicts`]), then only the
+/// dirty blocks and the clean blocks whose allocation contradicts the base
+/// read and hashed, as `job` says (its digest and block size must be the
+/// base's), and the new map written in one pass over the base's blocks,
+/// which checks the base as a load does. With `verify`, every block is
+/// read again after ([`verify`]), and any that changed without the bitmap
+/// marking it refuses the update. `progress` gets the bytes passed on, the
+/// clean ones included (twice the image with `verify`). On an error, what
+/// `out` holds is not a map: write it to a temporary file
+/// ([`blkmap::save_with`]).
+///
+/// Memory: the dirty blocks' digests and the base's runs as ranges,
+/// never the base or the new map.
 ///
 /// ```no_run
 /// use blkjob::incremental::{Base, update_map};
-/// let old = blkmap::Map::load("disk.map").unwrap();
+/// let old = blkmap::MapFile::open("disk.map").unwrap();
 /// let job = blkjob::JobSpec::default()
-///     .resolve(Some((old.algorithm(), old.block_size())))
+///     .resolve(Some((old.header().algorithm, old.header().block_size)))
 ///     .unwrap();
 /// let src = blkjob::seekable(job.open("disk.qcow2").unwrap(), "an update").unwrap();
 /// let base = Base { map: &old, name: "disk.map" };
-/// let new = update_map(src, "disk.qcow2".as_ref(), &base, "nightly", false, &job, &mut |_| {})
-///     .unwrap();
-/// new.map.save("disk.map").unwrap();
-/// println!("{}  disk.qcow2", new.map.checksum());
+/// let new = blkmap::save_with("disk.map".as_ref(), &[], |mut out| {
+///     update_map(src, "disk.qcow2".as_ref(), &base, "nightly", false, &job, &mut |_| {}, &mut out)
+/// })
+/// .unwrap();
+/// println!("{}  disk.qcow2", new.header.checksum.unwrap());
 /// ```
+#[allow(clippy::too_many_arguments)]
 pub fn update_map(
     src: Arc<dyn Source>,
     image: &OsStr,
@@ -555,8 +588,10 @@ pub fn update_map(
     verify: bool,
     job: &Job,
     progress: &mut dyn FnMut(u64),
+    out: &mut dyn Output,
 ) -> io::Result<Updated> {
-    if let Some(why) = crate::map_mismatch(base.map, job.algorithm(), job.block_size()) {
+    if let Some(why) = crate::header_mismatch(&base.map.header(), job.algorithm(), job.block_size())
+    {
         return Err(invalid(format!("{}: {why}", base.name)));
     }
     // Taken before anything is read: a file written during the run then
@@ -580,18 +615,29 @@ pub fn update_map(
     // says why the rest is wrong.
     let sampled_bytes = sampled_bytes?;
     let (fresh, stats) = hashed?;
-    let map = base.map.splice_part(&fresh, &read)?;
-    refuse_unmarked(base, &map, &conflicts, bitmap)?;
+    let how = blkmap::Splice {
+        fresh: &fresh,
+        ranges: &read,
+        compare: &conflicts,
+        identity: now.identity(),
+    };
+    let of_base = |e: blkmap::MapError| io::Error::from(e.of(base.name));
+    let (spliced, out) =
+        blkmap::splice(base.map.pieces().map_err(of_base)?, how, out).map_err(|e| match e {
+            blkmap::MapError::Io(e) => e,
+            other => of_base(other),
+        })?;
+    refuse_unmarked(base, &spliced.differ, bitmap)?;
     changes.checks.extend([Check::Allocation, Check::Samples]);
-    let map = map.with_identity(now.identity())?;
     if verify {
-        check_verified(src, &map, base, bitmap, job, progress)?;
+        check_verified(src, out, base, bitmap, job, progress)?;
         changes.checks.push(Check::Verify);
     }
     Ok(Updated {
-        map,
+        header: spliced.header,
+        data_blocks: spliced.data_blocks,
         format: stats.format,
-        sampled: samples(base.map, &changes).len() as u64,
+        sampled: samples(base.map, &changes)?.len() as u64,
         conflicting: count(&conflicts),
         read_bytes: stats.stats.data + sampled_bytes,
         changes,
@@ -617,18 +663,20 @@ fn hash_blocks(
     })
 }
 
-/// [`verify`], as an error naming the ranges (the first 8) when any
-/// differ: what `--verify` and Python's `verify=True` report, before
-/// anything is written.
+/// [`verify`] of the map `updated` has just been written to, as an error
+/// naming the ranges (the first 8) when any differ: what `--verify` and
+/// Python's `verify=True` report, before anything is renamed.
 pub fn check_verified(
     src: Arc<dyn Source>,
-    updated: &Map,
+    updated: &mut dyn Output,
     base: &Base<'_>,
     bitmap: &str,
     job: &Job,
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<()> {
-    let differ = verify(src, updated, job, progress)?;
+    updated.seek(io::SeekFrom::Start(0))?;
+    let reader = blkmap::MapReader::new(io::BufReader::with_capacity(1 << 20, updated))?;
+    let differ = verify(src, reader, job, progress)?;
     if differ.is_empty() {
         return Ok(());
     }
@@ -640,20 +688,38 @@ pub fn check_verified(
     ))
 }
 
-/// Read all of `src` and compare with `updated` (its incremental map):
-/// the block ranges that differ, each a block the bitmap did not mark
-/// whose content changed (a bitmap that missed a write, or a base that is
-/// not the image's). Empty when the incremental map is the image's.
+/// Read all of `src` and compare with `updated` (its incremental map, as
+/// pieces): the block ranges that differ, each a block the bitmap did not
+/// mark whose content changed (a bitmap that missed a write, or a base
+/// that is not the image's). Empty when the incremental map is the
+/// image's. The full map is written to an unnamed temporary file and read
+/// back beside `updated`: memory stays bounded.
 pub fn verify(
     src: Arc<dyn Source>,
-    updated: &Map,
+    updated: impl Pieces,
     job: &Job,
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<Vec<blkmap::Range>> {
     let size = src.size();
     let whole = blkimage::Window::new(src, 0, size)?;
-    let full = crate::map(Input::Image(Box::new(whole)), job, job.cancel(), progress)?;
-    let diff = blkmap::diff(updated, &full.map).map_err(|e| invalid(e.to_string()))?;
+    let mut file = tempfile::tempfile()?;
+    let builder = blkmap::MapBuilder::writing(
+        job.algorithm(),
+        job.block_size(),
+        Box::new(file.try_clone()?),
+        false,
+        None,
+    )?;
+    let mut h = blkhash::Pipeline::new(job.hasher_options())?;
+    h.set_observer(builder.observer());
+    let input = Input::Image(Box::new(whole));
+    read_all(input, h, job, job.cancel(), progress, |h| {
+        builder.finalize_written(h)
+    })?;
+    use std::io::Seek;
+    file.rewind()?;
+    let full = blkmap::MapReader::new(io::BufReader::with_capacity(1 << 20, file))?;
+    let diff = blkmap::diff_pieces(updated, full).map_err(|e| invalid(e.to_string()))?;
     Ok(diff.ranges)
 }
 
@@ -661,6 +727,7 @@ pub fn verify(
 mod tests {
     use super::*;
     use blkimage::{Dirty, Extent, ExtentKind};
+    use blkmap::Map;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     const BS: usize = 4096;
@@ -763,22 +830,24 @@ mod tests {
         Some(r.to_text().into_bytes())
     }
 
-    fn update(old: &[u8], new: Mem) -> (io::Result<Updated>, Arc<Mem>) {
+    /// [`update_map`] into memory: the update, and the bytes it wrote.
+    fn update_into(src: Arc<Mem>, base: &Base<'_>, verify: bool) -> io::Result<(Updated, Vec<u8>)> {
+        let mut out = io::Cursor::new(Vec::new());
+        let job = job();
+        let name = "mem".as_ref();
+        let up = update_map(src, name, base, "b", verify, &job, &mut |_| {}, &mut out)?;
+        Ok((up, out.into_inner()))
+    }
+
+    fn update(old: &[u8], new: Mem) -> (io::Result<(Updated, Map)>, Arc<Mem>) {
         let base_map = map_of(old).with_identity(record(old.len() as u64)).unwrap();
         let base = Base {
             map: &base_map,
             name: "old.map",
         };
         let src = Arc::new(new);
-        let r = update_map(
-            src.clone(),
-            "mem".as_ref(),
-            &base,
-            "b",
-            false,
-            &job(),
-            &mut |_| {},
-        );
+        let r = update_into(src.clone(), &base, false)
+            .map(|(up, bytes)| (up, Map::from_bytes(&bytes).unwrap()));
         (r, src)
     }
 
@@ -800,12 +869,13 @@ mod tests {
         ];
         let full = map_of(&new);
         let (r, src) = update(&old, mem(new, dirty));
-        let up = r.unwrap();
-        assert_eq!(up.map, full);
-        // Byte for byte the full map, but for the record it carries.
-        let bare = up.map.clone().with_identity(None).unwrap();
-        assert!(bare.to_bytes() == full.to_bytes());
-        assert_eq!(up.map.identity(), record(full.size()).as_deref());
+        let (up, map) = r.unwrap();
+        assert_eq!(map, full);
+        // Byte for byte the full map with the record it carries.
+        let recorded = full.clone().with_identity(record(full.size())).unwrap();
+        assert!(map.to_bytes() == recorded.to_bytes());
+        assert_eq!(map.identity(), record(full.size()).as_deref());
+        assert_eq!(up.header, recorded.header());
         let names: Vec<_> = up.changes.checks.iter().map(|c| c.name()).collect();
         assert_eq!(
             names,
@@ -824,7 +894,7 @@ mod tests {
         let read = src.read.load(Ordering::Relaxed);
         assert_eq!(read, up.read_bytes);
         assert!(read <= (5 + SAMPLES) * BS as u64, "{read}");
-        let again = verify(src, &up.map, &job(), &mut |_| {}).unwrap();
+        let again = verify(src, map.pieces(), &job(), &mut |_| {}).unwrap();
         assert!(again.is_empty());
     }
 
@@ -847,8 +917,8 @@ mod tests {
         new[33 * BS + 5] ^= 1;
         let (r, src) = update(&old, mem(new, vec![]));
         match r {
-            Ok(up) => {
-                let differ = verify(src, &up.map, &job(), &mut |_| {}).unwrap();
+            Ok((_, map)) => {
+                let differ = verify(src, map.pieces(), &job(), &mut |_| {}).unwrap();
                 let at = 33 * BS as u64;
                 assert_eq!(
                     differ,
@@ -882,8 +952,7 @@ mod tests {
             name: "old.map",
         };
         let src = Arc::new(mem(old.clone(), true));
-        let e =
-            update_map(src, "mem".as_ref(), &base, "b", false, &job(), &mut |_| {}).unwrap_err();
+        let e = update_into(src, &base, false).unwrap_err();
         assert!(
             e.to_string()
                 .contains("old.map: a map of sha256 digests of 512-byte blocks"),
@@ -893,7 +962,7 @@ mod tests {
 
     /// Old and new images differing in `blocks` (new bytes) with an empty
     /// bitmap: the error, or the update.
-    fn unmarked_change(old: &[u8], new: Vec<u8>) -> io::Result<Updated> {
+    fn unmarked_change(old: &[u8], new: Vec<u8>) -> io::Result<(Updated, Map)> {
         update(old, mem(new, vec![])).0
     }
 
@@ -923,9 +992,9 @@ mod tests {
             ..mem(old.clone(), vec![])
         };
         let (r, src) = update(&old, pre);
-        let up = r.unwrap();
+        let (up, map) = r.unwrap();
         assert_eq!(up.conflicting, 10);
-        assert_eq!(up.map, map_of(&old));
+        assert_eq!(map, map_of(&old));
         assert!(src.read.load(Ordering::Relaxed) >= 10 * BS as u64);
     }
 
@@ -938,21 +1007,12 @@ mod tests {
             name: "old.map",
         };
         let src = Arc::new(mem(old.clone(), vec![]));
-        let e = update_map(
-            src.clone(),
-            "mem".as_ref(),
-            &base,
-            "b",
-            false,
-            &job(),
-            &mut |_| {},
-        )
-        .unwrap_err();
+        let e = update_into(src.clone(), &base, false).unwrap_err();
         assert!(
             e.to_string().contains("records nothing of the image"),
             "{e}"
         );
-        let up = update_map(src, "mem".as_ref(), &base, "b", true, &job(), &mut |_| {}).unwrap();
+        let (up, _) = update_into(src, &base, true).unwrap();
         let names: Vec<_> = up.changes.checks.iter().map(|c| c.name()).collect();
         assert_eq!(
             names,
@@ -994,7 +1054,7 @@ mod tests {
             dirty_bytes: 0,
             checks: vec![],
         };
-        let s = samples(&base, &changes);
+        let s = samples(&base, &changes).unwrap();
         assert_eq!(s.len(), SAMPLES as usize);
         assert!(
             s.iter().all(|&i| i >= 10 && !(20..30).contains(&i)),
@@ -1005,6 +1065,6 @@ mod tests {
             blocks: vec![0..30, 33..64],
             ..changes
         };
-        assert_eq!(samples(&base, &changes), [30, 31, 32]);
+        assert_eq!(samples(&base, &changes).unwrap(), [30, 31, 32]);
     }
 }

@@ -111,11 +111,19 @@ pub(crate) fn read_all<T>(
 /// Why `map` cannot be compared with images hashed with `algorithm` and
 /// `block_size`, if it cannot.
 pub fn map_mismatch(map: &Map, algorithm: blkhash::Algorithm, block_size: usize) -> Option<String> {
-    (map.algorithm() != algorithm || map.block_size() != block_size).then(|| {
+    header_mismatch(&map.header(), algorithm, block_size)
+}
+
+/// [`map_mismatch`] of a map's (or part's) header.
+pub fn header_mismatch(
+    h: &blkmap::Header,
+    algorithm: blkhash::Algorithm,
+    block_size: usize,
+) -> Option<String> {
+    (h.algorithm != algorithm || h.block_size != block_size).then(|| {
         format!(
             "a map of {} digests of {}-byte blocks, not {algorithm} of {block_size}-byte blocks",
-            map.algorithm(),
-            map.block_size()
+            h.algorithm, h.block_size
         )
     })
 }
@@ -251,22 +259,171 @@ pub fn map_range(
     Ok(part)
 }
 
+/// A map or part written to its file as it was built, and what the input
+/// was: what the `*_to` functions give.
+#[derive(Debug)]
+pub struct Written {
+    /// The header written (the checksum of a whole map) and the data blocks.
+    pub summary: blkmap::Summary,
+    /// "raw", "qcow2", ... for images, "stream" for pipes.
+    pub format: String,
+    /// The file's size, if the guest size was rounded up from it.
+    pub rounded: Option<Rounded>,
+    /// What was read: data, zero and unallocated bytes.
+    pub stats: Stats,
+}
+
+/// Where a map is written, and what must not be written over: the
+/// file `path`, refused if it is one of `inputs` ([`blkmap::guard`]).
+#[derive(Clone, Copy)]
+pub struct Out<'a> {
+    /// The map's path (written atomically).
+    pub path: &'a std::path::Path,
+    /// The inputs it must not replace (the image, by its names).
+    pub inputs: &'a [blkmap::guard::Input<'a>],
+}
+
+/// [`map_image`] written to `out` as it is built (stdin's map if `name` is
+/// "-" and `input` a stream): memory stays bounded by buffers whatever the
+/// image's size, and nothing is kept of the map but its header.
+///
+/// ```no_run
+/// let job = blkjob::Job::default();
+/// let input = job.open("disk.qcow2").unwrap();
+/// let out = blkjob::Out { path: "disk.map".as_ref(), inputs: &[] };
+/// let name = "disk.qcow2".as_ref();
+/// let done = blkjob::map_image_to(name, input, &job, job.cancel(), &mut |_| {}, out).unwrap();
+/// println!("{}", done.summary.header.checksum.unwrap());
+/// ```
+pub fn map_image_to(
+    name: &std::ffi::OsStr,
+    input: Input,
+    job: &Job,
+    cancel: &AtomicBool,
+    progress: &mut dyn FnMut(u64),
+    out: Out<'_>,
+) -> io::Result<Written> {
+    let identity = match &input {
+        Input::Image(src) => record::Record::of(name, &**src)?.identity(),
+        Input::Stream(_) => None,
+    };
+    let builder = |file: File| {
+        MapBuilder::writing(
+            job.algorithm(),
+            job.block_size(),
+            Box::new(file),
+            false,
+            identity,
+        )
+    };
+    blkmap::save_with(out.path, out.inputs, |file| {
+        let (sink, builder) = hasher_into(job, builder(file)?)?;
+        let (summary, read) = read_all(input, sink, job, cancel, progress, |sink| {
+            builder.finalize_written(sink)
+        })?;
+        Ok(Written {
+            summary,
+            format: read.format,
+            rounded: read.rounded,
+            stats: read.stats,
+        })
+    })
+}
+
+/// [`map`] written to an unnamed temporary file as it is built, and
+/// opened where it lies: memory stays bounded by buffers whatever the
+/// image's size (what blkdiff compares with a saved map, side by side).
+pub fn map_to_temp(
+    input: Input,
+    job: &Job,
+    cancel: &AtomicBool,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<(blkmap::MapFile, Written)> {
+    let file = tempfile::tempfile()?;
+    let out = Box::new(file.try_clone()?);
+    let builder = MapBuilder::writing(job.algorithm(), job.block_size(), out, false, None)?;
+    let (sink, builder) = hasher_into(job, builder)?;
+    let (summary, read) = read_all(input, sink, job, cancel, progress, |sink| {
+        builder.finalize_written(sink)
+    })?;
+    let written = Written {
+        summary,
+        format: read.format,
+        rounded: read.rounded,
+        stats: read.stats,
+    };
+    Ok((blkmap::MapFile::from_file(file)?, written))
+}
+
+/// A hasher for `job` observed by `builder`.
+fn hasher_into(job: &Job, builder: MapBuilder) -> io::Result<(Pipeline<AlignedBuf>, MapBuilder)> {
+    let mut h = Pipeline::new(job.hasher_options())?;
+    h.set_observer(builder.observer());
+    Ok((h, builder))
+}
+
+/// [`map_range`] written to `out` as it is built.
+pub fn map_range_to(
+    name: &std::ffi::OsStr,
+    src: Arc<dyn blkimage::Source>,
+    range: blkmap::Range,
+    job: &Job,
+    progress: &mut dyn FnMut(u64),
+    out: Out<'_>,
+) -> io::Result<blkmap::Summary> {
+    let size = src.size();
+    blkmap::check_range(size, job.block_size(), range)?;
+    let identity = record::Record::of(name, &*src)?.identity();
+    let window = blkimage::Window::new(src, range.offset, range.len)?;
+    let input = Input::Image(Box::new(window));
+    blkmap::save_with(out.path, out.inputs, |file| {
+        let builder = MapBuilder::writing(
+            job.algorithm(),
+            job.block_size(),
+            Box::new(file),
+            true,
+            identity,
+        )?;
+        let (sink, builder) = hasher_into(job, builder)?;
+        let (part, _) = read_all(input, sink, job, job.cancel(), progress, |sink| {
+            builder.finalize_written_part(sink, size, range.offset)
+        })?;
+        Ok(part)
+    })
+}
+
 /// A saved map, if `name` is a regular file that starts with the map
 /// magic; `None` if it is something else (an image, a device, a URL).
 pub fn try_load_map(name: impl AsRef<std::path::Path>) -> io::Result<Option<Map>> {
     let name = name.as_ref();
-    let Ok(meta) = std::fs::metadata(name) else {
-        return Ok(None);
-    };
-    if !meta.is_file() {
-        return Ok(None);
-    }
-    let mut prefix = Vec::with_capacity(8);
-    File::open(name)?.take(8).read_to_end(&mut prefix)?;
-    if !blkmap::is_map(&prefix) {
+    if !is_map_file(name)? {
         return Ok(None);
     }
     Ok(Some(Map::load(name)?))
+}
+
+/// [`try_load_map`] opened where it lies ([`blkmap::MapFile`]): its
+/// header and runs read, its digests left in the file, for a reader that
+/// streams it (a diff) or looks up a few blocks (an update).
+pub fn try_open_map(name: impl AsRef<std::path::Path>) -> io::Result<Option<blkmap::MapFile>> {
+    let name = name.as_ref();
+    if !is_map_file(name)? {
+        return Ok(None);
+    }
+    Ok(Some(blkmap::MapFile::open(name)?))
+}
+
+/// Whether `name` is a regular file that starts with the map magic.
+fn is_map_file(name: &std::path::Path) -> io::Result<bool> {
+    let Ok(meta) = std::fs::metadata(name) else {
+        return Ok(false);
+    };
+    if !meta.is_file() {
+        return Ok(false);
+    }
+    let mut prefix = Vec::with_capacity(8);
+    File::open(name)?.take(8).read_to_end(&mut prefix)?;
+    Ok(blkmap::is_map(&prefix))
 }
 
 /// Standard input: a saved map if `detect_map` and it starts with the map

@@ -1,6 +1,8 @@
 //! Building a map while hashing, from the hasher's block events.
 
-use crate::{Body, Map, MapError, Part, Range, check_params, zero_digest};
+use crate::format::Header;
+use crate::writer::{Output, RecordWriter};
+use crate::{Body, Map, MapError, Outer, Part, Range, check_params, zero_digest};
 use blkhash::{Algorithm, BlockEvent, Checksum, Hasher, Pipeline};
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -56,8 +58,57 @@ impl<B: AsRef<[u8]> + Send + 'static> Observed for Pipeline<B> {
     }
 }
 
+/// Where a builder puts the blocks: in memory, or written as they come.
+enum Sink {
+    Memory(Body),
+    Written(Box<Written>),
+}
+
+/// A map written as it is built ([`MapBuilder::writing`]).
+struct Written {
+    w: RecordWriter<Box<dyn Output + Send>>,
+    template: Header,
+    /// The outer digest of a whole map, to check the hasher's checksum.
+    outer: Option<Outer>,
+}
+
+impl Sink {
+    fn blocks(&self) -> u64 {
+        match self {
+            Sink::Memory(b) => b.blocks,
+            Sink::Written(w) => w.w.blocks(),
+        }
+    }
+
+    fn zeros(&mut self, n: u64) -> io::Result<()> {
+        match self {
+            Sink::Memory(b) => b.push_zeros(n),
+            Sink::Written(w) => {
+                if let Some(o) = &mut w.outer {
+                    o.zeros(n);
+                }
+                w.w.zeros(n)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn data(&mut self, digest: &[u8]) -> io::Result<()> {
+        match self {
+            Sink::Memory(b) => b.push_data(digest),
+            Sink::Written(w) => {
+                if let Some(o) = &mut w.outer {
+                    o.data(digest);
+                }
+                w.w.data(digest)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 struct State {
-    body: Body,
+    body: Sink,
     /// Blocks already taken out as parts ([`MapBuilder::take_part`]).
     taken: u64,
     zero_digest: Vec<u8>,
@@ -75,28 +126,30 @@ impl State {
             BlockEvent::Data { index, .. } => (index, 1),
             BlockEvent::Zeros { index, count } => (index, count),
         };
-        if index != self.taken + self.body.blocks {
+        let expected = self.taken + self.body.blocks();
+        if index != expected {
             self.error = Some(format!(
-                "block event for block {index} where block {} was expected",
-                self.taken + self.body.blocks
+                "block event for block {index} where block {expected} was expected"
             ));
             return;
         }
-        match e {
-            BlockEvent::Zeros { .. } => self.body.push_zeros(count),
+        let added = match e {
+            BlockEvent::Zeros { .. } => self.body.zeros(count),
             BlockEvent::Data { digest, .. } if digest.len() != self.digest_len => {
                 self.error = Some(format!(
                     "a block digest of {} bytes, not {}",
                     digest.len(),
                     self.digest_len
                 ));
+                Ok(())
             }
             // A full block of zeros that was read and digested: a zero
             // block all the same (a short block never has this digest).
-            BlockEvent::Data { digest, .. } if digest == self.zero_digest => {
-                self.body.push_zeros(1)
-            }
-            BlockEvent::Data { digest, .. } => self.body.push_data(digest),
+            BlockEvent::Data { digest, .. } if digest == self.zero_digest => self.body.zeros(1),
+            BlockEvent::Data { digest, .. } => self.body.data(digest),
+        };
+        if let Err(e) = added {
+            self.error = Some(format!("writing the map: {e}"));
         }
     }
 }
@@ -132,7 +185,7 @@ impl MapBuilder {
             algorithm,
             block_size,
             state: Arc::new(Mutex::new(State {
-                body: Body::default(),
+                body: Sink::Memory(Body::default()),
                 taken: 0,
                 zero_digest: zero_digest(algorithm, block_size),
                 digest_len: algorithm.output_len(),
@@ -201,16 +254,20 @@ impl MapBuilder {
     /// at the end of the image.
     pub fn take_part(&self, size: u64, offset: u64) -> Result<Part, MapError> {
         let bs = self.block_size as u64;
-        let mut st = self
+        let mut guard = self
             .state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let st = &mut *guard;
         if let Some(e) = &st.error {
             return Err(MapError::Invalid(e.clone()));
         }
+        let Sink::Memory(body) = &mut st.body else {
+            return Err(written());
+        };
         let start = offset.saturating_add(st.taken * bs).min(size);
-        let len = (st.body.blocks * bs).min(size - start);
-        let body = std::mem::take(&mut st.body);
+        let len = (body.blocks * bs).min(size - start);
+        let body = std::mem::take(body);
         st.taken += body.blocks;
         Part::assemble(
             self.algorithm,
@@ -222,14 +279,18 @@ impl MapBuilder {
     }
 
     fn take_body(&self) -> Result<(u64, Body), MapError> {
-        let mut st = self
+        let mut guard = self
             .state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let st = &mut *guard;
         if let Some(e) = st.error.take() {
             return Err(MapError::Invalid(e));
         }
-        Ok((st.taken, std::mem::take(&mut st.body)))
+        let Sink::Memory(body) = &mut st.body else {
+            return Err(written());
+        };
+        Ok((st.taken, std::mem::take(body)))
     }
 
     /// Finish `hasher` (which this builder observes) and return the map,
@@ -247,4 +308,155 @@ impl MapBuilder {
         hasher.checksum()?;
         Ok(self.finish_part(size, Range { offset, len })?)
     }
+
+    /// A builder for blocks of `block_size` bytes digested with
+    /// `algorithm` that writes the map to `out` (new and empty) as the
+    /// blocks come, in memory bounded by a buffer whatever the image's
+    /// size: a whole map, or with `partial` a part (finish it with
+    /// [`finalize_written`](MapBuilder::finalize_written) or
+    /// [`finalize_written_part`](MapBuilder::finalize_written_part)). The
+    /// bytes are those [`Map::write_to`] or [`Part::write_to`] would
+    /// write, with `identity` recorded.
+    ///
+    /// ```
+    /// use blkhash::{Hasher, Options};
+    /// use blkmap::{Map, MapBuilder};
+    /// let opts = Options::new().block_size(512);
+    /// let mut h = Hasher::with_options(opts.clone()).unwrap();
+    /// use std::io::Seek;
+    /// let mut out = tempfile::tempfile().unwrap();
+    /// let builder = MapBuilder::writing(h.algorithm(), 512, Box::new(out.try_clone().unwrap()), false, None).unwrap();
+    /// h.set_observer(builder.observer());
+    /// h.update(&[1u8; 1000]);
+    /// h.update_zeros(4096);
+    /// let done = builder.finalize_written(h).unwrap();
+    /// out.rewind().unwrap();
+    /// let map = Map::read(out).unwrap();
+    /// assert_eq!(Some(map.checksum()), done.header.checksum.as_ref());
+    /// let mut data = vec![1u8; 1000];
+    /// data.resize(5096, 0);
+    /// assert_eq!(map, Map::compute(opts, &data).unwrap());
+    /// ```
+    pub fn writing(
+        algorithm: Algorithm,
+        block_size: usize,
+        out: Box<dyn Output + Send>,
+        partial: bool,
+        identity: Option<Vec<u8>>,
+    ) -> Result<MapBuilder, MapError> {
+        let builder = MapBuilder::new(algorithm, block_size)?;
+        let template = Header {
+            algorithm,
+            block_size,
+            size: 0,
+            range: Range { offset: 0, len: 0 },
+            checksum: (!partial).then(|| crate::merge::placeholder(algorithm)),
+            identity,
+        };
+        template.check()?;
+        let written = Written {
+            w: RecordWriter::new(out, &template)?,
+            outer: (!partial).then(|| Outer::new(algorithm, &zero_digest(algorithm, block_size))),
+            template,
+        };
+        builder.lock().body = Sink::Written(Box::new(written));
+        Ok(builder)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Finish `hasher`, which this builder (made by
+    /// [`writing`](MapBuilder::writing)) observes: the map written, its
+    /// blocks checked as [`finish`](MapBuilder::finish) checks them.
+    pub fn finalize_written(self, hasher: impl Observed) -> io::Result<Summary> {
+        let size = hasher.size();
+        let checksum = hasher.checksum()?;
+        let range = Range {
+            offset: 0,
+            len: size,
+        };
+        Ok(self.finish_written(size, range, Some(checksum))?)
+    }
+
+    /// [`finalize_written`](MapBuilder::finalize_written) of a part: the
+    /// bytes of an image of `size` bytes from `offset` on.
+    pub fn finalize_written_part(
+        self,
+        hasher: impl Observed,
+        size: u64,
+        offset: u64,
+    ) -> io::Result<Summary> {
+        let len = hasher.size();
+        hasher.checksum()?;
+        Ok(self.finish_written(size, Range { offset, len }, None)?)
+    }
+
+    fn finish_written(
+        self,
+        size: u64,
+        range: Range,
+        checksum: Option<Checksum>,
+    ) -> Result<Summary, MapError> {
+        let mut st = self.lock();
+        if let Some(e) = st.error.take() {
+            return Err(MapError::Invalid(e));
+        }
+        let Sink::Written(written) = std::mem::replace(&mut st.body, Sink::Memory(Body::default()))
+        else {
+            return Err(MapError::Invalid(
+                "a map built in memory, not written".into(),
+            ));
+        };
+        let Written { w, template, outer } = *written;
+        let header = Header {
+            size,
+            range,
+            checksum,
+            ..template
+        };
+        header.check()?;
+        if w.blocks() != header.blocks() {
+            return Err(MapError::Invalid(format!(
+                "{} blocks for the range {}+{} in {}-byte blocks",
+                w.blocks(),
+                range.offset,
+                range.len,
+                self.block_size
+            )));
+        }
+        if range.end() == size && !size.is_multiple_of(self.block_size as u64) && w.last_is_zero() {
+            return Err(MapError::Invalid(
+                "the short last block is marked as a zero block".into(),
+            ));
+        }
+        if let (Some(outer), Some(claimed)) = (outer, &header.checksum)
+            && outer.checksum(size) != *claimed
+        {
+            return Err(MapError::Checksum);
+        }
+        let data_blocks = w.data_blocks();
+        w.finish(&header)?;
+        Ok(Summary {
+            header,
+            data_blocks,
+        })
+    }
+}
+
+/// A map or part written as it was built ([`MapBuilder::writing`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    /// Its header, with the checksum of a whole map.
+    pub header: Header,
+    /// Blocks holding data.
+    pub data_blocks: u64,
+}
+
+/// A builder writing its map cannot give its blocks in memory.
+fn written() -> MapError {
+    MapError::Invalid("a map written as it was built, not in memory".into())
 }

@@ -1,6 +1,8 @@
 //! Where two maps differ.
 
-use crate::{Map, Run};
+use crate::format::{Header, Piece};
+use crate::stream::{Blocks, Pieces};
+use crate::{Map, MapError, zero_digest};
 use std::fmt;
 
 /// A guest byte range.
@@ -103,6 +105,16 @@ impl Diff {
 /// assert!(!d.is_same());
 /// ```
 pub fn diff(a: &Map, b: &Map) -> Result<Diff, Mismatch> {
+    mismatch(&a.header(), &b.header())?;
+    // Maps in memory read without error: only a mismatch can fail.
+    diff_pieces(a.pieces(), b.pieces()).map_err(|e| match e {
+        MapError::Mismatch(m) => m,
+        other => unreachable!("a map in memory failed to read: {other}"),
+    })
+}
+
+/// Why maps of `a` and `b` cannot be compared, if they cannot.
+fn mismatch(a: &Header, b: &Header) -> Result<(), Mismatch> {
     if a.algorithm != b.algorithm {
         return Err(Mismatch::Digest(
             a.algorithm.name().into(),
@@ -112,15 +124,48 @@ pub fn diff(a: &Map, b: &Map) -> Result<Diff, Mismatch> {
     if a.block_size != b.block_size {
         return Err(Mismatch::BlockSize(a.block_size, b.block_size));
     }
-    let bs = a.block_size as u64;
-    let len = a.algorithm.output_len();
-    let common = a.size.min(b.size);
+    Ok(())
+}
+
+/// [`diff`] of two map-like sources read as streams, each read to its end
+/// (so that its checks are made: give a saved map as a
+/// [`Checked`](crate::Checked) [`MapReader`](crate::MapReader) to have
+/// every check of a load). Memory: a piece of each, and the ranges found.
+///
+/// ```
+/// use blkhash::Options;
+/// use blkmap::{Checked, Map, MapReader, Range, diff_pieces};
+/// let opts = Options::new().block_size(512);
+/// let a = Map::compute(opts.clone(), &[1u8; 2048]).unwrap();
+/// let mut b = vec![1u8; 2048];
+/// b[1000] = 0;
+/// let b = Map::compute(opts, &b).unwrap().to_bytes();
+/// let saved = Checked::new(MapReader::new(&b[..]).unwrap());
+/// let d = diff_pieces(a.pieces(), saved).unwrap();
+/// assert_eq!(d.ranges, [Range { offset: 512, len: 512 }]);
+/// ```
+pub fn diff_pieces(a: impl Pieces, b: impl Pieces) -> Result<Diff, MapError> {
+    mismatch(a.header(), b.header()).map_err(MapError::Mismatch)?;
+    let (mut a, mut b) = (Blocks::new(a), Blocks::new(b));
+    let (ha, hb) = (a.header(), b.header());
+    let (size_a, size_b) = (ha.size, hb.size);
+    for h in [ha, hb] {
+        if h.is_partial() {
+            return Err(MapError::Partial {
+                range: h.range,
+                size: h.size,
+            });
+        }
+    }
+    let bs = ha.block_size as u64;
+    let len = ha.algorithm.output_len();
+    let zero = zero_digest(ha.algorithm, ha.block_size);
+    let common = size_a.min(size_b);
     let blocks = common.div_ceil(bs);
-    let zero = &a.zero_digest[..];
     let mut ranges: Vec<Range> = Vec::new();
-    let mut mark = |block: u64, count: u64| {
+    let mut mark = |block: u64| {
         let offset = block * bs;
-        let end = ((block + count) * bs).min(common);
+        let end = ((block + 1) * bs).min(common);
         match ranges.last_mut() {
             Some(r) if r.end() == offset => r.len = end - r.offset,
             _ => ranges.push(Range {
@@ -129,51 +174,37 @@ pub fn diff(a: &Map, b: &Map) -> Result<Diff, Mismatch> {
             }),
         }
     };
-    let mut ra = a.runs().peekable();
-    let mut rb = b.runs().peekable();
     let mut pos = 0u64;
-    // The digest of block `i` of a run.
-    fn digest<'a>(r: &Run<'a>, i: u64, len: usize, zero: &'a [u8]) -> &'a [u8] {
-        match r.digests {
-            Some(d) => &d[(i - r.first) as usize * len..][..len],
-            None => zero,
-        }
-    }
     while pos < blocks {
-        let (Some(x), Some(y)) = (ra.peek().copied(), rb.peek().copied()) else {
+        let (Some((_, na)), Some((_, nb))) = (a.ready()?, b.ready()?) else {
             break;
         };
-        let end = (x.first + x.count).min(y.first + y.count).min(blocks);
-        match (x.digests, y.digests) {
-            (None, None) => {}
-            (Some(dx), Some(dy)) => {
-                for i in pos..end {
-                    let ox = (i - x.first) as usize * len;
-                    let oy = (i - y.first) as usize * len;
-                    if dx[ox..ox + len] != dy[oy..oy + len] {
-                        mark(i, 1);
-                    }
-                }
-            }
-            _ => {
-                for i in pos..end {
-                    if digest(&x, i, len, zero) != digest(&y, i, len, zero) {
-                        mark(i, 1);
+        let n = na.min(nb).min(blocks - pos);
+        match (a.take(n), b.take(n)) {
+            (Piece::Zeros(_), Piece::Zeros(_)) => {}
+            (x, y) => {
+                for i in 0..n as usize {
+                    if digest(x, i, len, &zero) != digest(y, i, len, &zero) {
+                        mark(pos + i as u64);
                     }
                 }
             }
         }
-        pos = end;
-        if x.first + x.count == pos {
-            ra.next();
-        }
-        if y.first + y.count == pos {
-            rb.next();
-        }
+        pos += n;
     }
+    a.drain()?;
+    b.drain()?;
     Ok(Diff {
         ranges,
-        size_a: a.size,
-        size_b: b.size,
+        size_a,
+        size_b,
     })
+}
+
+/// The digest of block `i` of a piece (digests `len` bytes each).
+fn digest<'a>(p: Piece<'a>, i: usize, len: usize, zero: &'a [u8]) -> &'a [u8] {
+    match p {
+        Piece::Data(d) => &d[i * len..][..len],
+        Piece::Zeros(_) => zero,
+    }
 }

@@ -586,31 +586,8 @@ fn read_header<R: Read>(r: &mut DigestReader<R>) -> Result<Header, MapError> {
     if flags & !(FLAG_PARTIAL | FLAG_IDENTITY) != 0 {
         return Err(invalid(format!("unknown flags {flags:#x}")));
     }
-    let name_field = &h[16 - 8..16 - 8 + NAME_FIELD];
-    let name_len = name_field
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(NAME_FIELD);
-    if name_field[name_len..].iter().any(|&b| b != 0) {
-        return Err(invalid("digest name not NUL-padded"));
-    }
-    let name = std::str::from_utf8(&name_field[..name_len])
-        .map_err(|_| invalid("digest name not ASCII"))?;
-    let algorithm: Algorithm = name
-        .parse()
-        .ok()
-        .filter(|a: &Algorithm| a.name() == name)
-        .ok_or_else(|| invalid(format!("unknown digest {name:?}")))?;
+    let algorithm = read_algorithm(&h[16 - 8..16 - 8 + NAME_FIELD], u32_at(32))?;
     let len = algorithm.output_len();
-    if len == 0 {
-        return Err(invalid(format!("digest {name} computes no block digests")));
-    }
-    let digest_len = u32_at(32);
-    if digest_len as usize != len {
-        return Err(invalid(format!(
-            "digest length {digest_len} for {name}, which has {len}"
-        )));
-    }
     let block_size = u32_at(36) as usize;
     crate::check_params(algorithm, block_size)?;
     let size = u64::from_le_bytes(h[40 - 8..48 - 8].try_into().unwrap());
@@ -631,18 +608,9 @@ fn read_header<R: Read>(r: &mut DigestReader<R>) -> Result<Header, MapError> {
             Some(checksum),
         )
     };
-    let identity = if flags & FLAG_IDENTITY != 0 {
-        let n = r.u32()? as usize;
-        if n > MAX_IDENTITY {
-            return Err(invalid(format!(
-                "an identity record of {n} bytes (at most {MAX_IDENTITY})"
-            )));
-        }
-        let mut id = vec![0u8; n];
-        r.get(&mut id)?;
-        Some(id)
-    } else {
-        None
+    let identity = match flags & FLAG_IDENTITY != 0 {
+        true => Some(read_identity(r)?),
+        false => None,
     };
     let header = Header {
         algorithm,
@@ -654,6 +622,49 @@ fn read_header<R: Read>(r: &mut DigestReader<R>) -> Result<Header, MapError> {
     };
     header.check()?;
     Ok(header)
+}
+
+/// The digest named by the header's name field, whose length the header
+/// says is `digest_len`.
+fn read_algorithm(name_field: &[u8], digest_len: u32) -> Result<Algorithm, MapError> {
+    let name_len = name_field
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(NAME_FIELD);
+    if name_field[name_len..].iter().any(|&b| b != 0) {
+        return Err(invalid("digest name not NUL-padded"));
+    }
+    let name = std::str::from_utf8(&name_field[..name_len])
+        .map_err(|_| invalid("digest name not ASCII"))?;
+    let algorithm: Algorithm = name
+        .parse()
+        .ok()
+        .filter(|a: &Algorithm| a.name() == name)
+        .ok_or_else(|| invalid(format!("unknown digest {name:?}")))?;
+    let len = algorithm.output_len();
+    if len == 0 {
+        return Err(invalid(format!("digest {name} computes no block digests")));
+    }
+    if digest_len as usize != len {
+        return Err(invalid(format!(
+            "digest length {digest_len} for {name}, which has {len}"
+        )));
+    }
+    Ok(algorithm)
+}
+
+/// The identity record: its length, checked before it is allocated, then
+/// its bytes.
+fn read_identity<R: Read>(r: &mut DigestReader<R>) -> Result<Vec<u8>, MapError> {
+    let n = r.u32()? as usize;
+    if n > MAX_IDENTITY {
+        return Err(invalid(format!(
+            "an identity record of {n} bytes (at most {MAX_IDENTITY})"
+        )));
+    }
+    let mut id = vec![0u8; n];
+    r.get(&mut id)?;
+    Ok(id)
 }
 
 /// Write a file atomically: `write` fills a new temporary file in `path`'s

@@ -43,22 +43,30 @@
 
 mod builder;
 mod diff;
+mod file;
 mod format;
 pub mod guard;
 mod merge;
 mod part;
+mod splice;
+mod stream;
+mod writer;
 
-pub use builder::{MapBuilder, Observed};
-pub use diff::{Diff, Mismatch, Range, diff};
+pub use builder::{MapBuilder, Observed, Summary};
+pub use diff::{Diff, Mismatch, Range, diff, diff_pieces};
+pub use file::{MapFile, MapLike};
 pub use format::{
     Header, MAGIC, MAX_IDENTITY, MapReader, Piece, VERSION, check_range, is_map,
     remove_stale_temps, write_atomic,
 };
 pub use merge::{
-    Input, Named, Output, merge, merge_files, merge_files_until, merge_to_file,
-    merge_to_file_until, merge_until,
+    Input, Named, merge, merge_files, merge_files_until, merge_to_file, merge_to_file_until,
+    merge_until,
 };
 pub use part::Part;
+pub use splice::{Splice, Spliced, splice};
+pub use stream::{Checked, MapPieces, Pieces};
+pub use writer::{Output, OutputError, RecordWriter, save_with};
 
 use blkhash::{Algorithm, Checksum, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 use std::fmt;
@@ -114,6 +122,8 @@ pub enum MapError {
     Merge(String),
     /// An error in one of several inputs, named.
     In(String, Box<MapError>),
+    /// Maps that cannot be compared.
+    Mismatch(Mismatch),
     /// Reading or writing failed.
     Io(io::Error),
 }
@@ -149,6 +159,7 @@ impl fmt::Display for MapError {
             ),
             MapError::Merge(why) => f.write_str(why),
             MapError::In(name, e) => write!(f, "{name}: {e}"),
+            MapError::Mismatch(m) => write!(f, "{m}"),
             MapError::Io(e) => write!(f, "{e}"),
         }
     }
@@ -247,6 +258,21 @@ impl Body {
             }
             at = end;
         }
+    }
+
+    /// The run that holds block `index` (digests `len` bytes each).
+    fn run_at(&self, index: u64, len: usize) -> Option<Run<'_>> {
+        if index >= self.blocks {
+            return None;
+        }
+        let r = &self.runs[self.runs.partition_point(|r| r.first <= index) - 1];
+        Some(Run {
+            first: r.first,
+            count: r.count,
+            digests: r
+                .data
+                .map(|at| &self.digests[at..at + r.count as usize * len]),
+        })
     }
 
     fn push_data(&mut self, digest: &[u8]) {

@@ -2,10 +2,11 @@
 //! and the map written as it goes, so memory stays bounded (about 1 MiB
 //! per part plus write buffers) whatever the image's size.
 
-use crate::format::{FIXED_HEADER, Header, MapReader, Piece, TAG_DATA, TAG_ZEROS, write_atomic};
+use crate::format::{Header, MapReader, Piece, write_atomic};
+use crate::writer::{Output, RecordWriter};
 use crate::{MapError, Outer, Range, zero_digest};
 use blkhash::{Algorithm, Checksum};
-use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
@@ -16,11 +17,6 @@ impl<T: Read + Seek> Input for T {}
 
 /// An input of a merge: a name for messages, and the part's bytes.
 pub type Named<'a> = (String, Box<dyn Input + 'a>);
-
-/// Where a merge writes: a new, empty file (or buffer) it can read back,
-/// to sign what it wrote.
-pub trait Output: Read + Write + Seek {}
-impl<T: Read + Write + Seek> Output for T {}
 
 /// Merge the parts `inputs` (a name for messages, and the part's bytes)
 /// into one map, written to `out` if given; return the header of the
@@ -72,7 +68,6 @@ pub fn merge_until(
     let alone = parts.len() == 1;
     let claimed = parts[0].1.header().checksum.clone();
 
-    let len = want.algorithm.output_len();
     // Only a merge that covers the image has a checksum to compute: a
     // checkpoint's saves (partial) skip the outer digest.
     let mut outer = complete.then(|| {
@@ -90,10 +85,10 @@ pub fn merge_until(
     };
     header.check()?;
     let mut writer = match out {
-        Some(w) => Some(Writer::new(w, &header)?),
+        Some(w) => Some(RecordWriter::new(w, &header)?),
         None => None,
     };
-    copy_pieces(&mut parts, outer.as_mut(), writer.as_mut(), len, cancel)?;
+    copy_pieces(&mut parts, outer.as_mut(), writer.as_mut(), cancel)?;
     if let Some(outer) = outer {
         let checksum = outer.checksum(want.size);
         if alone && claimed.as_ref().is_some_and(|c| *c != checksum) {
@@ -102,7 +97,7 @@ pub fn merge_until(
         header.checksum = Some(checksum);
     }
     if let Some(w) = writer {
-        w.finish(header.checksum.as_ref().map(Checksum::as_bytes))?;
+        w.finish(&header)?;
     }
     Ok(header)
 }
@@ -117,7 +112,7 @@ fn common_identity(parts: &[Part<'_>]) -> Option<Vec<u8>> {
 
 /// A checksum of zeros, in place of the one computed at the end (the
 /// writer patches it).
-fn placeholder(algorithm: Algorithm) -> Checksum {
+pub(crate) fn placeholder(algorithm: Algorithm) -> Checksum {
     let zeros = vec![0u8; algorithm.output_len()];
     Checksum::from_bytes(algorithm, &zeros).expect("a digest of the algorithm's length")
 }
@@ -208,12 +203,11 @@ fn check_coverage(
 }
 
 /// The third phase: every piece of `parts`, in order, into the outer
-/// digest and the writer (each if any); digests are `len` bytes.
+/// digest and the writer (each if any).
 fn copy_pieces(
     parts: &mut [Part<'_>],
     mut outer: Option<&mut Outer>,
-    mut writer: Option<&mut Writer<'_>>,
-    len: usize,
+    mut writer: Option<&mut RecordWriter<&mut dyn Output>>,
     cancel: &AtomicBool,
 ) -> Result<(), MapError> {
     for (name, r) in parts.iter_mut() {
@@ -233,7 +227,7 @@ fn copy_pieces(
                         o.data(d);
                     }
                     if let Some(w) = &mut writer {
-                        w.data(d, (d.len() / len) as u64)?;
+                        w.data(d)?;
                     }
                 }
             }
@@ -349,100 +343,5 @@ pub fn merge_to_file_until(
         (_, Err(e)) => Err(MapError::Io(e)),
         (Some(Ok(h)), Ok(())) => Ok(h),
         (None, Ok(())) => unreachable!("the closure ran"),
-    }
-}
-
-/// Writes records as they come, merging runs of one kind: a data record's
-/// count is written last, over a placeholder, since a run may go on in the
-/// next part.
-struct Writer<'a> {
-    w: BufWriter<&'a mut dyn Output>,
-    /// Bytes written so far.
-    pos: u64,
-    /// Zero blocks not written yet.
-    zeros: u64,
-    /// The open data record: where its count goes, and the count.
-    data: Option<(u64, u64)>,
-}
-
-impl<'a> Writer<'a> {
-    fn new(w: &'a mut dyn Output, header: &Header) -> io::Result<Writer<'a>> {
-        let mut w = BufWriter::with_capacity(1 << 20, w);
-        header.write_to(&mut w)?;
-        Ok(Writer {
-            w,
-            pos: header.encoded_len() as u64,
-            zeros: 0,
-            data: None,
-        })
-    }
-
-    fn put(&mut self, b: &[u8]) -> io::Result<()> {
-        self.pos += b.len() as u64;
-        self.w.write_all(b)
-    }
-
-    fn zeros(&mut self, n: u64) -> io::Result<()> {
-        self.close_data()?;
-        self.zeros += n;
-        Ok(())
-    }
-
-    fn data(&mut self, digests: &[u8], n: u64) -> io::Result<()> {
-        self.close_zeros()?;
-        let (at, count) = match self.data {
-            Some(open) => open,
-            None => {
-                self.put(&[TAG_DATA])?;
-                let at = self.pos;
-                self.put(&0u64.to_le_bytes())?;
-                (at, 0)
-            }
-        };
-        self.data = Some((at, count + n));
-        self.put(digests)
-    }
-
-    fn close_zeros(&mut self) -> io::Result<()> {
-        if self.zeros > 0 {
-            let n = std::mem::take(&mut self.zeros);
-            self.put(&[TAG_ZEROS])?;
-            self.put(&n.to_le_bytes())?;
-        }
-        Ok(())
-    }
-
-    fn close_data(&mut self) -> io::Result<()> {
-        if let Some((at, count)) = self.data.take() {
-            self.w.seek(SeekFrom::Start(at))?;
-            self.w.write_all(&count.to_le_bytes())?;
-            self.w.seek(SeekFrom::Start(self.pos))?;
-        }
-        Ok(())
-    }
-
-    /// Close the last record, write the checksum over its placeholder, and
-    /// sign what was written.
-    fn finish(mut self, checksum: Option<&[u8]>) -> io::Result<()> {
-        self.close_data()?;
-        self.close_zeros()?;
-        if let Some(c) = checksum {
-            self.w.seek(SeekFrom::Start(FIXED_HEADER as u64))?;
-            self.w.write_all(c)?;
-        }
-        let end = self.pos;
-        let w = self.w.into_inner().map_err(|e| e.into_error())?;
-        w.seek(SeekFrom::Start(0))?;
-        let mut sign = Algorithm::Sha256.streaming();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut left = end;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            w.read_exact(&mut buf[..n])?;
-            sign.update(&buf[..n]);
-            left -= n as u64;
-        }
-        w.write_all(&sign.finalize())?;
-        w.flush()
     }
 }

@@ -2,7 +2,7 @@
 //! own and merged later into the image's map (see [`merge`](crate::merge)).
 
 use crate::format::{Header, MapReader, write_map};
-use crate::{Body, MapError, Range, Run};
+use crate::{Block, Body, MapError, Range, Run};
 use blkhash::Algorithm;
 use std::io::{self, BufReader, Read, Write};
 use std::path::Path;
@@ -118,6 +118,23 @@ impl Part {
             digests: r
                 .data
                 .map(|at| &self.body.digests[at..at + r.count as usize * len]),
+        })
+    }
+
+    /// The run that holds block `index` (counted from the part's first
+    /// block), or `None` past the end.
+    pub fn run_at(&self, index: u64) -> Option<Run<'_>> {
+        self.body.run_at(index, self.header.algorithm.output_len())
+    }
+
+    /// Block `index` (counted from the part's first block), or `None`
+    /// past the end.
+    pub fn block(&self, index: u64) -> Option<Block<'_>> {
+        let run = self.run_at(index)?;
+        let len = self.header.algorithm.output_len();
+        Some(match run.digests {
+            None => Block::Zero,
+            Some(d) => Block::Data(&d[(index - run.first) as usize * len..][..len]),
         })
     }
 

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod bounded;
 mod cli;
 mod closed_stdout;
 mod crash;

@@ -1,7 +1,8 @@
 //! Block maps and parts from untrusted bytes: `Map::from_bytes` must refuse
 //! or give a map that is consistent (its checksum follows from its blocks,
-//! it saves and loads back the same); `Part::from_bytes` and a merge of the
-//! bytes (streamed) must agree with it. Errors are fine; panics, hangs and
+//! it saves and loads back the same); `Part::from_bytes`, a merge of the
+//! bytes (streamed), the bytes read as checked pieces and as a `MapFile`
+//! (read where they lie) must agree with it. Errors are fine; panics, hangs and
 //! unbounded allocations are not.
 //!
 //! Random bytes rarely carry a valid trailer (SHA-256 of the rest), so each
@@ -10,7 +11,8 @@
 //! into the records, the lengths and the derived checksum.
 
 use blkhash::Algorithm;
-use blkmap::{Map, Part, diff, merge};
+use blkmap::{Checked, Map, MapFile, MapReader, Part, Pieces, diff, merge};
+use std::io::Write;
 
 /// Header bytes before the checksum, and the trailer.
 const HEADER: usize = 48;
@@ -34,9 +36,31 @@ fn check_one(bytes: &[u8]) {
             assert_eq!(h.range, part.range());
         }
     }
+    let streamed = streamed(bytes);
+    let file = as_file(bytes);
     let Ok(map) = Map::from_bytes(bytes) else {
+        assert!(
+            partial || streamed.is_err(),
+            "a map refused whole, read as pieces"
+        );
         return;
     };
+    streamed.expect("a map that loads reads as pieces");
+    let file = file.expect("a map that loads opens where it lies");
+    for (i, r) in file.runs().enumerate().take(64) {
+        let (blocks, data) = r.expect("the runs of a map that loads");
+        let run = map.run_at(blocks.start).expect("a run of the map");
+        assert_eq!(
+            (run.first, run.count, run.digests.is_some()),
+            (blocks.start, blocks.end - blocks.start, data),
+            "run {i}"
+        );
+        let got = file
+            .block(blocks.start)
+            .expect("a block of a map that loads");
+        let len = map.algorithm().output_len();
+        assert_eq!(got.as_deref(), run.digests.map(|d| &d[..len]), "run {i}");
+    }
     // A whole map merged alone is itself, byte for byte.
     assert_eq!(merged.unwrap().checksum.as_ref(), Some(map.checksum()));
     assert_eq!(out.into_inner(), map.to_bytes());
@@ -51,6 +75,21 @@ fn check_one(bytes: &[u8]) {
         n += r.count;
     }
     assert_eq!(n, map.blocks());
+}
+
+/// The bytes read to their end as pieces, the checksum checked as they
+/// pass (what an update and blkdiff read).
+fn streamed(bytes: &[u8]) -> Result<(), blkmap::MapError> {
+    let mut r = Checked::new(MapReader::new(bytes)?);
+    while r.next_piece()?.is_some() {}
+    Ok(())
+}
+
+/// The bytes opened as a `MapFile` from an unnamed temporary file.
+fn as_file(bytes: &[u8]) -> Result<MapFile, blkmap::MapError> {
+    let mut f = tempfile::tempfile()?;
+    f.write_all(bytes)?;
+    MapFile::from_file(f)
 }
 
 /// The target's check of one input.

@@ -76,9 +76,10 @@ pub fn update_map(
         nbd.dirty_bitmap = Some(bitmap.clone())
     })?;
     let base_name = base.display().to_string();
-    let old = blkmap::Map::load(&base).map_err(|e| os_error(&base_name, &e.into()))?;
+    // Read where it lies: its blocks once in order, a few by index.
+    let old = blkmap::MapFile::open(&base).map_err(|e| os_error(&base_name, &e.into()))?;
     let job = spec
-        .resolve(Some((old.algorithm(), old.block_size())))
+        .resolve(Some((old.header().algorithm, old.header().block_size)))
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
     // Before anything is read: `out` must not replace what it would destroy.
     let image_input = blkmap::guard::Input {
@@ -96,14 +97,22 @@ pub fn update_map(
             name: &base_name,
         };
         let opened = std::ffi::OsStr::new(&name);
-        let updated =
-            incremental::update_map(src, opened, &base, &bitmap, verify, &job, &mut |_| {})?;
         let image_input = blkmap::guard::Input {
             name: image.as_os_str(),
             role: "the image",
         };
-        updated.map.save_guarded(&out, &[image_input])?;
-        Ok(updated.map.checksum().to_hex())
+        // Written as it is made: memory does not grow with the map.
+        let updated = blkmap::save_with(&out, &[image_input], |mut file| {
+            let progress = &mut |_| {};
+            incremental::update_map(
+                src, opened, &base, &bitmap, verify, &job, progress, &mut file,
+            )
+        })?;
+        Ok(updated
+            .header
+            .checksum
+            .map(|c| c.to_hex())
+            .unwrap_or_default())
     })
 }
 

@@ -48,23 +48,7 @@ pub fn map_range(
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<(u64, u64)> {
     let name = image_name(&image)?;
-    let span = match part {
-        Some(_) if offset != 0 || length.is_some() => {
-            return Err(PyValueError::new_err(
-                "give part=(k, n) or offset and length, not both",
-            ));
-        }
-        Some((index, count)) if index == 0 || index > count => {
-            return Err(PyValueError::new_err(format!(
-                "part ({index}, {count}): k from 1 to n"
-            )));
-        }
-        Some((index, count)) => Span::Part { index, count },
-        None => Span::Range {
-            offset,
-            len: length,
-        },
-    };
+    let span = span_of(offset, length, part)?;
     let spec = JobSpec {
         digest: Some(parse_digest(digest)?),
         block_size: Some(check_block_size(block_size)?),
@@ -91,33 +75,71 @@ pub fn map_range(
     // known only once the image is open.
     let warn_name = image.clone();
     let done = run_cancellable(py, &shown, move |cancel| {
-        let job = job.with_cancel(cancel);
-        let input = job.open(&name)?;
-        // Asked of the image, not of the range's window over it.
-        let rounded = input.rounded();
-        let src = blkjob::seekable(input, "map_range")?;
-        let checked = span
-            .resolve(src.size(), job.block_size())
-            .map(|(offset, len)| blkmap::Range { offset, len })
-            .and_then(|r| {
-                blkmap::check_range(src.size(), job.block_size(), r).map_err(|e| e.to_string())?;
-                Ok(r)
-            });
-        let range = match checked {
-            Ok(r) => r,
-            Err(why) => return Ok(Err(why)),
-        };
-        let part = blkjob::map_range(std::ffi::OsStr::new(&name), src, range, &job, &mut |_| {})?;
-        let image_input = blkmap::guard::Input {
-            name: image.as_os_str(),
-            role: "the image",
-        };
-        part.save_guarded(&out, &[image_input])?;
-        Ok(Ok(((range.offset, range.len), rounded)))
+        hash_range(&job.with_cancel(cancel), &name, &image, &out, span)
     })?;
     let (range, rounded) = done.map_err(|why| PyValueError::new_err(format!("{shown}: {why}")))?;
     warn_rounded(py, &warn_name, rounded)?;
     Ok(range)
+}
+
+/// The range hashed, and the raw file's size rounded up to QEMU's, if it
+/// was.
+type Hashed = ((u64, u64), Option<blkimage::Rounded>);
+
+/// Hash the part `span` of the image `name` (the path `image`) into the
+/// part file `out`, written as it is made: memory does not grow with the
+/// part. The range and the rounding, or why the range does not fit the
+/// image (a bad argument, known only once the image is open).
+fn hash_range(
+    job: &blkjob::Job,
+    name: &str,
+    image: &std::path::Path,
+    out: &std::path::Path,
+    span: Span,
+) -> std::io::Result<Result<Hashed, String>> {
+    let input = job.open(name)?;
+    // Asked of the image, not of the range's window over it.
+    let rounded = input.rounded();
+    let src = blkjob::seekable(input, "map_range")?;
+    let checked = span
+        .resolve(src.size(), job.block_size())
+        .map(|(offset, len)| blkmap::Range { offset, len })
+        .and_then(|r| {
+            blkmap::check_range(src.size(), job.block_size(), r).map_err(|e| e.to_string())?;
+            Ok(r)
+        });
+    let range = match checked {
+        Ok(r) => r,
+        Err(why) => return Ok(Err(why)),
+    };
+    let inputs = [blkmap::guard::Input {
+        name: image.as_os_str(),
+        role: "the image",
+    }];
+    let out = blkjob::Out {
+        path: out,
+        inputs: &inputs,
+    };
+    let name = std::ffi::OsStr::new(name);
+    blkjob::map_range_to(name, src, range, job, &mut |_| {}, out)?;
+    Ok(Ok(((range.offset, range.len), rounded)))
+}
+
+/// The part asked for: ``offset``/``length``, or ``part=(k, n)``.
+fn span_of(offset: u64, length: Option<u64>, part: Option<(u64, u64)>) -> PyResult<Span> {
+    match part {
+        Some(_) if offset != 0 || length.is_some() => Err(PyValueError::new_err(
+            "give part=(k, n) or offset and length, not both",
+        )),
+        Some((index, count)) if index == 0 || index > count => Err(PyValueError::new_err(format!(
+            "part ({index}, {count}): k from 1 to n"
+        ))),
+        Some((index, count)) => Ok(Span::Part { index, count }),
+        None => Ok(Span::Range {
+            offset,
+            len: length,
+        }),
+    }
 }
 
 /// Merge the part files ``parts`` (from ``map_range()`` or ``blkmap

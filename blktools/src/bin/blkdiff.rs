@@ -6,7 +6,7 @@ use blkcli::output::{Form, Stdout};
 use blkcli::progress::Progress;
 use blkcli::units::reason;
 use blkjob::{Job, Mapped};
-use blkmap::{Diff, Map};
+use blkmap::{Diff, Header, MapLike};
 use clap::Parser;
 use serde_json::json;
 use std::ffi::OsString;
@@ -177,10 +177,50 @@ fn main() -> ExitCode {
     compare(&args, &a, &b, &job)
 }
 
+/// A side of the comparison: a saved map read where it lies (streamed,
+/// never loaded whole), or the map of an input hashed now.
+enum Side {
+    Saved(blkmap::MapFile),
+    /// A map read from standard input, in memory.
+    Hashed(Mapped),
+    /// An image's map, written to an unnamed temporary file as it was
+    /// made.
+    Written(blkmap::MapFile, blkjob::Written),
+}
+
+impl Side {
+    fn map(&self) -> &dyn MapLike {
+        match self {
+            Side::Saved(m) | Side::Written(m, _) => m,
+            Side::Hashed(m) => &m.map,
+        }
+    }
+
+    fn header(&self) -> Header {
+        self.map().header().into_owned()
+    }
+
+    fn format(&self) -> &str {
+        match self {
+            Side::Saved(_) => "map",
+            Side::Hashed(m) => &m.format,
+            Side::Written(_, w) => &w.format,
+        }
+    }
+
+    fn rounded(&self) -> Option<blkimage::Rounded> {
+        match self {
+            Side::Saved(_) => None,
+            Side::Hashed(m) => m.rounded,
+            Side::Written(_, w) => w.rounded,
+        }
+    }
+}
+
 /// A and B that are saved maps (where the format is probed and the input
-/// is not standard input), loaded.
-fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Mapped>; 2], String> {
-    let mut maps: [Option<Mapped>; 2] = [None, None];
+/// is not standard input), opened.
+fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Side>; 2], String> {
+    let mut maps: [Option<Side>; 2] = [None, None];
     for ((slot, (path, name)), detect) in maps
         .iter_mut()
         .zip([(&args.a_path, &args.a), (&args.b_path, &args.b)])
@@ -189,15 +229,16 @@ fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Mapped>; 2], Str
         if !detect || path == "-" {
             continue;
         }
-        match blkjob::try_load_map(path) {
-            Ok(Some(map)) => {
-                *slot = Some(Mapped {
-                    map,
-                    format: "map".into(),
-                    rounded: None,
-                    stats: Default::default(),
-                })
+        match blkjob::try_open_map(path) {
+            Ok(Some(map)) if map.header().is_partial() => {
+                let h = map.header();
+                let e = blkmap::MapError::Partial {
+                    range: h.range,
+                    size: h.size,
+                };
+                return Err(format!("{name}: {e}"));
             }
+            Ok(Some(map)) => *slot = Some(Side::Saved(map)),
             Ok(None) => {}
             Err(e) => return Err(format!("{name}: {}", reason(&e))),
         }
@@ -210,20 +251,24 @@ fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Mapped>; 2], Str
 /// the other).
 fn hash_both(
     args: &Args,
-    [ma, mb]: [Option<Mapped>; 2],
+    [ma, mb]: [Option<Side>; 2],
     [job_a, job_b]: [&Job; 2],
     detect: [bool; 2],
     progress: &Progress,
-) -> (io::Result<Mapped>, io::Result<Mapped>) {
-    let side = |m: Option<Mapped>, name: &OsString, job: &Job, detect| -> io::Result<Mapped> {
+) -> (io::Result<Side>, io::Result<Side>) {
+    let side = |m: Option<Side>, name: &OsString, job: &Job, detect| -> io::Result<Side> {
         match m {
             Some(m) => Ok(m),
-            None if name == "-" => progress.track("-", None, |p| blkjob::map_stdin(job, detect, p)),
+            None if name == "-" => progress
+                .track("-", None, |p| blkjob::map_stdin(job, detect, p))
+                .map(Side::Hashed),
             None => {
                 let input = job.open(name)?;
-                progress.track(&blkcli::shown_lossy(name), input.size(), |p| {
-                    blkjob::map(input, job, job.cancel(), p)
-                })
+                progress
+                    .track(&blkcli::shown_lossy(name), input.size(), |p| {
+                        blkjob::map_to_temp(input, job, job.cancel(), p)
+                    })
+                    .map(|(file, written)| Side::Written(file, written))
             }
         }
     };
@@ -246,21 +291,27 @@ fn hash_both(
 
 /// Compare the maps of A and B and print where they differ: the exit
 /// status is cmp's.
-fn compare(args: &Args, a: &Mapped, b: &Mapped, job: &Job) -> ExitCode {
+fn compare(args: &Args, a: &Side, b: &Side, job: &Job) -> ExitCode {
     // A raw file hashed at QEMU's size, not its own: said once per input
     // (not with -q, which prints nothing).
     for (m, name) in [(a, &args.a), (b, &args.b)] {
-        if let Some(r) = m.rounded.filter(|_| !args.quiet) {
+        if let Some(r) = m.rounded().filter(|_| !args.quiet) {
             eprintln!("blkdiff: {name}: {r}");
         }
     }
     // Standard input may have been a map of other parameters.
     for (m, name) in [(a, &args.a), (b, &args.b)] {
-        if let Err(msg) = check_map(name, &m.map, job) {
+        if let Err(msg) = check_map(name, &m.header(), job) {
             return trouble(msg);
         }
     }
-    let d = match blkmap::diff(&a.map, &b.map) {
+    // Each map read through once, side by side, checked as it is read.
+    let diffed = (|| {
+        let pa = a.map().pieces().map_err(|e| e.of(&args.a))?;
+        let pb = b.map().pieces().map_err(|e| e.of(&args.b))?;
+        blkmap::diff_pieces(Named(pa, &args.a), Named(pb, &args.b))
+    })();
+    let d = match diffed {
         Ok(d) => d,
         Err(e) => return trouble(e),
     };
@@ -283,21 +334,32 @@ fn compare(args: &Args, a: &Mapped, b: &Mapped, job: &Job) -> ExitCode {
 
 /// The digest and block size: asked for, else the saved maps', else the
 /// defaults. Every map must agree.
-fn params(args: &Args, maps: &[Option<Mapped>; 2]) -> Result<Job, String> {
-    let first = maps.iter().flatten().next().map(|m| &m.map);
-    let job = args
-        .input
-        .job(first.map(|m| (m.algorithm(), m.block_size())));
+fn params(args: &Args, maps: &[Option<Side>; 2]) -> Result<Job, String> {
+    let first = maps.iter().flatten().next().map(Side::header);
+    let job = args.input.job(first.map(|h| (h.algorithm, h.block_size)));
     for (m, name) in maps.iter().zip([&args.a, &args.b]) {
         if let Some(m) = m {
-            check_map(name, &m.map, &job)?;
+            check_map(name, &m.header(), &job)?;
         }
     }
     Ok(job)
 }
 
-fn check_map(name: &str, map: &Map, job: &Job) -> Result<(), String> {
-    match blkjob::map_mismatch(map, job.algorithm(), job.block_size()) {
+/// A side's pieces, their errors said of its name.
+struct Named<'a, P>(P, &'a str);
+
+impl<P: blkmap::Pieces> blkmap::Pieces for Named<'_, P> {
+    fn header(&self) -> &Header {
+        self.0.header()
+    }
+    fn next_piece(&mut self) -> Result<Option<blkmap::Piece<'_>>, blkmap::MapError> {
+        let name = self.1;
+        self.0.next_piece().map_err(|e| e.of(name))
+    }
+}
+
+fn check_map(name: &str, map: &Header, job: &Job) -> Result<(), String> {
+    match blkjob::header_mismatch(map, job.algorithm(), job.block_size()) {
         Some(why) => Err(format!(
             "{name}: {why}: map the images again with the same --digest and --block-size"
         )),
@@ -328,15 +390,16 @@ fn print_text(out: &mut dyn Write, d: &Diff) -> io::Result<()> {
 }
 
 /// The JSON document of the comparison.
-fn document(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> serde_json::Value {
-    let input = |name: &str, m: &Mapped| {
+fn document(args: &Args, a: &Side, b: &Side, d: &Diff) -> serde_json::Value {
+    let input = |name: &str, m: &Side| {
+        let h = m.header();
         json!({
             "name": name,
-            "format": m.format,
-            "virtual-size": m.map.size(),
+            "format": m.format(),
+            "virtual-size": h.size,
             // blkdiff's first spelling, kept while the schema is 1.
-            "size": m.map.size(),
-            "checksum": m.map.checksum().to_hex(),
+            "size": h.size,
+            "checksum": h.checksum.as_ref().map(|c| c.to_hex()),
         })
     };
     // Keys as blksum's --json spells them (qemu-img's style), in the order
@@ -345,8 +408,8 @@ fn document(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> serde_json::Value 
         "schema": 1,
         "a": input(&args.a, a),
         "b": input(&args.b, b),
-        "digest": a.map.algorithm().name(),
-        "block-size": a.map.block_size(),
+        "digest": a.header().algorithm.name(),
+        "block-size": a.header().block_size,
         "same": d.is_same(),
         "ranges": d.ranges.iter().map(|r| json!({"offset": r.offset, "length": r.len})).collect::<Vec<_>>(),
         "tail": d.tail().map(|t| json!({

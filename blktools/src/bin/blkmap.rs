@@ -276,44 +276,35 @@ fn map(args: &Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let made = match (&args.base, &args.dirty_bitmap) {
-        (Some(base), Some(bitmap)) => update(args, base, bitmap, &signals, &progress),
-        _ => make(args, &job, &progress).map_err(|e| (None, reason(&e))),
+    // The map-writing functions check OUT again as they write, and write
+    // it as the map is made: memory does not grow with the map.
+    let inputs = [input];
+    let out = blkjob::Out {
+        path: out_path,
+        inputs: &inputs,
     };
-    let made = match made {
-        Ok(made) => made,
+    let made = match (&args.base, &args.dirty_bitmap) {
+        (Some(base), Some(bitmap)) => update(args, base, bitmap, &signals, &progress, out),
+        _ => make(args, &job, &progress, out).map_err(|e| said(&e, out, None)),
+    };
+    match made {
+        Ok(Some((header, read))) => print_result(args, &header, read),
+        // A part has no checksum of its own.
+        Ok(None) => ExitCode::SUCCESS,
         Err(_) if signals.cancelled() => {
             eprintln!("blkmap: {image}: interrupted");
-            return ExitCode::from(signals.exit_status());
+            ExitCode::from(signals.exit_status())
         }
         Err((name, msg)) => {
             eprintln!("blkmap: {}: {msg}", name.as_deref().unwrap_or(&image));
-            return ExitCode::FAILURE;
+            ExitCode::FAILURE
         }
-    };
-    // The map-writing functions check OUT again as they write.
-    let saved = match &made {
-        Made::Map(map, _) => map.save_guarded(out_path, &[input]),
-        Made::Part(part) => part.save_guarded(out_path, &[input]),
-    };
-    if let Err(e) = saved {
-        eprintln!("blkmap: {}: {}", out_path.display(), reason(&e));
-        return ExitCode::FAILURE;
-    }
-    match made {
-        Made::Map(map, read) => print_result(args, &map, read),
-        // A part has no checksum of its own.
-        Made::Part(_) => ExitCode::SUCCESS,
     }
 }
 
-/// What `blkmap IMAGE OUT` made, to be saved as OUT.
-enum Made {
-    /// The image's map, and what the run read.
-    Map(blkmap::Map, Read),
-    /// A part, with --range.
-    Part(blkmap::Part),
-}
+/// What a run made: the map's header and what was read (`None`: a part,
+/// with --range), or the error with the input it is about (`None`: IMAGE).
+type Made = Result<Option<(blkmap::Header, Read)>, (Option<String>, String)>;
 
 /// Before anything is read: OUT must not replace what it would destroy
 /// (an input, a file that is not a map). `Err`: said, and the exit code.
@@ -329,61 +320,78 @@ fn check_out(out: &Path, inputs: &[blkcli::guard::Input]) -> Result<(), ExitCode
     })
 }
 
-/// The map of IMAGE, or with --range its part, hashed whole.
-fn make(args: &Args, job: &Job, progress: &Progress) -> io::Result<Made> {
+/// An error as it is said: of OUT if it is OUT's own (refused, not
+/// created or renamed), else of the image, with `hint` added.
+fn said(e: &io::Error, out: blkjob::Out<'_>, hint: Option<&str>) -> (Option<String>, String) {
+    match e
+        .get_ref()
+        .and_then(|i| i.downcast_ref::<blkmap::OutputError>())
+    {
+        Some(o) => (Some(out.path.display().to_string()), reason(&o.0)),
+        None => (None, reason(e) + hint.unwrap_or("")),
+    }
+}
+
+/// The map of IMAGE (standard input if "-"), or with --range its part,
+/// hashed whole and written to OUT as it is made.
+fn make(
+    args: &Args,
+    job: &Job,
+    progress: &Progress,
+    out: blkjob::Out<'_>,
+) -> io::Result<Option<(blkmap::Header, Read)>> {
     let image_os = args.image.as_deref().expect("clap requires IMAGE");
     if let Some(span) = args.range {
-        return map_part(image_os, span, job, progress).map(Made::Part);
+        return map_part(image_os, span, job, progress, out).map(|()| None);
     }
     let image = blkcli::shown_lossy(image_os);
-    let m = if image_os == "-" {
-        progress.track("-", None, |p| blkjob::map_stdin(job, false, p))
-    } else {
-        job.open(image_os).and_then(|input| {
-            progress.track(&image, input.size(), |p| {
-                blkjob::map_image(image_os, input, job, job.cancel(), p)
-            })
+    let m = job.open(image_os).and_then(|input| {
+        progress.track(&image, input.size(), |p| {
+            blkjob::map_image_to(image_os, input, job, job.cancel(), p, out)
         })
-    }?;
+    })?;
     say_rounded(&image, m.rounded);
     let read = Read {
-        dirty_blocks: m.map.blocks(),
+        dirty_blocks: m.summary.header.blocks(),
         sampled: 0,
         conflicting: 0,
         bytes: m.stats.data,
         checks: Vec::new(),
     };
-    Ok(Made::Map(m.map, read))
+    Ok(Some((m.summary.header, read)))
 }
 
 /// `blkmap --base OLD --dirty-bitmap NAME IMAGE OUT`: the map of IMAGE
-/// now, or the error with the input it is about (`None`: IMAGE).
+/// now, written to OUT as it is made.
 fn update(
     args: &Args,
     base_path: &Path,
     bitmap: &str,
     signals: &Signals,
     progress: &Progress,
-) -> Result<Made, (Option<String>, String)> {
+    out: blkjob::Out<'_>,
+) -> Made {
     let image_os = args.image.as_deref().expect("clap requires IMAGE");
     let image = blkcli::shown_lossy(image_os);
     let base_name = base_path.display().to_string();
-    let old = blkmap::Map::load(base_path).map_err(|e| (Some(base_name.clone()), e.to_string()))?;
+    // Read where it lies: its blocks once in order, a few by index.
+    let old =
+        blkmap::MapFile::open(base_path).map_err(|e| (Some(base_name.clone()), e.to_string()))?;
     let mut spec = args.input.spec();
     // An NBD server offers a bitmap only if asked for it while connecting.
     spec.open.nbd.dirty_bitmap = Some(bitmap.to_string());
-    let job = InputArgs::resolve(spec, Some((old.algorithm(), old.block_size())))
-        .with_cancel(signals.cancel.clone());
+    let (algorithm, block_size) = (old.header().algorithm, old.header().block_size);
+    let job =
+        InputArgs::resolve(spec, Some((algorithm, block_size))).with_cancel(signals.cancel.clone());
     let failed = |e: io::Error| {
-        let mut msg = reason(&e);
-        if let Some(w) = blkimage::cause::<blkjob::incremental::ReadWhole>(&e) {
-            msg += if w.verify_helps() {
+        let hint = blkimage::cause::<blkjob::incremental::ReadWhole>(&e).map(|w| {
+            if w.verify_helps() {
                 " (a full map: blkmap IMAGE OUT, without --base; or --verify: every block read)"
             } else {
                 " (a full map: blkmap IMAGE OUT, without --base)"
-            };
-        }
-        (None, msg)
+            }
+        });
+        said(&e, out, hint)
     };
     let src = job
         .open(image_os)
@@ -397,7 +405,12 @@ fn update(
     let size = Some(src.size() * (1 + u64::from(args.verify)));
     let updated = progress
         .track(&image, size, |p| {
-            blkjob::incremental::update_map(src, image_os, &base, bitmap, args.verify, &job, p)
+            blkmap::save_with(out.path, out.inputs, |mut file| {
+                let verify = args.verify;
+                blkjob::incremental::update_map(
+                    src, image_os, &base, bitmap, verify, &job, p, &mut file,
+                )
+            })
         })
         .map_err(failed)?;
     let read = Read {
@@ -407,7 +420,7 @@ fn update(
         bytes: updated.read_bytes,
         checks: updated.changes.checks.iter().map(|c| c.name()).collect(),
     };
-    Ok(Made::Map(updated.map, read))
+    Ok(Some((updated.header, read)))
 }
 
 /// What a run read, for --json.
@@ -429,11 +442,16 @@ struct Read {
 const JSON_SCHEMA: u32 = 1;
 
 /// The checksum line, or with --json the object describing the run.
-fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
+fn print_result(args: &Args, map: &blkmap::Header, read: Read) -> ExitCode {
     let image = args.image.as_deref().expect("clap requires IMAGE");
+    let checksum = map
+        .checksum
+        .as_ref()
+        .map(|c| c.to_hex())
+        .unwrap_or_default();
     if !args.json {
-        let (hex, params) = (map.checksum().to_hex(), (map.algorithm(), map.block_size()));
-        return print_line(&hex, &blkcli::shown(image), params, false);
+        let params = (map.algorithm, map.block_size);
+        return print_line(&checksum, &blkcli::shown(image), params, false);
     }
     // Spelled as blksum's and blkdiff's JSON (qemu-img's `virtual-size`);
     // `size`, this document's first name for it, is kept while `schema`
@@ -441,11 +459,11 @@ fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
     let doc = serde_json::json!({
         "schema": JSON_SCHEMA,
         "image": blkcli::shown_lossy(image),
-        "checksum": map.checksum().to_hex(),
-        "digest": map.algorithm().to_string(),
-        "block-size": map.block_size(),
-        "virtual-size": map.size(),
-        "size": map.size(),
+        "checksum": checksum,
+        "digest": map.algorithm.to_string(),
+        "block-size": map.block_size,
+        "virtual-size": map.size,
+        "size": map.size,
         "blocks": map.blocks(),
         "dirty-blocks": read.dirty_blocks,
         "sampled-blocks": read.sampled,
@@ -521,7 +539,13 @@ fn bitmaps(image: &OsStr, json: bool, input: &InputArgs) -> ExitCode {
 }
 
 /// Hash the bytes `span` of the image `name` into a part.
-fn map_part(name: &OsStr, span: Span, job: &Job, progress: &Progress) -> io::Result<blkmap::Part> {
+fn map_part(
+    name: &OsStr,
+    span: Span,
+    job: &Job,
+    progress: &Progress,
+    out: blkjob::Out<'_>,
+) -> io::Result<()> {
     let input = job.open(name)?;
     // Asked of the image, not of the range's window over it.
     let rounded = input.rounded();
@@ -531,11 +555,11 @@ fn map_part(name: &OsStr, span: Span, job: &Job, progress: &Progress) -> io::Res
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let range = blkmap::Range { offset, len };
     let shown = blkcli::shown_lossy(name);
-    let part = progress.track(&shown, Some(len), |p| {
-        blkjob::map_range(name, src, range, job, p)
+    progress.track(&shown, Some(len), |p| {
+        blkjob::map_range_to(name, src, range, job, p, out)
     })?;
     say_rounded(&shown, rounded);
-    Ok(part)
+    Ok(())
 }
 
 /// A raw file hashed at QEMU's size, not its own: said once.
