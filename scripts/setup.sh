@@ -14,7 +14,9 @@ set -euo pipefail
 # scripts/test-install.sh; objdump, file and man for the install test and
 # the manual page tests; nginx for the HTTP(S) tests (started by the tests
 # themselves, on a free port with a configuration of their own: the
-# package's own service is not used); Python with venv for the Python package; tmux for
+# package's own service is not used); Dante's SOCKS server (dante-server)
+# for the SOCKS proxy test (started by the test, its service not used);
+# Python with venv for the Python package; tmux for
 # blksum/tests/progress.rs, which runs blksum -p in a real terminal to see
 # its progress bar drawn and cleared; for scripts/package.sh, debhelper
 # (dpkg-buildpackage) and lintian for the debs, rpm (rpmbuild, rpm2archive;
@@ -26,13 +28,14 @@ set -euo pipefail
 # with its binfmt_misc handlers (qemu-user, qemu-user-binfmt), musl-gcc
 # (musl-tools) for the C parts of the static x86_64 build.
 apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc libc6-dev
-    pkg-config valgrind binutils file man-db tmux debhelper lintian rpm nginx
+    pkg-config valgrind binutils file man-db tmux debhelper lintian rpm nginx dante-server
     gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user qemu-user-binfmt binfmt-support musl-tools)
 dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc glibc-static
     pkgconf-pkg-config valgrind binutils file man-db tmux rpm-build nginx)
-# Not in every dnf family's repositories (RHEL has no musl-gcc): tried, and
-# the steps that need them fail naming what is missing.
-dnf_optional=(musl-gcc qemu-user qemu-user-binfmt)
+# Not in every dnf family's repositories (RHEL has no musl-gcc, nor
+# dante-server without EPEL): tried, and the steps that need them fail naming
+# what is missing (the SOCKS test says it is skipped).
+dnf_optional=(musl-gcc qemu-user qemu-user-binfmt dante-server)
 
 # --demo: only what scripts/demo.sh runs beside cargo (qemu-img; the rest
 # is coreutils), not the tools of the tests and packages.
