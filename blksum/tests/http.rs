@@ -655,3 +655,30 @@ fn socks_proxies_from_the_environment() {
         "{err}"
     );
 }
+
+/// `user:password@` in the URL and an Authorization header: refused before
+/// any request (both were sent, two Authorization headers the server took
+/// as it pleased).
+#[test]
+fn credentials_in_the_url_and_an_authorization_header_are_refused() {
+    let server = Hostile::start(data(), Misbehave::Nothing);
+    let url = server.url.replace("http://", "http://me:s3cret@");
+    for header in ["Authorization: Bearer t0k", "authorization: Basic eDp5"] {
+        let err = fails(&["--header", header, &url]);
+        assert!(
+            err.contains(
+                "the URL's user:password and an Authorization header both give credentials"
+            ),
+            "{err}"
+        );
+        assert!(err.contains("me:***@") && !err.contains("s3cret"), "{err}");
+    }
+    assert!(server.stats.heads.lock().unwrap().is_empty());
+    // Either alone is sent once.
+    checksum(&[&url]);
+    checksum(&["--header", "Authorization: Bearer t0k", &server.url]);
+    for h in server.stats.heads.lock().unwrap().iter() {
+        let n = h.to_ascii_lowercase().matches("\r\nauthorization:").count();
+        assert_eq!(n, 1, "{h}");
+    }
+}

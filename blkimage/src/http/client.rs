@@ -94,6 +94,20 @@ impl Client {
         if url.is_https() || https_proxy {
             config = config.tls_config(tls_config(opts)?);
         }
+        // Credentials from one place only: both would send two
+        // Authorization headers, which servers take as they please.
+        if given.credentials().is_some()
+            && opts
+                .headers
+                .iter()
+                .any(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the URL's user:password and an Authorization header both give \
+                 credentials: keep one",
+            ));
+        }
         let auth = given.credentials().map(|(user, password)| {
             let token =
                 base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
@@ -133,35 +147,37 @@ impl Client {
         for (name, value) in extra {
             req = req.header(*name, value);
         }
-        req.call().map_err(|e| match (classify(e, self.timeout), &self.proxy) {
-            // A connection that cannot be made: say where to, the proxy
-            // if there is one (the only host connected to then).
-            (Fail::Final(e) | Fail::Again(e), proxy)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
-                ) =>
-            {
-                let to = match proxy {
-                    Some(p) => p.clone(),
-                    None => url.authority().to_string(),
-                };
-                Fail::Final(io::Error::new(
-                    e.kind(),
-                    format!("cannot connect to {to}: {e}"),
-                ))
-            }
-            // Whatever else failed before a reply (a SOCKS proxy's refusal
-            // to reach the server, a timeout...) went through the proxy.
-            (f, Some(p)) => {
-                let within = |e: io::Error| io::Error::new(e.kind(), format!("through {p}: {e}"));
-                match f {
-                    Fail::Again(e) => Fail::Again(within(e)),
-                    Fail::Final(e) => Fail::Final(within(e)),
+        req.call()
+            .map_err(|e| match (classify(e, self.timeout), &self.proxy) {
+                // A connection that cannot be made: say where to, the proxy
+                // if there is one (the only host connected to then).
+                (Fail::Final(e) | Fail::Again(e), proxy)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+                    ) =>
+                {
+                    let to = match proxy {
+                        Some(p) => p.clone(),
+                        None => url.authority().to_string(),
+                    };
+                    Fail::Final(io::Error::new(
+                        e.kind(),
+                        format!("cannot connect to {to}: {e}"),
+                    ))
                 }
-            }
-            (f, None) => f,
-        })
+                // Whatever else failed before a reply (a SOCKS proxy's refusal
+                // to reach the server, a timeout...) went through the proxy.
+                (f, Some(p)) => {
+                    let within =
+                        |e: io::Error| io::Error::new(e.kind(), format!("through {p}: {e}"));
+                    match f {
+                        Fail::Again(e) => Fail::Again(within(e)),
+                        Fail::Final(e) => Fail::Final(within(e)),
+                    }
+                }
+                (f, None) => f,
+            })
     }
 }
 
