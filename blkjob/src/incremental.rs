@@ -470,8 +470,8 @@ pub struct Updated {
     pub sampled: u64,
     /// Clean blocks read because their allocation contradicts the base.
     pub conflicting: u64,
-    /// Bytes read from the image: the dirty blocks' data, the samples and
-    /// the conflicting blocks (not the verification's).
+    /// Bytes read from the image: the dirty blocks' data, the samples, the
+    /// conflicting blocks, and with `verify` the data read again to verify.
     pub read_bytes: u64,
 }
 
@@ -535,8 +535,9 @@ pub fn update_map(
     refuse_unmarked(base, &map, &conflicts, bitmap)?;
     changes.checks.extend([Check::Allocation, Check::Samples]);
     let map = map.with_identity(now.identity())?;
+    let mut verified_bytes = 0;
     if verify {
-        check_verified(src, &map, base, bitmap, job, progress)?;
+        verified_bytes = check_verified(src, &map, base, bitmap, job, progress)?;
         changes.checks.push(Check::Verify);
     }
     Ok(Updated {
@@ -544,7 +545,7 @@ pub fn update_map(
         format: stats.format,
         sampled: samples(base.map, &changes).len() as u64,
         conflicting: count(&conflicts),
-        read_bytes: stats.stats.data + sampled_bytes,
+        read_bytes: stats.stats.data + sampled_bytes + verified_bytes,
         changes,
     })
 }
@@ -570,7 +571,7 @@ fn hash_blocks(
 
 /// [`verify`], as an error naming the ranges (the first 8) when any
 /// differ: what `--verify` and Python's `verify=True` report, before
-/// anything is written.
+/// anything is written. The bytes it read from the image.
 pub fn check_verified(
     src: Arc<dyn Source>,
     updated: &Map,
@@ -578,34 +579,48 @@ pub fn check_verified(
     bitmap: &str,
     job: &Job,
     progress: &mut dyn FnMut(u64),
-) -> io::Result<()> {
-    let differ = verify(src, updated, job, progress)?;
-    if differ.is_empty() {
-        return Ok(());
+) -> io::Result<u64> {
+    let verified = verify(src, updated, job, progress)?;
+    if verified.differ.is_empty() {
+        return Ok(verified.read_bytes);
     }
     Err(unmarked(
-        &differ,
+        &verified.differ,
         base,
         bitmap,
         "found by reading every block",
     ))
 }
 
+/// What [`verify`] found.
+#[derive(Debug)]
+pub struct Verified {
+    /// The block ranges that differ (empty when the incremental map is the
+    /// image's).
+    pub differ: Vec<blkmap::Range>,
+    /// The bytes read from the image (its data: zeros and holes are not
+    /// read).
+    pub read_bytes: u64,
+}
+
 /// Read all of `src` and compare with `updated` (its incremental map):
 /// the block ranges that differ, each a block the bitmap did not mark
 /// whose content changed (a bitmap that missed a write, or a base that is
-/// not the image's). Empty when the incremental map is the image's.
+/// not the image's).
 pub fn verify(
     src: Arc<dyn Source>,
     updated: &Map,
     job: &Job,
     progress: &mut dyn FnMut(u64),
-) -> io::Result<Vec<blkmap::Range>> {
+) -> io::Result<Verified> {
     let size = src.size();
     let whole = blkimage::Window::new(src, 0, size)?;
     let full = crate::map(Input::Image(Box::new(whole)), job, job.cancel(), progress)?;
     let diff = blkmap::diff(updated, &full.map).map_err(|e| invalid(e.to_string()))?;
-    Ok(diff.ranges)
+    Ok(Verified {
+        differ: diff.ranges,
+        read_bytes: full.stats.data,
+    })
 }
 
 #[cfg(test)]
@@ -776,7 +791,7 @@ mod tests {
         assert_eq!(read, up.read_bytes);
         assert!(read <= (5 + SAMPLES) * BS as u64, "{read}");
         let again = verify(src, &up.map, &job(), &mut |_| {}).unwrap();
-        assert!(again.is_empty());
+        assert!(again.differ.is_empty());
     }
 
     #[test]
@@ -799,7 +814,7 @@ mod tests {
         let (r, src) = update(&old, mem(new, vec![]));
         match r {
             Ok(up) => {
-                let differ = verify(src, &up.map, &job(), &mut |_| {}).unwrap();
+                let differ = verify(src, &up.map, &job(), &mut |_| {}).unwrap().differ;
                 let at = 33 * BS as u64;
                 assert_eq!(
                     differ,
@@ -903,7 +918,17 @@ mod tests {
             e.to_string().contains("records nothing of the image"),
             "{e}"
         );
-        let up = update_map(src, "mem".as_ref(), &base, "b", true, &job(), &mut |_| {}).unwrap();
+        let before = src.read.load(Ordering::Relaxed);
+        let up = update_map(
+            src.clone(),
+            "mem".as_ref(),
+            &base,
+            "b",
+            true,
+            &job(),
+            &mut |_| {},
+        )
+        .unwrap();
         let names: Vec<_> = up.changes.checks.iter().map(|c| c.name()).collect();
         assert_eq!(
             names,
@@ -916,6 +941,11 @@ mod tests {
                 "verify"
             ]
         );
+        // What the verification read counts: the image's data (54 blocks
+        // less the short last block's 1000 bytes) and the samples.
+        let read = src.read.load(Ordering::Relaxed) - before;
+        assert_eq!(read, up.read_bytes);
+        assert!(read >= (54 * BS - 1000) as u64, "{read}");
     }
 
     #[test]
