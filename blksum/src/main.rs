@@ -140,7 +140,7 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
         let name: &OsStr = &shown;
         let lossy = name.to_string_lossy();
         if args.json {
-            json.push(report::input(&lossy, &result));
+            json.push(report::input(name, &result));
         }
         if let Ok(Report {
             rounded: Some(r), ..

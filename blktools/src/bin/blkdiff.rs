@@ -8,7 +8,7 @@ use blkjob::{Job, Mapped};
 use blkmap::{Diff, Map};
 use clap::Parser;
 use serde_json::json;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
 use std::process::ExitCode;
 
@@ -324,22 +324,27 @@ fn print_text(d: &Diff) -> io::Result<()> {
 }
 
 fn print_json(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> io::Result<()> {
-    let input = |name: &str, m: &Mapped| {
-        json!({
+    let input = |name: &str, path: &OsStr, m: &Mapped| {
+        let mut obj = json!({
             "name": name,
             "format": m.format,
             "virtual-size": m.map.size(),
             // blkdiff's first spelling, kept while the schema is 1.
             "size": m.map.size(),
             "checksum": m.map.checksum().to_hex(),
-        })
+        });
+        // A name that is not UTF-8, in full (`name` has U+FFFD).
+        if let Some(escaped) = blkcli::lines::json_escaped(&blkcli::shown(path)) {
+            obj["name-escaped"] = escaped.into();
+        }
+        obj
     };
     // Keys as blksum's --json spells them (qemu-img's style), in the order
     // written here (serde_json's preserve_order); schema as its.
     let doc = json!({
         "schema": 1,
-        "a": input(&args.a, a),
-        "b": input(&args.b, b),
+        "a": input(&args.a, &args.a_path, a),
+        "b": input(&args.b, &args.b_path, b),
         "digest": a.map.algorithm().name(),
         "block-size": a.map.block_size(),
         "same": d.is_same(),

@@ -428,7 +428,7 @@ fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
     // Spelled as blksum's and blkdiff's JSON (qemu-img's `virtual-size`);
     // `size`, this document's first name for it, is kept while `schema`
     // is 1.
-    let doc = serde_json::json!({
+    let mut doc = serde_json::json!({
         "schema": JSON_SCHEMA,
         "image": blkcli::shown_lossy(image),
         "checksum": map.checksum().to_hex(),
@@ -443,6 +443,9 @@ fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
         "read-bytes": read.bytes,
         "checks": read.checks,
     });
+    if let Some(escaped) = blkcli::lines::json_escaped(image) {
+        doc["image-escaped"] = escaped.into();
+    }
     output::print_code("blkmap", |out| writeln!(out, "{doc:#}"))
 }
 
