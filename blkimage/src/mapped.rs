@@ -231,7 +231,13 @@ pub(crate) fn with_map(
     // pread, the checksum is then of what was read); one that truncates it
     // makes a touch past the end fault, which the handler turns into zero
     // pages and an error below.
-    let map = unsafe { MmapOptions::new().offset(offset).len(len).map(file)? };
+    let map =
+        unsafe { MmapOptions::new().offset(offset).len(len).map(file) }.map_err(|e| {
+            match e.raw_os_error() {
+                Some(libc::ENOMEM) => blkhash::out_of_memory(len, "a mapped read"),
+                _ => e,
+            }
+        })?;
     let held = match installed().then(|| Held::claim(map.as_ptr() as usize, len)) {
         Some(Some(h)) => h,
         _ => return copy(file, offset, len, f),
@@ -263,7 +269,7 @@ pub(crate) fn with_map(
 /// The copying path, for a lend that finds no free slot.
 fn copy(file: &File, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
-    let mut buf = vec![0u8; len];
+    let mut buf = blkhash::try_zeroed(len, "a read")?;
     file.read_exact_at(&mut buf, offset)
         .map_err(|e| match e.kind() {
             io::ErrorKind::UnexpectedEof => shrank(file, offset, len),

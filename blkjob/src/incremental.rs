@@ -355,7 +355,7 @@ fn spread(items: &[u64], n: usize) -> Vec<u64> {
 pub fn check_clean(src: &dyn Source, base: &Base<'_>, changes: &Changes) -> io::Result<u64> {
     let map = base.map;
     let bs = map.block_size() as u64;
-    let mut buf = vec![0u8; bs as usize];
+    let mut buf = blkhash::try_zeroed(bs as usize, "a sampled block")?;
     let mut read = 0;
     for i in samples(map, changes) {
         let offset = i * bs;

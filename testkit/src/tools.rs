@@ -193,3 +193,38 @@ pub fn thread_limited(prog: impl AsRef<std::ffi::OsStr>, uid: u32, nproc: u32) -
         .arg(prog.as_ref());
     Some(c)
 }
+
+/// `bin args` run under `ulimit -v KIB`: exit 0 with `want` at the start
+/// of its output (the checksum), or exit 1 saying which buffer could not
+/// be had or which thread could not start; never an abort (exit 134:
+/// "memory allocation of N bytes failed"), a panic or a signal.
+pub fn assert_clean_under_memory_limit(bin: &str, kib: u64, args: &[&str], want: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let script = format!("ulimit -v {kib} && exec \"$0\" \"$@\"");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(bin)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    let said = format!("ulimit -v {kib}, {args:?}: {:?}: {stderr}", out.status);
+    assert_eq!(out.status.signal(), None, "{said}");
+    match out.status.code() {
+        Some(0) => assert!(stdout.starts_with(want), "{said}: {stdout}"),
+        Some(1) => {
+            assert!(stdout.is_empty(), "{said}: {stdout}");
+            assert!(
+                stderr.contains("cannot allocate ") || stderr.contains("cannot start a "),
+                "{said}"
+            );
+            assert!(!stderr.contains("panicked"), "{said}");
+        }
+        _ => panic!("{said}"),
+    }
+}
