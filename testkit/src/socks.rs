@@ -2,24 +2,11 @@
 //! dante-server), which speaks SOCKS4, SOCKS4a and SOCKS5 as curl and
 //! ureq do, on a free port of 127.0.0.1, relaying to 127.0.0.1 only.
 
-use std::net::TcpStream;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-/// The danted binary: on PATH, or where Debian puts it (/usr/sbin, which
-/// a user's PATH may lack).
-fn danted() -> Option<PathBuf> {
-    if crate::tools::have("danted") {
-        return Some("danted".into());
-    }
-    let sbin = PathBuf::from("/usr/sbin/danted");
-    sbin.exists().then_some(sbin)
-}
 
 /// True if danted is installed; else says the test is skipped.
 pub fn have_socks() -> bool {
-    let found = danted().is_some();
+    let found = crate::tools::sbin_binary("danted").is_some();
     if !found {
         eprintln!("danted missing: test skipped (scripts/setup.sh installs dante-server)");
     }
@@ -61,29 +48,21 @@ impl Socks {
             ),
         )
         .unwrap();
-        let mut child = Command::new(danted().expect("danted installed"))
-            .arg("-f")
-            .arg(&conf)
-            .arg("-p")
-            .arg(dir.path().join("pid"))
-            .args(["-N", "1"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("danted runs");
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                let log = std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
-                panic!("danted exited ({status}): {log}");
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "danted did not start"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let mut child =
+            Command::new(crate::tools::sbin_binary("danted").expect("danted installed"))
+                .arg("-f")
+                .arg(&conf)
+                .arg("-p")
+                .arg(dir.path().join("pid"))
+                .args(["-N", "1"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("danted runs");
+        crate::tools::wait_listening(&mut child, port, "danted", || {
+            std::fs::read_to_string(dir.path().join("log")).unwrap_or_default()
+        });
         Socks {
             child,
             dir,
@@ -105,20 +84,8 @@ impl Socks {
 
 impl Drop for Socks {
     fn drop(&mut self) {
-        // SIGTERM first: danted's main process then ends the processes it
+        // SIGTERM: danted's main process then ends the processes it
         // started; SIGKILL would leave them.
-        if let Ok(None) = self.child.try_wait() {
-            // SAFETY: kill(2) on our own child, not yet waited for.
-            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-            let until = Instant::now() + Duration::from_secs(10);
-            while let Ok(None) = self.child.try_wait() {
-                if Instant::now() > until {
-                    let _ = self.child.kill();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        let _ = self.child.wait();
+        crate::tools::terminate(&mut self.child);
     }
 }

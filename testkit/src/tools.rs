@@ -228,3 +228,56 @@ pub fn assert_clean_under_memory_limit(bin: &str, kib: u64, args: &[&str], want:
         _ => panic!("{said}"),
     }
 }
+
+/// A program on PATH, or where Debian puts daemons (/usr/sbin, which a
+/// user's PATH may lack): nginx, danted.
+pub fn sbin_binary(name: &str) -> Option<std::path::PathBuf> {
+    if have(name) {
+        return Some(name.into());
+    }
+    let sbin = std::path::Path::new("/usr/sbin").join(name);
+    sbin.exists().then_some(sbin)
+}
+
+/// Ask `child` to end (SIGTERM) and wait for it, killing it after 10 s.
+/// Not SIGKILL first: a server then cleans up (nbdkit's sh plugin removes
+/// its scripts from /tmp, danted ends the processes it started).
+pub fn terminate(child: &mut std::process::Child) {
+    use std::time::{Duration, Instant};
+    if let Ok(None) = child.try_wait() {
+        // SAFETY: kill(2) on our own child, not yet waited for.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let until = Instant::now() + Duration::from_secs(10);
+        while let Ok(None) = child.try_wait() {
+            if Instant::now() > until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Wait until `child`, a server named `what`, accepts connections on
+/// `port` of 127.0.0.1; a panic (with `log()`, what it said) if it exits
+/// first or takes over 60 s.
+pub fn wait_listening(
+    child: &mut std::process::Child,
+    port: u16,
+    what: &str,
+    log: impl Fn() -> String,
+) {
+    use std::time::{Duration, Instant};
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited ({status}): {}", log());
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{what} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
