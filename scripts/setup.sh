@@ -14,7 +14,9 @@ set -euo pipefail
 # scripts/test-install.sh; objdump, file and man for the install test and
 # the manual page tests; nginx for the HTTP(S) tests (started by the tests
 # themselves, on a free port with a configuration of their own: the
-# package's own service is not used); Python with venv for the Python package; tmux for
+# package's own service is not used); Dante's SOCKS server (dante-server)
+# for the SOCKS proxy test (started by the test, its service not used);
+# Python with venv for the Python package; tmux for
 # blksum/tests/progress.rs, which runs blksum -p in a real terminal to see
 # its progress bar drawn and cleared; for scripts/package.sh, debhelper
 # (dpkg-buildpackage) and lintian for the debs, rpm (rpmbuild, rpm2archive;
@@ -29,7 +31,7 @@ set -euo pipefail
 # virtnbdbackup for blktools/tests/libvirt.rs (a libvirtd of the test's own
 # in a private mount namespace: the packages' services are not used).
 apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc libc6-dev
-    pkg-config valgrind binutils file man-db tmux debhelper lintian rpm nginx
+    pkg-config valgrind binutils file man-db tmux debhelper lintian rpm nginx dante-server
     gcc-aarch64-linux-gnu libc6-dev-arm64-cross binfmt-support musl-tools)
 # QEMU's other programs, which must be of qemu-utils' own version: Debian
 # 12's qemu-system-x86 (7.2) installed beside a qemu-utils from
@@ -43,10 +45,11 @@ qemu_family=(qemu-system-x86 qemu-user qemu-user-binfmt)
 vm_packages=(libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu virtnbdbackup)
 dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc glibc-static
     pkgconf-pkg-config valgrind binutils file man-db tmux rpm-build nginx)
-# Not in every dnf family's repositories (RHEL has no musl-gcc): tried, and
-# the steps that need them fail naming what is missing.
+# Not in every dnf family's repositories (RHEL has no musl-gcc, nor
+# dante-server without EPEL): tried, and the steps that need them fail naming
+# what is missing (the SOCKS test says it is skipped).
 dnf_optional=(musl-gcc qemu-user qemu-user-binfmt
-    libvirt-daemon-driver-qemu libvirt-client qemu-system-x86-core virtnbdbackup)
+    libvirt-daemon-driver-qemu libvirt-client qemu-system-x86-core virtnbdbackup dante-server)
 
 # --demo: only what scripts/demo.sh runs beside cargo (qemu-img; the rest
 # is coreutils), not the tools of the tests and packages.

@@ -88,6 +88,32 @@ pub fn escape_name(name: &[u8]) -> String {
     out
 }
 
+/// For the `--json` documents: a name that is not UTF-8, which their
+/// `name` (or `image`) key can only show with U+FFFD in place of the bytes
+/// that are not, in full, escaped as [`escape_name`] does (`\\`, `\n`,
+/// `\r`, and `\xNN` for an ASCII control byte or a byte that is not
+/// UTF-8, as `ls --quoting-style=escape` escapes, in hexadecimal: every
+/// byte recoverable); `None` for a UTF-8 name, whose document keeps the
+/// keys it always had.
+///
+/// ```
+/// use std::ffi::OsStr;
+/// use std::os::unix::ffi::OsStrExt;
+/// use blkcli::lines::json_escaped;
+/// assert_eq!(json_escaped(OsStr::new("disk.qcow2")), None);
+/// assert_eq!(
+///     json_escaped(OsStr::from_bytes(b"d\xe9j\xe0 vu\\.img")).as_deref(),
+///     Some("d\\xe9j\\xe0 vu\\\\.img")
+/// );
+/// ```
+pub fn json_escaped(name: &std::ffi::OsStr) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    match name.to_str() {
+        Some(_) => None,
+        None => Some(escape_name(name.as_bytes())),
+    }
+}
+
 fn unescape(s: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(s.len());
     let mut bytes = s.iter();

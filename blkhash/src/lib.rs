@@ -122,6 +122,7 @@ macro_rules! engine_methods {
 mod algorithm;
 mod checksum;
 mod hasher;
+mod memory;
 mod options;
 mod order;
 mod pipeline;
@@ -131,6 +132,7 @@ mod zero;
 pub use algorithm::{ALGORITHMS, Algorithm, Streaming, UnknownAlgorithm};
 pub use checksum::{Checksum, ParseChecksumError, to_hex};
 pub use hasher::Hasher;
+pub use memory::{out_of_memory, room_for_thread, try_zeroed};
 pub use options::{
     DEFAULT_BLOCK_SIZE, IN_FLIGHT_BUDGET, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE, Options,
     OptionsError, default_threads, depth_within_budget,

@@ -13,8 +13,11 @@ use std::io;
 /// Bytes of data an internal staging buffer gathers before it becomes a job.
 const STAGING_SIZE: usize = 1 << 20;
 /// Bytes of repeated zero-block digests given to the outer digest per update:
-/// long updates are much faster than one per block (blake3 above all).
-const ZERO_RUN_BYTES: usize = 256 << 10;
+/// long updates are much faster than one per block (blake3 above all: 16
+/// KiB fill its widest SIMD lanes). Under 64 KiB: a buffer every run
+/// allocates infallibly must stay small (a memory limit fails the buffers
+/// that can say so, not this one).
+const ZERO_RUN_BYTES: usize = 32 << 10;
 
 /// What the hasher saw of one block or run of blocks, reported in block order
 /// to an observer (see [`Hasher::set_observer`](crate::Hasher::set_observer)).
@@ -177,8 +180,17 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
     }
 
     /// Copy bytes into staging. Whole blocks of zeros are found here and not
-    /// copied: they cost a scan, not a digest.
-    pub(crate) fn update(&mut self, mut data: &[u8]) {
+    /// copied: they cost a scan, not a digest. Aborts, as a `Vec` does, if
+    /// memory for staging cannot be had (a `Hasher` has no error to give).
+    pub(crate) fn update(&mut self, data: &[u8]) {
+        if self.try_update(data).is_err() {
+            self.alloc_abort();
+        }
+    }
+
+    /// [`update`](Self::update), or the error if memory for staging cannot
+    /// be had (then some of `data` may be lost: the caller fails the run).
+    pub(crate) fn try_update(&mut self, mut data: &[u8]) -> io::Result<()> {
         self.check_len(data.len() as u64);
         let bs = self.block_size;
         while !data.is_empty() {
@@ -188,43 +200,73 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
                 while data.len() - n >= bs && is_zero(&data[n..n + bs]) {
                     n += bs;
                 }
-                self.update_zeros(n as u64);
+                self.try_update_zeros(n as u64)?;
                 data = &data[n..];
                 continue;
             }
             let n = (bs - partial).min(data.len());
-            self.stage(&data[..n]);
+            self.stage(&data[..n])?;
             data = &data[n..];
         }
+        Ok(())
+    }
+
+    /// The abort of a failed allocation of staging, as `Vec` would.
+    fn alloc_abort(&self) -> ! {
+        std::alloc::handle_alloc_error(
+            std::alloc::Layout::array::<u8>(self.staging_cap).expect("a staging size"),
+        )
     }
 
     /// Copy bytes into staging; they must fit in what is left of the block.
-    fn stage(&mut self, data: &[u8]) {
-        self.total_len += data.len() as u64;
+    fn stage(&mut self, data: &[u8]) -> io::Result<()> {
         if self.staging.capacity() == 0 {
-            self.staging = self.free.pop().unwrap_or_default();
-            self.staging.clear();
-            self.staging.reserve_exact(self.staging_cap);
+            let mut staging = self.free.pop().unwrap_or_default();
+            staging.clear();
+            staging
+                .try_reserve_exact(self.staging_cap)
+                .map_err(|_| crate::out_of_memory(self.staging_cap, "gathering partial blocks"))?;
+            self.staging = staging;
         }
+        self.total_len += data.len() as u64;
         self.staging.extend_from_slice(data);
         if self.staging.len() == self.staging_cap {
             self.flush_staging();
         }
+        Ok(())
     }
 
     /// `len` bytes that read as zeros: full zero blocks are neither
-    /// allocated nor digested, their digest is a constant.
-    pub(crate) fn update_zeros(&mut self, mut len: u64) {
+    /// allocated nor digested, their digest is a constant. Aborts as
+    /// [`update`](Self::update) does.
+    pub(crate) fn update_zeros(&mut self, len: u64) {
+        if self.try_update_zeros(len).is_err() {
+            self.alloc_abort();
+        }
+    }
+
+    /// [`try_update_zeros`](Self::try_update_zeros) for a caller that
+    /// fills too: an error fails the run (nothing after it counts).
+    pub(crate) fn add_zeros(&mut self, len: u64) -> io::Result<()> {
+        self.check_failure()?;
+        self.try_update_zeros(len).inspect_err(|_| {
+            self.failure = Some(Failure::Reported);
+        })
+    }
+
+    /// [`update_zeros`](Self::update_zeros), or the error if memory for
+    /// staging cannot be had.
+    pub(crate) fn try_update_zeros(&mut self, mut len: u64) -> io::Result<()> {
         self.check_len(len);
         let bs = self.block_size as u64;
         let partial = (self.staging.len() as u64) % bs;
         if partial != 0 {
             let fill = (bs - partial).min(len);
-            self.update(&vec![0u8; fill as usize]);
+            self.try_update(&crate::try_zeroed(fill as usize, "a partial zero block")?)?;
             len -= fill;
         }
         if len == 0 {
-            return;
+            return Ok(());
         }
         self.flush_staging();
         self.total_len += len - len % bs;
@@ -236,7 +278,10 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
             }
             self.advance();
         }
-        self.update(&vec![0u8; (len % bs) as usize]);
+        self.try_update(&crate::try_zeroed(
+            (len % bs) as usize,
+            "a partial zero block",
+        )?)
     }
 
     /// Digest `buf` in place but for a part that straddles a block boundary
@@ -250,21 +295,36 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
         let partial = self.staging.len() % bs;
         if partial != 0 {
             start = (bs - partial).min(len);
-            self.update(&data[..start]);
+            if let Err(e) = self.try_update(&data[..start]) {
+                self.fail(e);
+            }
         }
         let full_end = start + (len - start) / bs * bs;
         if full_end == start {
             // Nothing whole to digest: the bytes were copied, the buffer is free.
-            self.update(&data[start..]);
+            if let Err(e) = self.try_update(&data[start..]) {
+                self.fail(e);
+            }
             self.reclaimed.push_back(buf);
             return;
         }
         self.flush_staging();
         self.total_len += (full_end - start) as u64;
-        // The tail goes to staging after the job, keeping byte order.
+        // The tail goes to staging after the job, keeping byte order (less
+        // than a block: small enough to copy infallibly).
         let tail = data[full_end..].to_vec();
         self.send(JobBuf::External(buf), start, full_end);
-        self.update(&tail);
+        if let Err(e) = self.try_update(&tail) {
+            self.fail(e);
+        }
+    }
+
+    /// Fail the run with `e`, unless it failed already: nothing after
+    /// counts, and the caller's next call or finalize returns the error.
+    fn fail(&mut self, e: io::Error) {
+        if self.failure.is_none() {
+            self.failure = Some(Failure::Pending(e));
+        }
     }
 
     pub(crate) fn reclaim(&mut self) -> Option<B> {
@@ -295,12 +355,14 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
         let bs = self.block_size;
         if !self.staging.len().is_multiple_of(bs) || !len.is_multiple_of(bs) {
             // Not on block boundaries: produce the bytes here and copy them.
-            let mut tmp = vec![0u8; len];
-            if let Err(e) = fill(&mut tmp) {
+            let copied = crate::try_zeroed(len, "a read").and_then(|mut tmp| {
+                fill(&mut tmp)?;
+                self.try_update(&tmp)
+            });
+            if let Err(e) = copied {
                 self.failure = Some(Failure::Reported);
                 return Err(e);
             }
-            self.update(&tmp);
             return Ok(());
         }
         self.flush_staging();
@@ -322,20 +384,26 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
             // Not on block boundaries: copy the bytes here, and add them
             // only once the lend says they were the source's.
             let mut tmp = Vec::new();
-            let lent = lend(&mut |data: &[u8]| {
-                if data.len() == len {
-                    tmp.extend_from_slice(data);
-                }
-            });
-            let lent = lent.and_then(|()| match tmp.len() == len {
-                true => Ok(()),
-                false => Err(io::Error::other(format!("lent bytes were not {len} bytes"))),
-            });
+            let lent = tmp
+                .try_reserve_exact(len)
+                .map_err(|_| crate::out_of_memory(len, "a read"))
+                .and_then(|()| {
+                    lend(&mut |data: &[u8]| {
+                        if data.len() == len {
+                            tmp.extend_from_slice(data);
+                        }
+                    })
+                });
+            let lent = lent
+                .and_then(|()| match tmp.len() == len {
+                    true => Ok(()),
+                    false => Err(io::Error::other(format!("lent bytes were not {len} bytes"))),
+                })
+                .and_then(|()| self.try_update(&tmp));
             if let Err(e) = lent {
                 self.failure = Some(Failure::Reported);
                 return Err(e);
             }
-            self.update(&tmp);
             return Ok(());
         }
         self.flush_staging();

@@ -128,6 +128,21 @@ impl<B: AsRef<[u8]> + Send + 'static> Pipeline<B> {
         self.0.submit_lent(len, lend)
     }
 
+    /// [`update_zeros`](Pipeline::update_zeros) as the fills' other half:
+    /// an error, not an abort, if memory for a partial block cannot be had,
+    /// and an earlier failure's error; after an error nothing counts, as
+    /// after a failed fill.
+    ///
+    /// ```
+    /// use blkhash::{Options, Pipeline};
+    /// let mut p: Pipeline = Pipeline::new(Options::new()).unwrap();
+    /// p.add_zeros(100_000).unwrap();
+    /// assert_eq!(p.finalize().unwrap(), blkhash::hash(vec![0u8; 100_000]));
+    /// ```
+    pub fn add_zeros(&mut self, len: u64) -> io::Result<()> {
+        self.0.add_zeros(len)
+    }
+
     /// Finish: the checksum of everything given, or the error of the first
     /// fill or lend that failed.
     pub fn finalize(mut self) -> io::Result<Checksum> {

@@ -83,10 +83,19 @@ impl<B: AsRef<[u8]> + Send + 'static> Pool<B> {
             // A thread the system will not start (a limit on threads or
             // memory) is the caller's error to report; returning drops the
             // pool, which stops and joins the workers already started.
+            // Awaited until it runs: what the system maps for a thread as
+            // it starts is then mapped before the next one takes the room
+            // (see room_for_thread).
+            let (started, running) = crossbeam_channel::bounded::<()>(0);
+            crate::room_for_thread()?;
             let t = std::thread::Builder::new()
                 .name(format!("blkhash-{i}"))
-                .spawn(move || worker(jobs, done, job_done, alg, block_size, &zero_digest, keep))?;
+                .spawn(move || {
+                    drop(started);
+                    worker(jobs, done, job_done, alg, block_size, &zero_digest, keep)
+                })?;
             pool.threads.push(t);
+            let _ = running.recv();
         }
         Ok(pool)
     }
@@ -134,10 +143,11 @@ fn worker<B: AsRef<[u8]>>(
         // others keep the done channel open, and the caller would wait forever.
         let work = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match buf {
             JobBuf::Fill(fill) => {
-                let data = scratch.get(end - start);
-                let r = (None, fill(data).map(|()| digest(data)));
+                let r = scratch
+                    .get(end - start)
+                    .and_then(|data| fill(data).and_then(|()| digest(data)));
                 scratch.trim(keep);
-                r
+                (None, r)
             }
             JobBuf::Lend(lend) => {
                 let want = end - start;
@@ -148,17 +158,21 @@ fn worker<B: AsRef<[u8]>>(
                     }
                 });
                 let r = lent.and_then(|()| {
-                    out.ok_or_else(|| io::Error::other(format!("lent bytes were not {want} bytes")))
+                    out.unwrap_or_else(|| {
+                        Err(io::Error::other(format!(
+                            "lent bytes were not {want} bytes"
+                        )))
+                    })
                 });
                 (None, r)
             }
             JobBuf::Internal(v) => {
                 let r = digest(&v[start..end]);
-                (Some(JobBuf::Internal(v)), Ok(r))
+                (Some(JobBuf::Internal(v)), r)
             }
             JobBuf::External(b) => {
                 let r = digest(&b.as_ref()[start..end]);
-                (Some(JobBuf::External(b)), Ok(r))
+                (Some(JobBuf::External(b)), r)
             }
         }));
         let (buf, result) =
@@ -189,24 +203,32 @@ fn worker<B: AsRef<[u8]>>(
 }
 
 /// Digest every block of `data` (the last may be short): the digests, and
-/// which blocks were all zeros.
+/// which blocks were all zeros. An error if their memory cannot be had (a
+/// large read of small blocks: 16 MiB of 4 KiB blocks takes 256 KiB of
+/// SHA-512 digests).
 fn digest_blocks(
     data: &[u8],
     alg: Algorithm,
     block_size: usize,
     zero_digest: &[u8],
-) -> (Vec<u8>, Vec<bool>) {
+) -> io::Result<(Vec<u8>, Vec<bool>)> {
     let out_len = alg.output_len();
     let blocks = data.len().div_ceil(block_size);
-    let mut digests = vec![0u8; blocks * out_len];
-    let mut zero = vec![false; blocks];
+    let mut digests = crate::try_zeroed(blocks * out_len, "block digests")?;
+    let mut zero = Vec::new();
+    zero.try_reserve_exact(blocks)
+        .map_err(|_| crate::out_of_memory(blocks, "zero block flags"))?;
+    zero.resize(blocks, false);
     if out_len == 0 {
         // The null digest measures reading: nothing to digest, no zero scan.
-        return (digests, zero);
+        return Ok((digests, zero));
     }
     // Zero blocks take the constant; the rest are digested together so a
     // multi-buffer digest (SHA-256) can interleave them.
-    let mut data_blocks: Vec<&[u8]> = Vec::with_capacity(blocks);
+    let mut data_blocks: Vec<&[u8]> = Vec::new();
+    data_blocks
+        .try_reserve_exact(blocks)
+        .map_err(|_| crate::out_of_memory(blocks * size_of::<&[u8]>(), "block slices"))?;
     for (block, z) in data.chunks(block_size).zip(zero.iter_mut()) {
         // Only a full block of zeros has the constant digest; a short
         // last block is digested as it is.
@@ -218,9 +240,9 @@ fn digest_blocks(
     }
     if data_blocks.len() == blocks {
         alg.digest_many(&data_blocks, &mut digests);
-        return (digests, zero);
+        return Ok((digests, zero));
     }
-    let mut data_digests = vec![0u8; data_blocks.len() * out_len];
+    let mut data_digests = crate::try_zeroed(data_blocks.len() * out_len, "block digests")?;
     alg.digest_many(&data_blocks, &mut data_digests);
     let mut next = data_digests.chunks_exact(out_len);
     for (out, z) in digests.chunks_exact_mut(out_len).zip(&zero) {
@@ -230,7 +252,7 @@ fn digest_blocks(
             out.copy_from_slice(d);
         }
     }
-    (digests, zero)
+    Ok((digests, zero))
 }
 
 /// A worker's own buffer for fills, page-aligned so direct I/O can read
@@ -243,12 +265,14 @@ struct Scratch {
 impl Scratch {
     const ALIGN: usize = 4096;
 
-    fn get(&mut self, len: usize) -> &mut [u8] {
+    fn get(&mut self, len: usize) -> io::Result<&mut [u8]> {
         if self.mem.len() < len + Self::ALIGN {
-            self.mem = vec![0; len + Self::ALIGN];
+            // The old one first: both at once may be more than there is.
+            self.mem = Vec::new();
+            self.mem = crate::try_zeroed(len + Self::ALIGN, "a worker's read buffer")?;
         }
         let off = self.mem.as_ptr().align_offset(Self::ALIGN);
-        &mut self.mem[off..off + len]
+        Ok(&mut self.mem[off..off + len])
     }
 
     /// Free the buffer if it holds more than `keep` bytes of data.

@@ -31,15 +31,41 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// A zero-filled buffer of `capacity` bytes (rounded up to [`ALIGN`]), empty.
+    /// A zero-filled buffer of `capacity` bytes (rounded up to [`ALIGN`]),
+    /// empty. Aborts if the memory cannot be had, as a `Vec` does:
+    /// [`try_new`](AlignedBuf::try_new) is the run's way.
     pub fn new(capacity: usize) -> Self {
         let cap = capacity.max(1).next_multiple_of(ALIGN);
         let layout = Layout::from_size_align(cap, ALIGN).expect("buffer size overflows");
+        Self::alloc(layout).unwrap_or_else(|| alloc::handle_alloc_error(layout))
+    }
+
+    /// [`new`](AlignedBuf::new), or the error "cannot allocate N bytes for
+    /// WHAT" if the memory cannot be had (a `ulimit -v`, a cgroup's limit).
+    ///
+    /// ```
+    /// use blkimage::AlignedBuf;
+    /// assert_eq!(AlignedBuf::try_new(100, "a read").unwrap().capacity(), 4096);
+    /// let err = AlignedBuf::try_new(usize::MAX / 2, "a read").err().unwrap();
+    /// assert!(err.to_string().starts_with("cannot allocate "), "{err}");
+    /// ```
+    pub fn try_new(capacity: usize, what: &str) -> std::io::Result<Self> {
+        let cap = capacity.max(1).next_multiple_of(ALIGN);
+        Layout::from_size_align(cap, ALIGN)
+            .ok()
+            .and_then(Self::alloc)
+            .ok_or_else(|| blkhash::out_of_memory(cap, what))
+    }
+
+    fn alloc(layout: Layout) -> Option<Self> {
         // SAFETY: layout has a non-zero size. Zeroed memory keeps every byte
         // initialised, so spare() can hand out &mut [u8] safely.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, cap, len: 0 }
+        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
+        Some(AlignedBuf {
+            ptr,
+            cap: layout.size(),
+            len: 0,
+        })
     }
 
     /// The capacity in bytes.

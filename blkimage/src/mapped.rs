@@ -197,15 +197,19 @@ impl Held {
     }
 }
 
-/// The error of a mapped range whose pages were gone.
-pub(crate) fn shrank(offset: u64, len: usize) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::UnexpectedEof,
-        format!(
-            "the file shrank while it was read (bytes {offset}..{} were gone)",
-            offset + len as u64
+/// The error of a mapped range whose pages were gone: the bytes of the
+/// range past the file's end now (pages are whole, a cut need not be), or
+/// the whole range if the file has grown back since.
+pub(crate) fn shrank(file: &File, offset: u64, len: usize) -> io::Error {
+    let end = offset + len as u64;
+    let msg = match file.metadata().map(|m| m.len()) {
+        Ok(size) if size < end => format!(
+            "the file shrank while it was read (it ends at {size} bytes: bytes {}..{end} were gone)",
+            size.max(offset)
         ),
-    )
+        _ => format!("the file shrank while it was read (bytes {offset}..{end} were gone)"),
+    };
+    io::Error::new(io::ErrorKind::UnexpectedEof, msg)
 }
 
 /// Map `len` bytes of `file` from `offset`, fill its page tables, and call
@@ -227,7 +231,13 @@ pub(crate) fn with_map(
     // pread, the checksum is then of what was read); one that truncates it
     // makes a touch past the end fault, which the handler turns into zero
     // pages and an error below.
-    let map = unsafe { MmapOptions::new().offset(offset).len(len).map(file)? };
+    let map =
+        unsafe { MmapOptions::new().offset(offset).len(len).map(file) }.map_err(|e| {
+            match e.raw_os_error() {
+                Some(libc::ENOMEM) => blkhash::out_of_memory(len, "a mapped read"),
+                _ => e,
+            }
+        })?;
     let held = match installed().then(|| Held::claim(map.as_ptr() as usize, len)) {
         Some(Some(h)) => h,
         _ => return copy(file, offset, len, f),
@@ -247,11 +257,11 @@ pub(crate) fn with_map(
         && e.raw_os_error() == Some(libc::EFAULT)
     {
         held.release();
-        return Err(shrank(offset, len));
+        return Err(shrank(file, offset, len));
     }
     f(&map);
     if held.release() {
-        return Err(shrank(offset, len));
+        return Err(shrank(file, offset, len));
     }
     Ok(())
 }
@@ -259,10 +269,10 @@ pub(crate) fn with_map(
 /// The copying path, for a lend that finds no free slot.
 fn copy(file: &File, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
-    let mut buf = vec![0u8; len];
+    let mut buf = blkhash::try_zeroed(len, "a read")?;
     file.read_exact_at(&mut buf, offset)
         .map_err(|e| match e.kind() {
-            io::ErrorKind::UnexpectedEof => shrank(offset, len),
+            io::ErrorKind::UnexpectedEof => shrank(file, offset, len),
             _ => e,
         })?;
     f(&buf);
@@ -286,6 +296,15 @@ mod tests {
         file.set_len(1 << 20).unwrap();
         let err = with_map(&file, 2 << 20, 1 << 20, &mut |_| {}).unwrap_err();
         assert!(err.to_string().contains("shrank"), "{err}");
+        // Cut inside the range, at no page boundary: the bytes past the
+        // end are named, not the whole range.
+        file.set_len((1 << 20) + 100).unwrap();
+        let err = with_map(&file, 4096, 2 << 20, &mut |_| {}).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("it ends at 1048676 bytes: bytes 1048676..2101248 were gone"),
+            "{err}"
+        );
         // Every slot is free again.
         assert!(RANGES.iter().all(|s| s.start.load(Ordering::SeqCst) == 0));
     }
@@ -300,12 +319,18 @@ mod tests {
         let writer = file.try_clone().unwrap();
         let mut sum = 0u64;
         let err = with_map(&file, 0, 1 << 20, &mut |b| {
-            writer.set_len(4096).unwrap();
+            writer.set_len(4096 + 100).unwrap();
             sum = b.iter().map(|&x| u64::from(x)).sum();
         })
         .unwrap_err();
-        assert!(err.to_string().contains("shrank"), "{err}");
-        // The first page was still there, the rest read as zeros.
-        assert_eq!(sum, 4096);
+        assert!(
+            err.to_string()
+                .contains("it ends at 4196 bytes: bytes 4196..1048576 were gone"),
+            "{err}"
+        );
+        // The first two pages were still there (the second in part: the
+        // rest of a page past a file's end reads as zeros), the rest read
+        // as zeros.
+        assert_eq!(sum, 4196);
     }
 }

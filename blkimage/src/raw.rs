@@ -363,7 +363,7 @@ impl Source for RawFile {
 
     fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
         if !self.mapped {
-            let mut buf = vec![0u8; len];
+            let mut buf = blkhash::try_zeroed(len, "a read")?;
             self.read_at(&mut buf, offset)?;
             f(&buf);
             return Ok(());

@@ -90,31 +90,39 @@ impl<'sink> ReadAhead<'sink> {
         let stop = Arc::new(AtomicBool::new(false));
         for i in 0..depth {
             let (rx, stop) = (rx.clone(), stop.clone());
-            std::thread::Builder::new()
-                .name(format!("blkimage-read-{i}"))
-                .spawn_scoped(scope, move || {
-                    loop {
-                        // The lock is held only to take a job, not to run it.
-                        let job = match rx.lock() {
-                            Ok(rx) => rx.recv(),
-                            Err(_) => return,
-                        };
-                        let Ok(mut job) = job else { return };
-                        if stop.load(Ordering::Relaxed) {
-                            continue;
+            // Each thread is awaited until it runs: what the system maps
+            // for it as it starts is then mapped before the next thread or
+            // any read buffer takes the room (see room_for_thread).
+            let (started, running) = mpsc::channel::<()>();
+            let spawned = blkhash::room_for_thread().and_then(|()| {
+                std::thread::Builder::new()
+                    .name(format!("blkimage-read-{i}"))
+                    .spawn_scoped(scope, move || {
+                        drop(started);
+                        loop {
+                            // The lock is held only to take a job, not to run it.
+                            let job = match rx.lock() {
+                                Ok(rx) => rx.recv(),
+                                Err(_) => return,
+                            };
+                            let Ok(mut job) = job else { return };
+                            if stop.load(Ordering::Relaxed) {
+                                continue;
+                            }
+                            let r = (job.fill)(&mut job.buf.spare()[..job.len]).map(|()| {
+                                job.buf.set_len(job.len);
+                                job.buf
+                            });
+                            // The receiver is gone if the run already failed.
+                            let _ = job.done.send(r);
                         }
-                        let r = (job.fill)(&mut job.buf.spare()[..job.len]).map(|()| {
-                            job.buf.set_len(job.len);
-                            job.buf
-                        });
-                        // The receiver is gone if the run already failed.
-                        let _ = job.done.send(r);
-                    }
-                })
-                .map_err(|e| {
-                    let shown = format!("cannot start a reading thread: {e}");
-                    crate::with_context(e, shown)
-                })?;
+                    })
+            });
+            spawned.map_err(|e| {
+                let shown = format!("cannot start a reading thread: {e}");
+                crate::with_context(e, shown)
+            })?;
+            let _ = running.recv();
         }
         Ok(ReadAhead {
             inner,
@@ -161,8 +169,9 @@ impl<'sink> ReadAhead<'sink> {
         let buf = match self.spare.pop() {
             Some(b) => b,
             None if self.allocated < 2 * self.depth => {
+                let buf = AlignedBuf::try_new(len, "a read")?;
                 self.allocated += 1;
-                return Ok(AlignedBuf::new(len));
+                return Ok(buf);
             }
             // Fewer than `depth` reads are in flight (see `read`), so the
             // hasher holds at least one buffer to give back.
@@ -174,7 +183,9 @@ impl<'sink> ReadAhead<'sink> {
         if buf.capacity() >= len {
             Ok(buf)
         } else {
-            Ok(AlignedBuf::new(len))
+            // The small one first: both at once may be more than there is.
+            drop(buf);
+            AlignedBuf::try_new(len, "a read")
         }
     }
 
@@ -205,8 +216,9 @@ impl<'sink> ReadAhead<'sink> {
                 self.held = self.held.saturating_sub(b.capacity());
             }
             if self.held + cap <= 2 * m || self.held == 0 {
+                let buf = AlignedBuf::try_new(len, "a read")?;
                 self.held += cap;
-                return Ok(AlignedBuf::new(len));
+                return Ok(buf);
             }
             if !self.pending.is_empty() {
                 self.pass_one()?;
@@ -216,8 +228,9 @@ impl<'sink> ReadAhead<'sink> {
                 Some(b) => self.spare.push(b),
                 // Nothing to wait for: over the bound rather than stuck.
                 None => {
+                    let buf = AlignedBuf::try_new(len, "a read")?;
                     self.held += cap;
-                    return Ok(AlignedBuf::new(len));
+                    return Ok(buf);
                 }
             }
         }

@@ -228,7 +228,7 @@ pub fn read_stream(
             Some(b) => b,
             None if allocated < MAX_BUFFERS => {
                 allocated += 1;
-                AlignedBuf::new(read_size)
+                AlignedBuf::try_new(read_size, "a read")?
             }
             None => sink
                 .reclaim_wait()

@@ -70,8 +70,7 @@ impl Sink for blkhash::Pipeline<AlignedBuf> {
         Ok(())
     }
     fn zeros(&mut self, len: u64) -> io::Result<()> {
-        self.update_zeros(len);
-        Ok(())
+        self.add_zeros(len)
     }
     fn reclaim(&mut self) -> Option<AlignedBuf> {
         blkhash::Pipeline::reclaim(self)

@@ -96,7 +96,7 @@ pub trait Source: Send + Sync {
     /// the map: `f` was given zeros). The default copies them with
     /// [`Source::read_at`].
     fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
-        let mut buf = vec![0u8; len];
+        let mut buf = blkhash::try_zeroed(len, "a read")?;
         self.read_at(&mut buf, offset)?;
         f(&buf);
         Ok(())

@@ -426,7 +426,7 @@ pub fn check_clean(src: &dyn Source, base: &Base<'_>, changes: &Changes) -> io::
     let map = base.map;
     let h = map.header();
     let bs = h.block_size as u64;
-    let mut buf = vec![0u8; bs as usize];
+    let mut buf = blkhash::try_zeroed(bs as usize, "a sampled block")?;
     let mut read = 0;
     for i in samples(map, changes)? {
         let offset = i * bs;
@@ -544,8 +544,8 @@ pub struct Updated {
     pub sampled: u64,
     /// Clean blocks read because their allocation contradicts the base.
     pub conflicting: u64,
-    /// Bytes read from the image: the dirty blocks' data, the samples and
-    /// the conflicting blocks (not the verification's).
+    /// Bytes read from the image: the dirty blocks' data, the samples, the
+    /// conflicting blocks, and with `verify` the data read again to verify.
     pub read_bytes: u64,
 }
 
@@ -629,8 +629,9 @@ pub fn update_map(
         })?;
     refuse_unmarked(base, &spliced.differ, bitmap)?;
     changes.checks.extend([Check::Allocation, Check::Samples]);
+    let mut verified_bytes = 0;
     if verify {
-        check_verified(src, out, base, bitmap, job, progress)?;
+        verified_bytes = check_verified(src, out, base, bitmap, job, progress)?;
         changes.checks.push(Check::Verify);
     }
     Ok(Updated {
@@ -639,7 +640,7 @@ pub fn update_map(
         format: stats.format,
         sampled: samples(base.map, &changes)?.len() as u64,
         conflicting: count(&conflicts),
-        read_bytes: stats.stats.data + sampled_bytes,
+        read_bytes: stats.stats.data + sampled_bytes + verified_bytes,
         changes,
     })
 }
@@ -665,7 +666,8 @@ fn hash_blocks(
 
 /// [`verify`] of the map `updated` has just been written to, as an error
 /// naming the ranges (the first 8) when any differ: what `--verify` and
-/// Python's `verify=True` report, before anything is renamed.
+/// Python's `verify=True` report, before anything is renamed. The bytes
+/// it read from the image.
 pub fn check_verified(
     src: Arc<dyn Source>,
     updated: &mut dyn Output,
@@ -673,19 +675,30 @@ pub fn check_verified(
     bitmap: &str,
     job: &Job,
     progress: &mut dyn FnMut(u64),
-) -> io::Result<()> {
+) -> io::Result<u64> {
     updated.seek(io::SeekFrom::Start(0))?;
     let reader = blkmap::MapReader::new(io::BufReader::with_capacity(1 << 20, updated))?;
-    let differ = verify(src, reader, job, progress)?;
-    if differ.is_empty() {
-        return Ok(());
+    let verified = verify(src, reader, job, progress)?;
+    if verified.differ.is_empty() {
+        return Ok(verified.read_bytes);
     }
     Err(unmarked(
-        &differ,
+        &verified.differ,
         base,
         bitmap,
         "found by reading every block",
     ))
+}
+
+/// What [`verify`] found.
+#[derive(Debug)]
+pub struct Verified {
+    /// The block ranges that differ (empty when the incremental map is the
+    /// image's).
+    pub differ: Vec<blkmap::Range>,
+    /// The bytes read from the image (its data: zeros and holes are not
+    /// read).
+    pub read_bytes: u64,
 }
 
 /// Read all of `src` and compare with `updated` (its incremental map, as
@@ -699,7 +712,7 @@ pub fn verify(
     updated: impl Pieces,
     job: &Job,
     progress: &mut dyn FnMut(u64),
-) -> io::Result<Vec<blkmap::Range>> {
+) -> io::Result<Verified> {
     let size = src.size();
     let whole = blkimage::Window::new(src, 0, size)?;
     let mut file = tempfile::tempfile()?;
@@ -713,14 +726,17 @@ pub fn verify(
     let mut h = blkhash::Pipeline::new(job.hasher_options())?;
     h.set_observer(builder.observer());
     let input = Input::Image(Box::new(whole));
-    read_all(input, h, job, job.cancel(), progress, |h| {
+    let (_, read) = read_all(input, h, job, job.cancel(), progress, |h| {
         builder.finalize_written(h)
     })?;
     use std::io::Seek;
     file.rewind()?;
     let full = blkmap::MapReader::new(io::BufReader::with_capacity(1 << 20, file))?;
     let diff = blkmap::diff_pieces(updated, full).map_err(|e| invalid(e.to_string()))?;
-    Ok(diff.ranges)
+    Ok(Verified {
+        differ: diff.ranges,
+        read_bytes: read.stats.data,
+    })
 }
 
 #[cfg(test)]
@@ -895,7 +911,7 @@ mod tests {
         assert_eq!(read, up.read_bytes);
         assert!(read <= (5 + SAMPLES) * BS as u64, "{read}");
         let again = verify(src, map.pieces(), &job(), &mut |_| {}).unwrap();
-        assert!(again.is_empty());
+        assert!(again.differ.is_empty());
     }
 
     #[test]
@@ -918,7 +934,9 @@ mod tests {
         let (r, src) = update(&old, mem(new, vec![]));
         match r {
             Ok((_, map)) => {
-                let differ = verify(src, map.pieces(), &job(), &mut |_| {}).unwrap();
+                let differ = verify(src, map.pieces(), &job(), &mut |_| {})
+                    .unwrap()
+                    .differ;
                 let at = 33 * BS as u64;
                 assert_eq!(
                     differ,
@@ -1012,7 +1030,8 @@ mod tests {
             e.to_string().contains("records nothing of the image"),
             "{e}"
         );
-        let (up, _) = update_into(src, &base, true).unwrap();
+        let before = src.read.load(Ordering::Relaxed);
+        let (up, _) = update_into(src.clone(), &base, true).unwrap();
         let names: Vec<_> = up.changes.checks.iter().map(|c| c.name()).collect();
         assert_eq!(
             names,
@@ -1025,6 +1044,11 @@ mod tests {
                 "verify"
             ]
         );
+        // What the verification read counts: the image's data (54 blocks
+        // less the short last block's 1000 bytes) and the samples.
+        let read = src.read.load(Ordering::Relaxed) - before;
+        assert_eq!(read, up.read_bytes);
+        assert!(read >= (54 * BS - 1000) as u64, "{read}");
     }
 
     #[test]

@@ -170,7 +170,7 @@ impl Results<'_> {
         let name: &OsStr = &shown;
         let lossy = name.to_string_lossy();
         if self.form == Form::Json {
-            self.json.push(report::input(&lossy, &result));
+            self.json.push(report::input(name, &result));
         }
         if let Ok(Report {
             rounded: Some(r), ..

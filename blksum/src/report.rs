@@ -17,17 +17,29 @@
 //! (`virtual-size`). `schema` changes only when a key changes meaning or
 //! goes away (new keys may appear); `version` is blksum's. `format` is
 //! `raw`, `qcow2`, another QEMU format name, or `stream` (a pipe or standard
-//! input, whose bytes are all data). Inputs are in argument order.
+//! input, whose bytes are all data). Inputs are in argument order. A name
+//! that is not UTF-8 has U+FFFD in `name` for the bytes that are not, and
+//! the whole name, escaped, in `name-escaped` (after the other keys).
 
 use blkjob::Hashed as Report;
 use serde_json::{Value, json};
+use std::ffi::OsStr;
 use std::io;
 
 /// The document's schema version (see the module doc).
 pub const SCHEMA: u32 = 1;
 
-/// One input's object.
-pub fn input(name: &str, result: &io::Result<Report>) -> Value {
+/// One input's object: `name` as text, and `name-escaped` if it is not
+/// UTF-8 ([`blkcli::lines::json_escaped`]).
+pub fn input(name: &OsStr, result: &io::Result<Report>) -> Value {
+    let mut obj = object(&name.to_string_lossy(), result);
+    if let Some(escaped) = blkcli::lines::json_escaped(name) {
+        obj["name-escaped"] = escaped.into();
+    }
+    obj
+}
+
+fn object(name: &str, result: &io::Result<Report>) -> Value {
     match result {
         Ok(r) => json!({
             "name": name,

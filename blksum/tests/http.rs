@@ -667,3 +667,101 @@ fn proxies_from_the_environment_as_curl_reads_them() {
         assert_eq!(proxy.count(), n, "{env:?}");
     }
 }
+
+/// blksum ARGS with the environment `env` (proxies), which must fail with
+/// exit 1, no checksum and no panic; its stderr.
+fn fails_env(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = blksum();
+    cmd.args(args).stdin(std::process::Stdio::null());
+    for v in ["http_proxy", "https_proxy", "all_proxy", "no_proxy"] {
+        cmd.env_remove(v).env_remove(v.to_uppercase());
+    }
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "blksum {args:?} {env:?}: {err}");
+    assert!(out.stdout.is_empty(), "checksum printed: {}", stdout(&out));
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+/// SOCKS proxies as curl takes them (socks4, socks4a, socks5, socks5h and
+/// socks for SOCKS5) carry the requests; when a proxy refuses, the error
+/// names the proxy. ureq without its socks-proxy feature panicked (exit
+/// 101) on every one of them.
+#[test]
+fn socks_proxies_from_the_environment() {
+    if !testkit::socks::have_socks() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let want = file_checksum(dir.path(), &data());
+    let server = Hostile::start(data(), Misbehave::Nothing);
+    let socks = testkit::socks::Socks::start();
+    let url = server.url.as_str();
+    for scheme in ["socks4", "socks4a", "socks5", "socks5h", "socks"] {
+        let p = format!("{scheme}://{}", socks.addr);
+        for var in ["http_proxy", "all_proxy"] {
+            let before = socks.tunnels();
+            assert_eq!(checksum_env(&[url], &[(var, &p)]), want, "{var}={p}");
+            assert!(socks.tunnels() > before, "{var}={p}: not through the proxy");
+        }
+    }
+    // The proxy cannot reach the server: a port nobody listens on.
+    let closed = format!("http://127.0.0.1:{}/disk.raw", testkit::nbd::free_port());
+    for scheme in ["socks4", "socks5", "socks5h"] {
+        let p = format!("{scheme}://{}", socks.addr);
+        let err = fails_env(&[&closed], &[("all_proxy", &p)]);
+        assert!(
+            err.contains(&format!("through the proxy {p} (from all_proxy)")),
+            "{err}"
+        );
+    }
+    // No proxy listening: the proxy refused, not the server.
+    let nobody = format!("socks5://u:secret@127.0.0.1:{}", testkit::nbd::free_port());
+    let err = fails_env(&[url], &[("http_proxy", &nobody)]);
+    let shown = nobody.replace(":secret@", ":***@");
+    assert!(
+        err.contains(&format!(
+            "cannot connect to the proxy {shown} (from http_proxy)"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("secret"), "{err}");
+    // An https proxy for an http URL: TLS to the proxy, refused cleanly
+    // (the SOCKS port does not speak TLS), no panic for want of a crypto
+    // provider.
+    let tls = format!("https://{}", socks.addr);
+    let err = fails_env(&["--retries", "0", url], &[("http_proxy", &tls)]);
+    assert!(
+        err.contains(&format!("through the proxy {tls} (from http_proxy)")),
+        "{err}"
+    );
+}
+
+/// `user:password@` in the URL and an Authorization header: refused before
+/// any request (both were sent, two Authorization headers the server took
+/// as it pleased).
+#[test]
+fn credentials_in_the_url_and_an_authorization_header_are_refused() {
+    let server = Hostile::start(data(), Misbehave::Nothing);
+    let url = server.url.replace("http://", "http://me:s3cret@");
+    for header in ["Authorization: Bearer t0k", "authorization: Basic eDp5"] {
+        let err = fails(&["--header", header, &url]);
+        assert!(
+            err.contains(
+                "the URL's user:password and an Authorization header both give credentials"
+            ),
+            "{err}"
+        );
+        assert!(err.contains("me:***@") && !err.contains("s3cret"), "{err}");
+    }
+    assert!(server.stats.heads.lock().unwrap().is_empty());
+    // Either alone is sent once.
+    checksum(&[&url]);
+    checksum(&["--header", "Authorization: Bearer t0k", &server.url]);
+    for h in server.stats.heads.lock().unwrap().iter() {
+        let n = h.to_ascii_lowercase().matches("\r\nauthorization:").count();
+        assert_eq!(n, 1, "{h}");
+    }
+}

@@ -184,3 +184,38 @@ fn deep_queues_of_large_reads_stay_within_the_budget() {
         );
     }
 }
+
+/// A sweep of memory limits (`ulimit -v`, 12 to 64 MB) over the ways
+/// blksum reads: direct I/O with reading threads, the page cache through
+/// maps and without (`--no-mmap`: workers' buffers), qcow2. Every run
+/// succeeds or fails with the buffer or thread it could not have; the
+/// aborts "memory allocation of 1048576 bytes failed" (direct I/O) and "of
+/// 1052672 bytes" (`--no-mmap --cache`) were exit 134.
+#[test]
+fn memory_limits_fail_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = image(dir.path(), "disk.raw", 24 << 20, 16 << 20);
+    let qcow2 = dir.path().join("disk.qcow2");
+    let (r, q) = (raw.to_str().unwrap(), qcow2.to_str().unwrap());
+    let made = Command::new("qemu-img")
+        .args(["convert", "-q", "-f", "raw", "-O", "qcow2", r, q])
+        .status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("qemu-img missing: test skipped");
+        return;
+    }
+    let out = Command::new(BLKSUM).arg(r).output().unwrap();
+    let want = text(&out.stdout)[..64].to_string();
+    let runs: [&[&str]; 5] = [
+        &[r],
+        &["--cache", r],
+        &["--cache", "--no-mmap", r],
+        &[q],
+        &["--cache", "--no-mmap", q],
+    ];
+    for mb in (12..=64).step_by(4) {
+        for args in runs {
+            testkit::tools::assert_clean_under_memory_limit(BLKSUM, mb * 1000, args, &want);
+        }
+    }
+}

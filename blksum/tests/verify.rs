@@ -379,6 +379,37 @@ fn names_that_are_not_utf8_as_sha256sum_takes_them() {
     let missing = dir.path().join(std::ffi::OsStr::from_bytes(b"gone\xff"));
     let out = blksum().arg(&missing).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+
+    // --json: `name` as it was (U+FFFD for the bytes that are not UTF-8),
+    // and the whole name escaped in `name-escaped`, for an input hashed or
+    // not; none for a UTF-8 name.
+    let out = blksum()
+        .arg("--json")
+        .arg(&path)
+        .arg(&missing)
+        .arg(&utf8)
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let inputs = doc["inputs"].as_array().unwrap();
+    let dir_escaped = dir.path().to_str().unwrap().replace('\\', "\\\\");
+    for (input, name) in inputs.iter().zip([&path, &missing]) {
+        assert_eq!(input["name"], *name.to_string_lossy(), "{doc}");
+        let tail = name.file_name().unwrap().as_bytes();
+        let tail: String = tail
+            .iter()
+            .map(|&b| match b {
+                0x20..0x7f => (b as char).to_string(),
+                b => format!("\\x{b:02x}"),
+            })
+            .collect();
+        assert_eq!(
+            input["name-escaped"],
+            format!("{dir_escaped}/{tail}"),
+            "{doc}"
+        );
+    }
+    assert!(inputs[2].get("name-escaped").is_none(), "{doc}");
 }
 
 #[test]

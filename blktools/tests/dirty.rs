@@ -268,6 +268,14 @@ fn verify_catches_writes_behind_the_bitmap() {
     assert_eq!(checksum_of(&o.stdout, s(&img)), full(s(&img), &whole, &[]));
     assert_same_map(&out, &whole);
     std::fs::remove_file(&out).unwrap();
+    // read-bytes counts what the verification read: all 32 MiB of data
+    // (it said 64 KiB and the samples).
+    let o = incremental(&old, "b", s(&img), &out, &["--verify", "--json"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let j: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    let read = j["read-bytes"].as_u64().unwrap();
+    assert!(read >= 32 * MIB, "{j}");
+    std::fs::remove_file(&out).unwrap();
 
     // Block 80 (offset 5 MiB) written while the bitmap was disabled.
     bitmap(&img, &["--disable"], "b");

@@ -2,6 +2,7 @@
 //! (RLIMIT_NPROC, as a user of its own: root ignores the limit): an error
 //! naming the input and the reason, their trouble exit status, no panic.
 
+use crate::common;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 
@@ -83,4 +84,28 @@ fn blksync_threads_that_cannot_start() {
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// blkmap under a sweep of memory limits (`ulimit -v`, 12 to 64 MB), with
+/// reading threads and with workers' buffers (`--cache --no-mmap`): a map
+/// written, or exit 1 with the buffer or thread it could not have, never
+/// an abort.
+#[test]
+fn blkmap_under_memory_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = dir.path().join("disk.raw");
+    std::fs::write(&raw, vec![0x5au8; 16 << 20]).unwrap();
+    let map = dir.path().join("disk.map");
+    let (r, m) = (raw.to_str().unwrap(), map.to_str().unwrap());
+    let out = std::process::Command::new(common::BLKMAP)
+        .args([r, m])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let want = String::from_utf8_lossy(&out.stdout)[..64].to_string();
+    for mb in (12..=64).step_by(4) {
+        for args in [&[r, m][..], &["--cache", "--no-mmap", r, m]] {
+            testkit::tools::assert_clean_under_memory_limit(common::BLKMAP, mb * 1000, args, &want);
+        }
+    }
 }

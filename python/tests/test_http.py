@@ -120,6 +120,10 @@ def test_errors_name_the_url_without_its_password(https):
         blkhash.checksum(url + "/missing.raw")
     with pytest.raises(ValueError, match="own to set"):
         blkhash.checksum(url + "/x", headers={"Range": "bytes=0-1"})
+    # Credentials in the URL and in headers=: refused, not sent twice.
+    with pytest.raises(OSError, match="user:password and an Authorization header"):
+        blkhash.checksum(secret, tls_certificates=pki,
+                         headers={"authorization": "Bearer t0k"})
     with pytest.raises(ValueError, match="retries"):
         blkhash.checksum(url + "/x", retries=-1)
     with pytest.raises(OSError, match="unknown URL scheme 'ndb'"):

@@ -15,11 +15,7 @@ use std::time::{Duration, Instant};
 /// The nginx binary: on PATH, or where Debian puts it (/usr/sbin, which
 /// a user's PATH may lack).
 pub fn nginx_binary() -> Option<PathBuf> {
-    if crate::tools::have("nginx") {
-        return Some("nginx".into());
-    }
-    let sbin = PathBuf::from("/usr/sbin/nginx");
-    sbin.exists().then_some(sbin)
+    crate::tools::sbin_binary("nginx")
 }
 
 /// True if nginx is installed; else says the test is skipped.
@@ -209,15 +205,7 @@ impl PythonServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("python3 runs");
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(child.try_wait().unwrap().is_none(), "http.server exited");
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "http.server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        crate::tools::wait_listening(&mut child, port, "http.server", String::new);
         PythonServer {
             child,
             url: format!("http://127.0.0.1:{port}"),

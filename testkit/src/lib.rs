@@ -2,7 +2,7 @@
 //! and the helpers every crate's tests share: QEMU's tools ([`tools`]),
 //! NBD servers ([`nbd`]) and one that misbehaves on purpose ([`hostile`]),
 //! HTTP servers (nginx, Python's, and a hostile one: [`http`]),
-//! qemu-storage-daemon driven over QMP ([`qsd`]).
+//! qemu-storage-daemon driven over QMP ([`qsd`]), a SOCKS proxy ([`socks`]).
 //!
 //! A recipe is segments separated by spaces, each `SIZE:KIND` (see
 //! `vectors.json`'s README in the shared vectors): `-` a hole, `0` written
@@ -17,6 +17,7 @@ pub mod http;
 pub mod libvirt;
 pub mod nbd;
 pub mod qsd;
+pub mod socks;
 pub mod tools;
 
 use serde::Deserialize;

@@ -34,18 +34,7 @@ impl Server {
     /// directory of its own under /tmp (whatever TMPDIR says), which only
     /// an orderly exit removes.
     fn stop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            // SAFETY: kill(2) on our own child, not yet waited for.
-            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-            let until = Instant::now() + Duration::from_secs(10);
-            while let Ok(None) = self.child.try_wait() {
-                if Instant::now() > until {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        self.kill();
+        crate::tools::terminate(&mut self.child);
     }
 }
 

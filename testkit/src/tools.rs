@@ -193,3 +193,91 @@ pub fn thread_limited(prog: impl AsRef<std::ffi::OsStr>, uid: u32, nproc: u32) -
         .arg(prog.as_ref());
     Some(c)
 }
+
+/// `bin args` run under `ulimit -v KIB`: exit 0 with `want` at the start
+/// of its output (the checksum), or exit 1 saying which buffer could not
+/// be had or which thread could not start; never an abort (exit 134:
+/// "memory allocation of N bytes failed"), a panic or a signal.
+pub fn assert_clean_under_memory_limit(bin: &str, kib: u64, args: &[&str], want: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let script = format!("ulimit -v {kib} && exec \"$0\" \"$@\"");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(bin)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    let said = format!("ulimit -v {kib}, {args:?}: {:?}: {stderr}", out.status);
+    assert_eq!(out.status.signal(), None, "{said}");
+    match out.status.code() {
+        Some(0) => assert!(stdout.starts_with(want), "{said}: {stdout}"),
+        Some(1) => {
+            assert!(stdout.is_empty(), "{said}: {stdout}");
+            assert!(
+                stderr.contains("cannot allocate ") || stderr.contains("cannot start a "),
+                "{said}"
+            );
+            assert!(!stderr.contains("panicked"), "{said}");
+        }
+        _ => panic!("{said}"),
+    }
+}
+
+/// A program on PATH, or where Debian puts daemons (/usr/sbin, which a
+/// user's PATH may lack): nginx, danted.
+pub fn sbin_binary(name: &str) -> Option<std::path::PathBuf> {
+    if have(name) {
+        return Some(name.into());
+    }
+    let sbin = std::path::Path::new("/usr/sbin").join(name);
+    sbin.exists().then_some(sbin)
+}
+
+/// Ask `child` to end (SIGTERM) and wait for it, killing it after 10 s.
+/// Not SIGKILL first: a server then cleans up (nbdkit's sh plugin removes
+/// its scripts from /tmp, danted ends the processes it started).
+pub fn terminate(child: &mut std::process::Child) {
+    use std::time::{Duration, Instant};
+    if let Ok(None) = child.try_wait() {
+        // SAFETY: kill(2) on our own child, not yet waited for.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let until = Instant::now() + Duration::from_secs(10);
+        while let Ok(None) = child.try_wait() {
+            if Instant::now() > until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Wait until `child`, a server named `what`, accepts connections on
+/// `port` of 127.0.0.1; a panic (with `log()`, what it said) if it exits
+/// first or takes over 60 s.
+pub fn wait_listening(
+    child: &mut std::process::Child,
+    port: u16,
+    what: &str,
+    log: impl Fn() -> String,
+) {
+    use std::time::{Duration, Instant};
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited ({status}): {}", log());
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{what} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -53,12 +53,16 @@ pub(crate) struct Client {
     auth: Option<String>,
     headers: Vec<(String, String)>,
     timeout: Option<Duration>,
+    /// The proxy requests go through, in words (its URL without a
+    /// password, and the variable that named it), for errors.
+    proxy: Option<String>,
 }
 
 impl Client {
     /// A client for the file the user named `given`, set up (proxy, TLS)
     /// for requests to `url` (`given` or where it redirects).
     pub(crate) fn new(given: &HttpUrl, url: &HttpUrl, opts: &HttpOptions) -> io::Result<Client> {
+        let proxy = proxy_for(url)?;
         let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             // Redirects are followed by hand (super::open): counted, https
@@ -77,12 +81,32 @@ impl Client {
             // allowed (64 KiB, ureq's default) with room to spare.
             .output_buffer_size(16 << 10)
             .input_buffer_size(80 << 10)
-            .proxy(proxy_for(url)?)
+            .proxy(proxy.as_ref().map(|p| p.proxy.clone()))
             .timeout_connect(opts.timeout)
             .timeout_recv_response(opts.timeout)
             .timeout_per_read(opts.timeout);
-        if url.is_https() {
+        // TLS settings for an https URL, or for an https proxy (whatever the
+        // URL: ureq's defaults for one, without a crypto provider or roots
+        // of its own here, would panic).
+        let https_proxy = proxy
+            .as_ref()
+            .is_some_and(|p| p.proxy.protocol() == ureq::ProxyProtocol::Https);
+        if url.is_https() || https_proxy {
             config = config.tls_config(tls_config(opts)?);
+        }
+        // Credentials from one place only: both would send two
+        // Authorization headers, which servers take as they please.
+        if given.credentials().is_some()
+            && opts
+                .headers
+                .iter()
+                .any(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the URL's user:password and an Authorization header both give \
+                 credentials: keep one",
+            ));
         }
         let auth = given.credentials().map(|(user, password)| {
             let token =
@@ -95,6 +119,7 @@ impl Client {
             auth,
             headers: opts.headers.clone(),
             timeout: opts.timeout,
+            proxy: proxy.map(|p| p.shown),
         })
     }
 
@@ -122,22 +147,37 @@ impl Client {
         for (name, value) in extra {
             req = req.header(*name, value);
         }
-        req.call().map_err(|e| match classify(e, self.timeout) {
-            // A connection that cannot be made: say where to.
-            Fail::Final(e) | Fail::Again(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
-                ) =>
-            {
-                let e = io::Error::new(
-                    e.kind(),
-                    format!("cannot connect to {}: {e}", url.authority()),
-                );
-                Fail::Final(e)
-            }
-            f => f,
-        })
+        req.call()
+            .map_err(|e| match (classify(e, self.timeout), &self.proxy) {
+                // A connection that cannot be made: say where to, the proxy
+                // if there is one (the only host connected to then).
+                (Fail::Final(e) | Fail::Again(e), proxy)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+                    ) =>
+                {
+                    let to = match proxy {
+                        Some(p) => p.clone(),
+                        None => url.authority().to_string(),
+                    };
+                    Fail::Final(io::Error::new(
+                        e.kind(),
+                        format!("cannot connect to {to}: {e}"),
+                    ))
+                }
+                // Whatever else failed before a reply (a SOCKS proxy's refusal
+                // to reach the server, a timeout...) went through the proxy.
+                (f, Some(p)) => {
+                    let within =
+                        |e: io::Error| io::Error::new(e.kind(), format!("through {p}: {e}"));
+                    match f {
+                        Fail::Again(e) => Fail::Again(within(e)),
+                        Fail::Final(e) => Fail::Final(within(e)),
+                    }
+                }
+                (f, None) => f,
+            })
     }
 }
 
@@ -176,12 +216,23 @@ fn tls_config(opts: &HttpOptions) -> io::Result<TlsConfig> {
         .build())
 }
 
-/// The environment variable `name`, set and not empty (lower case first,
-/// as curl reads them).
-fn env(names: &[&str]) -> Option<String> {
-    names
-        .iter()
-        .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
+/// The first of the environment variables `names` set and not empty
+/// (lower case first, as curl reads them): its name and value.
+fn env<'a>(names: &[&'a str]) -> Option<(&'a str, String)> {
+    names.iter().find_map(|n| {
+        std::env::var(n)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| (*n, v))
+    })
+}
+
+/// A proxy from the environment, and how errors name it.
+struct EnvProxy {
+    proxy: Proxy,
+    /// "the proxy socks5://host:1080 (from all_proxy)": its URL without a
+    /// password, and the variable that set it.
+    shown: String,
 }
 
 /// The proxy for `url` as curl picks one: `https_proxy` (or
@@ -191,31 +242,34 @@ fn env(names: &[&str]) -> Option<String> {
 /// `NO_PROXY`) names. ureq's own reading of the environment takes the
 /// first variable set whatever the URL's scheme, and matches `no_proxy`'s
 /// `example.com` against that host only, where curl also skips the proxy
-/// for its subdomains: so the choice is made here.
-fn proxy_for(url: &HttpUrl) -> io::Result<Option<Proxy>> {
-    let var = if url.is_https() {
-        env(&["https_proxy", "HTTPS_PROXY"])
+/// for its subdomains: so the choice is made here. Every scheme curl
+/// takes works: `http://`, `https://`, `socks4://`, `socks4a://`,
+/// `socks5://`, `socks5h://` (`socks://` is SOCKS5).
+fn proxy_for(url: &HttpUrl) -> io::Result<Option<EnvProxy>> {
+    let names: &[&str] = if url.is_https() {
+        &["https_proxy", "HTTPS_PROXY"]
     } else {
-        env(&["http_proxy"])
+        &["http_proxy"]
     };
-    let Some(value) = var.or_else(|| env(&["all_proxy", "ALL_PROXY"])) else {
+    let Some((name, value)) = env(names).or_else(|| env(&["all_proxy", "ALL_PROXY"])) else {
         return Ok(None);
     };
     if no_proxy(
-        &env(&["no_proxy", "NO_PROXY"]).unwrap_or_default(),
+        &env(&["no_proxy", "NO_PROXY"])
+            .map(|(_, v)| v)
+            .unwrap_or_default(),
         url.host(),
     ) {
         return Ok(None);
     }
-    Proxy::new(&value).map(Some).map_err(|e| {
-        io::Error::new(
+    let shown = format!("the proxy {} (from {name})", super::url::redact(&value));
+    match Proxy::new(&value) {
+        Ok(proxy) => Ok(Some(EnvProxy { proxy, shown })),
+        Err(e) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!(
-                "the proxy '{}' from the environment: {e}",
-                super::url::redact(&value)
-            ),
-        )
-    })
+            format!("{shown}: {e}"),
+        )),
+    }
 }
 
 /// True if curl's `no_proxy` list `list` names `host`: `*` names every

@@ -537,7 +537,7 @@ fn first_range(
         etag: header(&resp, "etag").and_then(ETag::parse),
         last_modified: header(&resp, "last-modified").map(str::to_string),
     };
-    let mut head = vec![0u8; last.map_or(0, |l| l as usize + 1)];
+    let mut head = blkhash::try_zeroed(last.map_or(0, |l| l as usize + 1), "the first bytes")?;
     if last.is_some() {
         let deadline = opts.timeout.map(|t| Instant::now() + t);
         read_body(

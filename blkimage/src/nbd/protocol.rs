@@ -358,7 +358,7 @@ pub fn read_chunk(r: &mut dyn Read, kind: u16, len: u32) -> io::Result<Chunk> {
     if len > bound {
         return Err(malformed(format!("chunk type {kind} of {len} bytes")));
     }
-    let mut d = vec![0u8; len as usize];
+    let mut d = blkhash::try_zeroed(len as usize, "a reply chunk")?;
     read_full(r, &mut d)?;
     parse_chunk(kind, &d)
 }

@@ -359,7 +359,7 @@ impl Nbd {
     pub fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         self.writable_range(offset, len)?;
         if self.export.flags & FLAG_SEND_WRITE_ZEROES == 0 {
-            let zeros = vec![0u8; self.request_size];
+            let zeros = blkhash::try_zeroed(self.request_size, "zeros to write")?;
             let mut pos = offset;
             while pos < offset + len {
                 let n = (offset + len - pos).min(zeros.len() as u64) as usize;
@@ -588,7 +588,7 @@ impl Source for Nbd {
         // The server wants aligned requests: read around and copy.
         let start = offset / min * min;
         let stop = end.next_multiple_of(min).min(self.export.size);
-        let mut tmp = vec![0u8; (stop - start) as usize];
+        let mut tmp = blkhash::try_zeroed((stop - start) as usize, "an aligned read")?;
         self.read_aligned(&mut tmp, start)?;
         let at = (offset - start) as usize;
         buf.copy_from_slice(&tmp[at..at + buf.len()]);

@@ -54,7 +54,7 @@ impl L2Cache {
         }
         // Read without holding the lock: other threads keep going. Two
         // threads may read the same table; both results are the same.
-        let mut bytes = vec![0u8; self.cluster_size as usize];
+        let mut bytes = blkhash::try_zeroed(self.cluster_size as usize, "an L2 table")?;
         file.read_exact_at(&mut bytes, offset).map_err(|e| {
             invalid(format!(
                 "cannot read the L2 table at offset {offset:#x}: {e}"

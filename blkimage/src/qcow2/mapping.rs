@@ -47,7 +47,7 @@ pub struct Mapper {
 impl Mapper {
     /// Load the L1 table (validated by the header: inside the file, at most 32 MiB).
     pub fn new(h: &Header, file: &dyn Storage, data_len: u64) -> io::Result<Mapper> {
-        let mut bytes = vec![0u8; h.l1_size as usize * 8];
+        let mut bytes = blkhash::try_zeroed(h.l1_size as usize * 8, "the L1 table")?;
         file.read_exact_at(&mut bytes, h.l1_offset)?;
         let l1 = bytes
             .chunks_exact(8)

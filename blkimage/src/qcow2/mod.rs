@@ -160,7 +160,7 @@ impl Qcow2 {
     ) -> io::Result<()> {
         let cs = self.header.cluster_size() as usize;
         // At most two clusters (the descriptor's sector count is bounded).
-        let mut input = vec![0u8; len as usize];
+        let mut input = blkhash::try_zeroed(len as usize, "a compressed cluster")?;
         self.file.read_exact_at(&mut input, host)?;
         let at = (g - cluster) as usize;
         let err = |e: io::Error| {
@@ -172,7 +172,7 @@ impl Qcow2 {
         if at == 0 && out.len() == cs {
             return compressed::decompress(self.header.compression, &input, out).map_err(err);
         }
-        let mut whole = vec![0u8; cs];
+        let mut whole = blkhash::try_zeroed(cs, "a decompressed cluster")?;
         compressed::decompress(self.header.compression, &input, &mut whole).map_err(err)?;
         out.copy_from_slice(&whole[at..at + out.len()]);
         Ok(())
@@ -365,7 +365,7 @@ impl Source for Qcow2 {
             // The image changed since `lendable` (it cannot while it is
             // open read-only and locked): copy.
             _ => {
-                let mut buf = vec![0u8; len];
+                let mut buf = blkhash::try_zeroed(len, "a read")?;
                 self.read_at(&mut buf, offset)?;
                 f(&buf);
                 Ok(())

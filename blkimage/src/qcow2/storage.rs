@@ -41,7 +41,7 @@ pub trait Storage: Send + Sync {
     /// [`Storage::lendable`] said so (see [`Source::read_in_place`]); the
     /// default copies them.
     fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
-        let mut buf = vec![0u8; len];
+        let mut buf = blkhash::try_zeroed(len, "a read")?;
         self.read_exact_at(&mut buf, offset)?;
         f(&buf);
         Ok(())

@@ -121,7 +121,7 @@ pub fn check_samples(
     map: &Map,
 ) -> io::Result<Option<u64>> {
     let bs = map.block_size() as u64;
-    let mut buf = vec![0u8; bs as usize];
+    let mut buf = blkhash::try_zeroed(bs as usize, "a sampled block")?;
     for i in samples(map) {
         let offset = i * bs;
         let n = bs.min(map.size() - offset) as usize;

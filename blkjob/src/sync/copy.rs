@@ -405,10 +405,22 @@ impl CopyThrough {
                             if failed.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
                                 continue; // drain: the run has failed
                             }
-                            let b = match &mut buf {
-                                Some(b) if b.capacity() >= job.len => b,
-                                _ => buf.insert(AlignedBuf::new(job.len)),
-                            };
+                            if buf.as_ref().is_none_or(|b| b.capacity() < job.len) {
+                                // The small one first: both at once may be
+                                // more than there is.
+                                buf = None;
+                                match AlignedBuf::try_new(job.len, "a read") {
+                                    Ok(b) => buf = Some(b),
+                                    Err(e) => {
+                                        failed
+                                            .lock()
+                                            .unwrap_or_else(|p| p.into_inner())
+                                            .get_or_insert(Error::io(&src_name, e));
+                                        continue;
+                                    }
+                                }
+                            }
+                            let Some(b) = buf.as_mut() else { continue };
                             let b = &mut b.spare()[..job.len];
                             let result = (job.fill)(b)
                                 .map_err(|e| Error::io(&src_name, e))

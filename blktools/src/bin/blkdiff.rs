@@ -9,7 +9,7 @@ use blkjob::{Job, Mapped};
 use blkmap::{Diff, Header, MapLike};
 use clap::Parser;
 use serde_json::json;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
 use std::process::ExitCode;
 
@@ -391,23 +391,28 @@ fn print_text(out: &mut dyn Write, d: &Diff) -> io::Result<()> {
 
 /// The JSON document of the comparison.
 fn document(args: &Args, a: &Side, b: &Side, d: &Diff) -> serde_json::Value {
-    let input = |name: &str, m: &Side| {
+    let input = |name: &str, path: &OsStr, m: &Side| {
         let h = m.header();
-        json!({
+        let mut obj = json!({
             "name": name,
             "format": m.format(),
             "virtual-size": h.size,
             // blkdiff's first spelling, kept while the schema is 1.
             "size": h.size,
             "checksum": h.checksum.as_ref().map(|c| c.to_hex()),
-        })
+        });
+        // A name that is not UTF-8, in full (`name` has U+FFFD).
+        if let Some(escaped) = blkcli::lines::json_escaped(&blkcli::shown(path)) {
+            obj["name-escaped"] = escaped.into();
+        }
+        obj
     };
     // Keys as blksum's --json spells them (qemu-img's style), in the order
     // written here (serde_json's preserve_order); schema as its.
     json!({
         "schema": 1,
-        "a": input(&args.a, a),
-        "b": input(&args.b, b),
+        "a": input(&args.a, &args.a_path, a),
+        "b": input(&args.b, &args.b_path, b),
         "digest": a.header().algorithm.name(),
         "block-size": a.header().block_size,
         "same": d.is_same(),

@@ -456,7 +456,7 @@ fn print_result(args: &Args, map: &blkmap::Header, read: Read) -> ExitCode {
     // Spelled as blksum's and blkdiff's JSON (qemu-img's `virtual-size`);
     // `size`, this document's first name for it, is kept while `schema`
     // is 1.
-    let doc = serde_json::json!({
+    let mut doc = serde_json::json!({
         "schema": JSON_SCHEMA,
         "image": blkcli::shown_lossy(image),
         "checksum": checksum,
@@ -471,6 +471,9 @@ fn print_result(args: &Args, map: &blkmap::Header, read: Read) -> ExitCode {
         "read-bytes": read.bytes,
         "checks": read.checks,
     });
+    if let Some(escaped) = blkcli::lines::json_escaped(image) {
+        doc["image-escaped"] = escaped.into();
+    }
     output::code(Stdout::new("blkmap").json(&doc))
 }
 
