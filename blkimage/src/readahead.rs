@@ -113,7 +113,7 @@ impl<'sink> ReadAhead<'sink> {
                 })
                 .map_err(|e| {
                     let shown = format!("cannot start a reading thread: {e}");
-                    crate::with_context(e, shown)
+                    crate::oserror::with_context(e, shown)
                 })?;
         }
         Ok(ReadAhead {

@@ -70,8 +70,11 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 /// from and saving to `ck`. `progress` gets the bytes passed on, those the
 /// checkpoint covered first. The result's `stats` are what this run read
 /// (not what earlier runs did).
+///
+/// (The name is no longer read: the record asks the source where its
+/// bytes came from. The parameter stays for the callers.)
 pub fn hash(
-    name: &OsStr,
+    _name: &OsStr,
     input: Input,
     job: &Job,
     ck: &Checkpoint,
@@ -91,7 +94,7 @@ pub fn hash(
     }
     let _lock = crate::guard::lock_file(&lock, &shown, crate::guard::Wait::No)
         .map_err(|e| io::Error::new(io::ErrorKind::ResourceBusy, e))?;
-    let record = Record::of(name, &*src)?;
+    let record = Record::of(&*src)?;
     let _ = blkmap::remove_stale_temps(&ck.path);
     let resumed_at = match std::fs::metadata(&ck.path) {
         Ok(_) => resume_point(&ck.path, &*src, job, &record)?,

@@ -102,7 +102,7 @@ pub fn update_map(
         secret_file,
         timeout,
         tls_certificates,
-        |nbd| nbd.dirty_bitmap = Some(bitmap.clone()),
+        |_| {},
     )?;
     let base_name = base.display().to_string();
     let old = blkmap::Map::load(&base).map_err(|e| os_error(&base_name, &e.into()))?;
@@ -119,7 +119,7 @@ pub fn update_map(
     let shown = name.clone();
     run_cancellable(py, &shown, move |cancel| {
         let job = job.with_cancel(cancel);
-        let src = blkjob::seekable(job.open(&name)?, "update_map")?;
+        let src = job.open_dirty(&name, &bitmap, "update_map")?;
         let base = Base {
             map: &old,
             name: &base_name,
@@ -177,11 +177,14 @@ pub fn dirty_ranges(
         secret_file,
         timeout,
         tls_certificates,
-        |nbd| nbd.dirty_bitmap = Some(bitmap.clone()),
+        |_| {},
     )?;
     let shown = name.clone();
     run_cancellable(py, &shown, move |_| {
-        let src = blkjob::seekable(blkimage::open(&name, &spec.open)?, "dirty_ranges")?;
+        let src = blkjob::seekable(
+            blkjob::open_dirty(name.as_ref(), &spec.open, Some(&bitmap))?,
+            "dirty_ranges",
+        )?;
         let dirty = incremental::dirty(&*src, &bitmap)?;
         Ok(dirty
             .ranges

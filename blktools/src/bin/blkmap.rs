@@ -275,7 +275,6 @@ fn map(args: &Args) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let signals = Signals::install(&format!("blkmap: {image}: interrupted"));
-    let job = args.input.job(None).with_cancel(signals.cancel.clone());
     let progress = match Progress::new("blkmap", args.show.progress.progress, Some(1)) {
         Ok(p) => p,
         Err(msg) => {
@@ -309,6 +308,7 @@ fn map(args: &Args) -> ExitCode {
             }
         };
     }
+    let job = args.input.job(None).with_cancel(signals.cancel.clone());
     let saved = match args.range {
         Some(span) => map_part(image_os, span, &job, &progress)
             .map(|part| (part.save_guarded(out_path, &inputs), None)),
@@ -370,15 +370,11 @@ fn update(
     let image = blkcli::shown_lossy(image_os);
     let base_name = base_path.display().to_string();
     let old = blkmap::Map::load(base_path).map_err(|e| (Some(base_name.clone()), e.to_string()))?;
-    let mut spec = args.input.spec();
-    // An NBD server offers a bitmap only if asked for it while connecting.
-    spec.open.nbd.dirty_bitmap = Some(bitmap.to_string());
-    let job = InputArgs::resolve(spec, Some((old.algorithm(), old.block_size())))
+    let job = InputArgs::resolve(args.input.spec(), Some((old.algorithm(), old.block_size())))
         .with_cancel(signals.cancel.clone());
     let failed = |e: io::Error| (None, reason(&e));
     let src = job
-        .open(image_os)
-        .and_then(|i| blkjob::seekable(i, "--dirty-bitmap"))
+        .open_dirty(image_os, bitmap, "--dirty-bitmap")
         .map_err(failed)?;
     let base = blkjob::incremental::Base {
         map: &old,

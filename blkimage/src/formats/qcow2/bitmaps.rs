@@ -14,9 +14,9 @@
 
 use super::header::{BitmapsExt, MAX_BITMAP_DIRECTORY_BYTES, MAX_BITMAPS};
 use super::invalid;
-use super::storage::Storage;
 use crate::bitmap::RangeBuilder;
-use crate::{BitmapInfo, Dirty};
+use crate::bitmap::{BitmapInfo, Dirty};
+use crate::storage::Storage;
 use std::io;
 use std::ops::Range;
 
