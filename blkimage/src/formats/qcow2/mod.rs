@@ -178,6 +178,47 @@ impl Qcow2 {
     }
 }
 
+impl Qcow2 {
+    /// The extents of the `n` unallocated bytes from `pos`, pushed to
+    /// `out`: the backing image's, zeros past its end (or without one).
+    /// False if the backing gave only a prefix (the caller comes back for
+    /// the rest).
+    fn backing_extents(&self, out: &mut Extents, pos: u64, n: u64) -> io::Result<bool> {
+        let bsize = self.backing_size();
+        let b = match &self.backing {
+            Some(b) if pos < bsize => b,
+            _ => {
+                out.push(pos, n, ExtentKind::Hole);
+                return Ok(true);
+            }
+        };
+        let blen = n.min(bsize - pos);
+        let mut p = pos;
+        for e in b.extents(pos, blen)? {
+            if e.offset != p || e.len == 0 || e.end() > pos + blen {
+                return Err(io::Error::other(format!(
+                    "backing image returned a bad extent {e:?} at offset {p}"
+                )));
+            }
+            out.push(e.offset, e.len, e.kind);
+            p = e.end();
+        }
+        if p == pos {
+            return Err(io::Error::other(format!(
+                "backing image returned no extent at offset {pos}"
+            )));
+        }
+        if p < pos + blen {
+            return Ok(false);
+        }
+        if blen < n {
+            // Past the end of a shorter backing: zeros.
+            out.push(pos + blen, n - blen, ExtentKind::Hole);
+        }
+        Ok(true)
+    }
+}
+
 /// Extents, merged by kind.
 struct Extents(Vec<Extent>);
 
@@ -277,35 +318,11 @@ impl Source for Qcow2 {
                             _ => break,
                         }
                     }
-                    let bsize = self.backing_size();
-                    match &self.backing {
-                        Some(b) if pos < bsize => {
-                            work += 1;
-                            let blen = n.min(bsize - pos);
-                            let mut p = pos;
-                            for e in b.extents(pos, blen)? {
-                                if e.offset != p || e.len == 0 || e.end() > pos + blen {
-                                    return Err(io::Error::other(format!(
-                                        "backing image returned a bad extent {e:?} at offset {p}"
-                                    )));
-                                }
-                                out.push(e.offset, e.len, e.kind);
-                                p = e.end();
-                            }
-                            if p == pos {
-                                return Err(io::Error::other(format!(
-                                    "backing image returned no extent at offset {pos}"
-                                )));
-                            }
-                            if p < pos + blen {
-                                break; // the backing gave a prefix: come back for the rest
-                            }
-                            if blen < n {
-                                // Past the end of a shorter backing: zeros.
-                                out.push(pos + blen, n - blen, ExtentKind::Hole);
-                            }
-                        }
-                        _ => out.push(pos, n, ExtentKind::Hole),
+                    if pos < self.backing_size() {
+                        work += 1;
+                    }
+                    if !self.backing_extents(&mut out, pos, n)? {
+                        break; // the backing gave a prefix: come back for the rest
                     }
                 }
             }

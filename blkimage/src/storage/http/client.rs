@@ -251,7 +251,7 @@ pub(crate) fn classify(e: ureq::Error, timeout: Option<Duration>) -> Fail {
         io::Error::new(
             io::ErrorKind::TimedOut,
             format!(
-                "no answer within {} seconds (--timeout)",
+                "no answer within {} seconds",
                 timeout.unwrap_or_default().as_secs_f64()
             ),
         )
@@ -335,7 +335,7 @@ pub(crate) fn read_body(
             return Err(Fail::Again(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
-                    "the reply took more than {} seconds (--timeout): {done} of {} bytes came",
+                    "the reply took more than {} seconds: {done} of {} bytes came",
                     timeout.unwrap_or_default().as_secs_f64(),
                     buf.len()
                 ),
