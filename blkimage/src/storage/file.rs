@@ -18,7 +18,7 @@ use std::path::Path;
 /// A raw file or block device.
 pub struct RawFile {
     file: File,
-    /// The name it was opened by (for [`Source::files`]).
+    /// The name it was opened by (for [`crate::Source::origin`]).
     path: std::path::PathBuf,
     /// A second, buffered handle for reads direct I/O cannot do (unaligned
     /// ones, at the end of the file); `None` when `file` is buffered.
