@@ -7,7 +7,7 @@
 //!
 //! An image is more than the file named: a qcow2 overlay reads its backing
 //! chain and its external data file, a vmdk its extents. The record holds
-//! every file the image reads (as [`blkimage::Source::files`] lists them,
+//! every file the image reads (as [`blkimage::Source::origin`] lists them,
 //! by canonical path) with what tells that it changed: device, inode, size,
 //! modification and change times. An NBD export has no file to look at:
 //! the record holds its address and export name (the URL has no secret in
@@ -414,14 +414,10 @@ impl Record {
         let (then, now) = (self.files.first()?, now.files.first()?);
         (!then.same_node(now)).then(|| {
             format!(
-                "{} is another file than the one {saved} was made from (device {}, inode {} \
-                 then; device {}, inode {} now): replaced or copied, so its dirty bitmaps \
-                 cannot say what changed since",
-                now.path.display(),
-                then.dev,
-                then.ino,
-                now.dev,
-                now.ino
+                "the file at its path is not the one {saved} was made from (device {}, inode {} \
+                 then; device {}, inode {} now): another file renamed over it, or a copy, whose \
+                 dirty bitmaps cannot say what changed since",
+                then.dev, then.ino, now.dev, now.ino
             )
         })
     }
@@ -1099,7 +1095,7 @@ mod tests {
         other.files[0].ino = 77;
         let why = then.image_replaced(&other, "OLD").unwrap();
         assert!(
-            why.starts_with("/d.qcow2 is another file than the one OLD was made from"),
+            why.starts_with("the file at its path is not the one OLD was made from"),
             "{why}"
         );
     }
