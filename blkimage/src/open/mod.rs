@@ -24,7 +24,7 @@ pub enum Format {
     Raw,
     /// qcow2 (versions 2 and 3); an error if the file is not qcow2.
     Qcow2,
-    /// Another format QEMU reads (a name from [`QEMU_FORMATS`]):
+    /// Another format QEMU reads (a name from [`QEMU_FORMATS`](crate::QEMU_FORMATS)):
     /// served by a private qemu-nbd and read over NBD.
     Qemu(&'static str),
 }

@@ -146,7 +146,7 @@ impl RawFile {
         })
     }
 
-    /// Lend ranges in place from memory maps ([`Source::read_in_place`])
+    /// Lend ranges in place from memory maps ([`crate::Source::read_in_place`])
     /// if the file is read through the page cache (not with direct I/O):
     /// the digest workers read the cached pages without a copy. Installs
     /// the process's SIGBUS handler ([`crate::mapped::install`]), which
@@ -372,7 +372,7 @@ impl RawFile {
 
 /// A raw file or block device (with direct I/O where it was asked for),
 /// with its exact length: reads past it are errors (a qcow2 file need not
-/// end on a 512-byte boundary, as [`RawFile::size`] rounds to).
+/// end on a 512-byte boundary, as a raw image's size rounds to).
 pub struct ImageFile {
     raw: RawFile,
     len: u64,
