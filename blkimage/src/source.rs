@@ -48,6 +48,7 @@ pub enum Role {
 /// ```
 /// let r = blkimage::Remote {
 ///     kind: "http".into(),
+///     what: "file".into(),
 ///     name: vec!["https://example.com/disk.img".into()],
 ///     version: vec![("length".into(), Some("1024".into())), ("ETag".into(), None)],
 /// };
@@ -58,6 +59,8 @@ pub struct Remote {
     /// What it is, one lowercase word: the record line's first ("nbd",
     /// "http").
     pub kind: String,
+    /// What a message calls it: "export", "file".
+    pub what: String,
     /// The words that say which one it is (an export's address, TLS or
     /// not, and name; a URL without user, password or query): another
     /// value is another thing.

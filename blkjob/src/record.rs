@@ -386,7 +386,7 @@ impl Record {
                         "the image reads {} besides itself, and {saved} was made from {}, \
                          which cannot show whether that file changed since",
                         f.path.display(),
-                        show(r, None)
+                        show(r, &r.what, None)
                     )
                 });
             }
@@ -396,7 +396,7 @@ impl Record {
                         "{saved} was made from an image that reads {} besides itself, and {} \
                          cannot show whether that file changed",
                         f.path.display(),
-                        show(r, None)
+                        show(r, &r.what, None)
                     )
                 });
             }
@@ -565,10 +565,12 @@ fn parse_legacy_side(text: &[u8]) -> Result<Record, String> {
     })
 }
 
-/// `r` as messages name it: its name's words (`named` of its words, when
-/// another record says how many; all of them for one parsed from a saved
-/// record), after its kind unless it is one word (a URL).
-fn show(r: &Remote, named: Option<usize>) -> String {
+/// `r` as messages name it: "the export tcp host:10809 plain disk", "the
+/// file https://...": what it is (`what`: its own, or that of the same
+/// kind now, for one parsed from a saved record) and its name's words
+/// (`named` of them when another record says how many; all of them for
+/// one parsed), else its kind and words.
+fn show(r: &Remote, what: &str, named: Option<usize>) -> String {
     let words = r.words();
     let n = named.unwrap_or(if r.name.is_empty() {
         words.len()
@@ -576,9 +578,9 @@ fn show(r: &Remote, named: Option<usize>) -> String {
         r.name.len()
     });
     let name: Vec<&str> = (words.iter().take(n)).map(|w| w.unwrap_or("-")).collect();
-    match name.as_slice() {
-        [one] => one.to_string(),
-        _ => format!("{} {}", r.kind, name.join(" ")),
+    match what {
+        "" => format!("{} {}", r.kind, name.join(" ")),
+        what => format!("the {what} {}", name.join(" ")),
     }
 }
 
@@ -589,14 +591,24 @@ fn show(r: &Remote, named: Option<usize>) -> String {
 fn remote_changed(then: &[Remote], now: &[Remote], saved: &str) -> Option<String> {
     for (i, t) in then.iter().enumerate() {
         let Some(n) = now.get(i) else {
-            return Some(format!("the image no longer reads {}", show(t, None)));
+            return Some(format!(
+                "the image no longer reads {}",
+                show(t, &t.what, None)
+            ));
         };
         let (tw, nw, named) = (t.words(), n.words(), n.name.len());
-        if t.kind != n.kind || tw.get(..named) != nw.get(..named) {
+        if t.kind != n.kind {
             return Some(format!(
                 "{saved} is of {}, not {}",
-                show(t, Some(named)),
-                show(n, Some(named))
+                show(t, &t.what, None),
+                show(n, &n.what, None)
+            ));
+        }
+        if tw.get(..named) != nw.get(..named) {
+            return Some(format!(
+                "{saved} is of {}, not {}",
+                show(t, &n.what, Some(named)),
+                show(n, &n.what, Some(named))
             ));
         }
         let Some(j) = (named..tw.len().max(nw.len())).find(|&j| tw.get(j) != nw.get(j)) else {
@@ -610,7 +622,7 @@ fn remote_changed(then: &[Remote], now: &[Remote], saved: &str) -> Option<String
         return Some(format!(
             "{} is another version than {saved} was saved for: its {label} is {}, {saved} \
              recorded {}",
-            show(n, Some(named)),
+            show(n, &n.what, Some(named)),
             value(nw.get(j)),
             value(tw.get(j))
         ));
@@ -618,7 +630,7 @@ fn remote_changed(then: &[Remote], now: &[Remote], saved: &str) -> Option<String
     now.get(then.len()).map(|n| {
         format!(
             "the image now reads {}, which it did not when {saved} was saved",
-            show(n, None)
+            show(n, &n.what, None)
         )
     })
 }
@@ -646,6 +658,7 @@ fn parse_remote(kind: &str, line: &str) -> Result<Remote, String> {
     };
     Ok(Remote {
         kind: kind.to_string(),
+        what: String::new(),
         name: Vec::new(),
         version: line.split(' ').map(word).collect::<Result<_, _>>()?,
     })
@@ -746,6 +759,7 @@ mod tests {
         let tls = if u.tls { "tls" } else { "plain" };
         Remote {
             kind: "nbd".into(),
+            what: "export".into(),
             name: vec![kind.into(), at, tls.into(), u.export],
             version: vec![],
         }
@@ -845,7 +859,7 @@ mod tests {
         };
         let why = a.changed_since(&b, "the checkpoint").unwrap();
         assert!(
-            why.contains("is of nbd tcp h:1 plain a, not nbd tcp h:1 plain b"),
+            why.contains("is of the export tcp h:1 plain a, not the export tcp h:1 plain b"),
             "{why}"
         );
     }
@@ -885,7 +899,10 @@ mod tests {
         let why = then.below_image_changed(&export, "OLD").unwrap();
         assert!(why.contains("reads /base besides itself"), "{why}");
         let why = export.below_image_changed(&then, "OLD").unwrap();
-        assert!(why.contains("made from nbd unix /s plain top"), "{why}");
+        assert!(
+            why.contains("made from the export unix /s plain top"),
+            "{why}"
+        );
         // An image alone, against an export of it: nothing to check below.
         let alone = Record {
             files: vec![stamp("/top")],
@@ -899,7 +916,7 @@ mod tests {
         };
         let why = export.below_image_changed(&other, "OLD").unwrap();
         assert!(
-            why.contains("is of nbd unix /s plain top, not nbd unix /s plain other"),
+            why.contains("is of the export unix /s plain top, not the export unix /s plain other"),
             "{why}"
         );
     }
@@ -989,6 +1006,7 @@ mod tests {
     fn files_over_http_by_url_and_version() {
         let remote = |url: &str, etag: Option<&str>| Remote {
             kind: "http".into(),
+            what: "file".into(),
             name: vec![url.into()],
             version: vec![
                 ("length".into(), Some((1 << 20).to_string())),
@@ -1020,7 +1038,7 @@ mod tests {
         let mut moved = then.clone();
         moved.remote[0].name[0] = "https://h/other.qcow2".into();
         let why = then.changed_since(&moved, "the checkpoint").unwrap();
-        assert!(why.contains("not https://h/other.qcow2"), "{why}");
+        assert!(why.contains("not the file https://h/other.qcow2"), "{why}");
         let mut longer = then.clone();
         longer.remote[0].version[0].1 = Some((1 << 21).to_string());
         assert!(then.changed_since(&longer, "the checkpoint").is_some());
@@ -1060,6 +1078,7 @@ mod tests {
             map: None,
             remote: vec![Remote {
                 kind: "http".into(),
+                what: "file".into(),
                 name: vec!["https://h/d.raw".into()],
                 version: vec![
                     ("length".into(), Some("1048576".into())),

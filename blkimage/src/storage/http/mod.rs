@@ -303,6 +303,7 @@ impl Http {
     pub fn remote(&self) -> Remote {
         Remote {
             kind: "http".into(),
+            what: "file".into(),
             name: vec![self.url.recorded()],
             version: vec![
                 ("length".into(), Some(self.version.len.to_string())),

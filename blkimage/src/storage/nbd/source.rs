@@ -114,6 +114,7 @@ fn origin(url: &NbdUrl) -> Remote {
     let tls = if url.tls { "tls" } else { "plain" };
     Remote {
         kind: "nbd".into(),
+        what: "export".into(),
         name: vec![kind.into(), at, tls.into(), url.export.clone()],
         version: Vec::new(),
     }
