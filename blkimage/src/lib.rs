@@ -61,7 +61,7 @@ pub use formats::qemu::FORMATS as QEMU_FORMATS;
 pub use formats::qemu::{PassphraseNeeded, QemuExport, QemuTarget, probe_format};
 pub use masked::Masked;
 pub use open::{Format, Input, OpenOptions, open, unknown_scheme};
-pub use oserror::{errno, with_context};
+pub use oserror::{cause, caused_by, errno, with_context};
 pub use readahead::ReadAhead;
 pub use reader::{
     DEFAULT_IO_DEPTH, InputRead, Stats, interrupted, io_depth_for, read_image, read_input,

@@ -1,10 +1,11 @@
 //! `blkhash.checksum()`: an image's checksum, as blksum computes it (on
 //! a thread of its own, cancelled by Ctrl-C: [`crate::image`]).
 
-use crate::image::{HttpArgs, image_name, open_options, run_cancellable, warn_rounded};
+use crate::image::{OpenArgs, image_name, run_cancellable, warn_rounded};
 use crate::{non_negative, parse_digest, value_error};
 use blkjob::{JobError, JobSpec};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use std::path::PathBuf;
 
 /// The blkhash checksum of ``image`` in hexadecimal, as ``blksum`` prints
@@ -71,9 +72,7 @@ use std::path::PathBuf;
 )]
 #[pyo3(signature = (
     image, *, digest = "sha256", block_size = blkhash::DEFAULT_BLOCK_SIZE as i64,
-    format = None, cache = false, threads = None, no_backing = false,
-    force_share = false, secret_file = None, timeout = None, tls_certificates = None,
-    read_size = 1 << 20, queue_depth = 16, headers = None, retries = None
+    threads = None, read_size = 1 << 20, queue_depth = 16, **options
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn checksum(
@@ -81,31 +80,13 @@ pub fn checksum(
     image: PathBuf,
     digest: &str,
     block_size: i64,
-    format: Option<&str>,
-    cache: bool,
     threads: Option<i64>,
-    no_backing: bool,
-    force_share: bool,
-    secret_file: Option<PathBuf>,
-    timeout: Option<f64>,
-    tls_certificates: Option<PathBuf>,
     read_size: i64,
     queue_depth: i64,
-    headers: Option<Bound<'_, PyAny>>,
-    retries: Option<i64>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<String> {
     let name = image_name(&image)?;
-    let open = open_options(
-        &name,
-        format,
-        cache,
-        no_backing,
-        force_share,
-        secret_file,
-        timeout,
-        tls_certificates,
-        HttpArgs::new(headers.as_ref(), retries)?,
-    )?;
+    let open = OpenArgs::new("checksum", options)?.options(&name, false)?;
     let spec = JobSpec {
         digest: Some(parse_digest(digest)?),
         block_size: Some(non_negative(block_size, JobError::BlockSize)?),

@@ -372,7 +372,17 @@ fn update(
     let old = blkmap::Map::load(base_path).map_err(|e| (Some(base_name.clone()), e.to_string()))?;
     let job = InputArgs::resolve(args.input.spec(), Some((old.algorithm(), old.block_size())))
         .with_cancel(signals.cancel.clone());
-    let failed = |e: io::Error| (None, reason(&e));
+    let failed = |e: io::Error| {
+        let mut msg = reason(&e);
+        if let Some(w) = blkimage::cause::<blkjob::incremental::ReadWhole>(&e) {
+            msg += if w.verify_helps() {
+                " (a full map: blkmap IMAGE OUT, without --base; or --verify: every block read)"
+            } else {
+                " (a full map: blkmap IMAGE OUT, without --base)"
+            };
+        }
+        (None, msg)
+    };
     let src = job
         .open_dirty(image_os, bitmap, "--dirty-bitmap")
         .map_err(failed)?;

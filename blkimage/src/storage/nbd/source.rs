@@ -109,7 +109,12 @@ impl Extra {
 fn origin(url: &NbdUrl) -> Remote {
     let (kind, at) = match &url.address {
         Address::Tcp { host, port } => ("tcp", format!("{host}:{port}")),
-        Address::Unix(p) => ("unix", p.to_string_lossy().into_owned()),
+        // One socket however it is written: `socket=nbd.sock` from the
+        // socket's directory is the export `socket=/run/x/nbd.sock` was.
+        Address::Unix(p) => {
+            let p = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+            ("unix", p.to_string_lossy().into_owned())
+        }
     };
     let tls = if url.tls { "tls" } else { "plain" };
     Remote {
@@ -618,5 +623,20 @@ fn nbd_bitmap(name: &str) -> BitmapInfo {
         granularity: None,
         in_use: None,
         enabled: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_is_one_export_however_it_is_named() {
+        let cwd = std::env::current_dir().unwrap();
+        let of = |url: &str| origin(&NbdUrl::parse(url).unwrap()).name;
+        let full = of(&format!("nbd+unix:///d?socket={}/nbd.sock", cwd.display()));
+        assert_eq!(of("nbd+unix:///d?socket=nbd.sock"), full);
+        assert_eq!(of("nbd+unix:///d?socket=./nbd.sock"), full);
+        assert!(full[0] == "unix" && full[1].starts_with('/'), "{full:?}");
     }
 }
