@@ -14,8 +14,9 @@ its report, date, commit and machine. Runs nothing else.
   library benchmark's table: the Rust library, the C API (simple and
   async) and the reference, for data hashed with sha256 and blake3.
 - The README's chart (docs/images/readme.png): 2 GiB of random data and
-  2 GiB of half data, half holes, from the random and holes cases: blksum
-  against the reference, sha256sum and b3sum.
+  2 GiB of half data, half holes, from the random and holes cases of the
+  newest report that holds both: blksum against the reference, sha256sum
+  and b3sum.
 
 Needs matplotlib: `bench/run.py --plots` runs this in a venv of the
 bench's own (in --dir) where matplotlib is installed.
@@ -209,12 +210,17 @@ def lib_chart(reports):
 
 
 def readme_chart(reports):
+    cases = (("random", "2 GiB of random data"), ("holes", "2 GiB, half data, half holes"))
+    # Both panels from one run, so that they compare: the newest report
+    # with both cases (a report of a side measure may hold one of them).
+    both = [r for r in reports
+            if all(newest([r], case)[0] is not None for case, _ in cases)]
+    if not both:
+        return
+    report = max(both, key=lambda r: r.date)
     panels = []
-    for case, label in (("random", "2 GiB of random data"),
-                        ("holes", "2 GiB, half data, half holes")):
-        r, title = newest(reports, case)
-        if r is None:
-            return
+    for case, label in cases:
+        r, title = newest([report], case)
         (_, _, rows), *_ = r.sections[title]
         keep = [row for row in rows if "direct" not in row[0] and not row[0].startswith("dd")]
         panels.append((label, keep, r))

@@ -24,15 +24,29 @@ set -euo pipefail
 # (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross: Debian and Ubuntu only;
 # Fedora's cross compilers have no C library), QEMU's user-mode emulation
 # with its binfmt_misc handlers (qemu-user, qemu-user-binfmt), musl-gcc
-# (musl-tools) for the C parts of the static x86_64 build.
+# (musl-tools) for the C parts of the static x86_64 build. libvirt's
+# daemon, client and QEMU driver, QEMU's x86 system emulator and
+# virtnbdbackup for blktools/tests/libvirt.rs (a libvirtd of the test's own
+# in a private mount namespace: the packages' services are not used).
 apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc libc6-dev
     pkg-config valgrind binutils file man-db tmux debhelper lintian rpm nginx
-    gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user qemu-user-binfmt binfmt-support musl-tools)
+    gcc-aarch64-linux-gnu libc6-dev-arm64-cross binfmt-support musl-tools)
+# QEMU's other programs, which must be of qemu-utils' own version: Debian
+# 12's qemu-system-x86 (7.2) installed beside a qemu-utils from
+# bookworm-backports (10.x) makes apt remove qemu-utils. Where qemu-utils
+# came from backports (as on the machines CI runs on), these come from
+# there too, in an apt call of their own before libvirt (whose packages
+# would otherwise pull in 7.2).
+qemu_family=(qemu-system-x86 qemu-user qemu-user-binfmt)
+# libvirt without its recommended extras (firewall, dnsmasq, ...): the
+# tests start libvirtd with a configuration of their own.
+vm_packages=(libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu virtnbdbackup)
 dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc glibc-static
     pkgconf-pkg-config valgrind binutils file man-db tmux rpm-build nginx)
 # Not in every dnf family's repositories (RHEL has no musl-gcc): tried, and
 # the steps that need them fail naming what is missing.
-dnf_optional=(musl-gcc qemu-user qemu-user-binfmt)
+dnf_optional=(musl-gcc qemu-user qemu-user-binfmt
+    libvirt-daemon-driver-qemu libvirt-client qemu-system-x86-core virtnbdbackup)
 
 # --demo: only what scripts/demo.sh runs beside cargo (qemu-img; the rest
 # is coreutils), not the tools of the tests and packages.
@@ -41,6 +55,8 @@ if [ "${1:-}" = --demo ]; then
     demo=true
     apt_packages=(qemu-utils)
     dnf_packages=(qemu-img)
+    qemu_family=()
+    vm_packages=()
 fi
 
 sudo=""
@@ -48,16 +64,60 @@ if [ "$(id -u)" -ne 0 ]; then
     sudo="sudo"
 fi
 
+# The packages of the list given that are not installed, on stdout.
+apt_missing() {
+    local p
+    for p in "$@"; do
+        grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" || echo "$p"
+    done
+}
+
+# apt-get install, non-interactive; Lock::Timeout: wait for another apt or
+# dpkg run (another build on a shared machine) rather than fail at once.
+apt_install() {
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq -o DPkg::Lock::Timeout=600 "$@"
+}
+
+# Debian's backports source for this release, added if the system has none.
+backports_source() {
+    local codename
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    [ -n "$codename" ] || { echo "setup: no VERSION_CODENAME in /etc/os-release" >&2; return 1; }
+    if ! grep -rqs -- "$codename-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+            "$codename-backports" | $sudo tee "/etc/apt/sources.list.d/$codename-backports.sources" >/dev/null
+    fi
+    echo "$codename-backports"
+}
+
 missing=()
 if command -v apt-get >/dev/null; then
-    for p in "${apt_packages[@]}"; do
-        grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" || missing+=("$p")
-    done
+    mapfile -t missing < <(apt_missing "${apt_packages[@]}")
+    updated=false
     if [ ${#missing[@]} -gt 0 ]; then
         $sudo apt-get update -qq
-        # Lock::Timeout: wait for another apt or dpkg run (another build on
-        # a shared machine) rather than fail at once.
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq -o DPkg::Lock::Timeout=600 "${missing[@]}"
+        updated=true
+        apt_install "${missing[@]}"
+    fi
+    qemu_version=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
+    if [ -n "$(apt_missing "${qemu_family[@]}")" ]; then
+        case "$qemu_version" in
+            *~bpo*)
+                suite=$(backports_source)
+                $sudo apt-get update -qq
+                apt_install --no-install-recommends -t "$suite" "${qemu_family[@]}"
+                ;;
+            *)
+                $updated || $sudo apt-get update -qq
+                updated=true
+                apt_install --no-install-recommends "${qemu_family[@]}"
+                ;;
+        esac
+    fi
+    mapfile -t missing < <(apt_missing "${vm_packages[@]}")
+    if [ ${#missing[@]} -gt 0 ]; then
+        $updated || $sudo apt-get update -qq
+        apt_install --no-install-recommends "${missing[@]}"
     fi
 elif command -v dnf >/dev/null; then
     # RHEL and its rebuilds (CentOS Stream, AlmaLinux, Rocky) ship nbdkit in

@@ -3,8 +3,9 @@
 //! ([`lines`]), stopping on Ctrl-C and SIGTERM ([`signals`]), and the guards
 //! that keep an output from destroying data and two runs from writing one
 //! destination ([`guard`]), the manual pages and completions ([`manual`]),
-//! `-h` as a summary ([`help`]), standard output that never panics
-//! ([`output`]), progress ([`progress`]), and the options named in the
+//! `-h` as a summary ([`help`]), what the commands print (checksum
+//! lines with `--tag` or `--zero`, JSON documents, standard output that
+//! never panics: [`output`]), progress ([`progress`]), and the options named in the
 //! libraries' errors ([`hints`]). The commands only parse, wire and print.
 
 // Every public item says what it is (cargo doc is part of the API).

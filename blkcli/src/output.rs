@@ -1,10 +1,23 @@
-//! Standard output, as every command writes it: never a panic. Rust
-//! ignores SIGPIPE, so a reader that went away (`blkmap bitmaps IMAGE |
-//! head -1`) turns each later write into an error that `println!` would
-//! panic on. A closed pipe ends the command quietly with exit status 1 (the
-//! reader has what it wanted; the shell's pipeline status says the rest);
-//! any other failure, a full disk say, is said, naming standard output.
+//! What the commands print, written one way: checksum lines (plain,
+//! `--tag`, `--zero`), one JSON document (`--json`, `--output json`), and
+//! the other text a command prints, all through [`Stdout`].
+//!
+//! Standard output never panics here. Rust ignores SIGPIPE, so a reader
+//! that went away (`blkmap bitmaps IMAGE | head -1`) turns each later
+//! write into an error that `println!` would panic on. A closed pipe ends
+//! the command quietly with exit status 1 (the reader has what it wanted;
+//! the shell's pipeline status says the rest); any other failure, a full
+//! disk say, is said, naming standard output. Each print is flushed at
+//! once, with the progress bars cleared while it is written, so that a
+//! line is out as soon as its input is done.
+//!
+//! What a document holds (its keys, their order, its `schema`) is the
+//! command's own: each command documents and builds its document; this
+//! module only writes it.
 
+use crate::progress::Progress;
+use blkhash::Algorithm;
+use std::ffi::OsStr;
 use std::io::{self, Write};
 use std::process::ExitCode;
 
@@ -13,9 +26,148 @@ use std::process::ExitCode;
 #[derive(Debug)]
 pub struct Failed;
 
-/// Write to standard output with `write`, then flush it: `Ok` once it is
-/// all out, else [`Failed`], said on standard error as `CMD: standard
-/// output: REASON` unless the reader went away.
+/// What a command prints its results as.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Form {
+    /// Lines: checksum lines, or the command's own (blkdiff's ranges).
+    #[default]
+    Lines,
+    /// One JSON document for the whole run.
+    Json,
+}
+
+impl Form {
+    /// The form `--json` and `--output FORMAT` ask for: `--output`
+    /// takes qemu-img's names, `human` (lines) and `json`.
+    ///
+    /// ```
+    /// use blkcli::output::Form;
+    /// assert_eq!(Form::from_flags(false, None), Form::Lines);
+    /// assert_eq!(Form::from_flags(false, Some("human")), Form::Lines);
+    /// assert_eq!(Form::from_flags(false, Some("json")), Form::Json);
+    /// assert_eq!(Form::from_flags(true, None), Form::Json);
+    /// ```
+    pub fn from_flags(json: bool, output: Option<&str>) -> Form {
+        match json || output == Some("json") {
+            true => Form::Json,
+            false => Form::Lines,
+        }
+    }
+}
+
+/// How a checksum line is written: as `sha256sum` writes it, or with
+/// `--tag` naming the digest and block size; ended by a newline, or by a
+/// NUL with `--zero` (the name then written as it is, unescaped). The
+/// line formats themselves are [`crate::lines`]'.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LineStyle {
+    /// `--tag`: `blkhash/DIGEST[/BLOCK] (NAME) = HEX`.
+    pub tag: bool,
+    /// `--zero`: the line ends with a NUL, the name unescaped.
+    pub zero: bool,
+}
+
+impl LineStyle {
+    /// The line of `hex`, the checksum of `name` with `algorithm` and
+    /// `block_size` (named only by a tagged line), ended.
+    ///
+    /// ```
+    /// use blkcli::output::LineStyle;
+    /// use blkhash::Algorithm;
+    /// use std::ffi::OsStr;
+    /// let name = OsStr::new("a\nb");
+    /// let line = |tag, zero| LineStyle { tag, zero }.line("ab12", name, Algorithm::Blake3, 4096);
+    /// assert_eq!(line(false, false), b"\\ab12  a\\nb\n");
+    /// assert_eq!(line(true, false), b"\\blkhash/blake3/4k (a\\nb) = ab12\n");
+    /// assert_eq!(line(false, true), b"ab12  a\nb\0");
+    /// assert_eq!(line(true, true), b"blkhash/blake3/4k (a\nb) = ab12\0");
+    /// ```
+    pub fn line(self, hex: &str, name: &OsStr, algorithm: Algorithm, block_size: usize) -> Vec<u8> {
+        let tag = self.tag.then_some((algorithm, block_size));
+        let mut line = match self.zero {
+            true => crate::lines::format_line_zero(hex, name, tag),
+            false => crate::lines::format_line_os(hex, name, tag),
+        };
+        line.push(if self.zero { 0 } else { b'\n' });
+        line
+    }
+}
+
+/// A command's standard output: every print flushed at once, the progress
+/// bars (if any) cleared while it is written, and a failure said once as
+/// `CMD: standard output: REASON` (not for a reader that went away).
+#[derive(Clone, Copy)]
+pub struct Stdout<'a> {
+    cmd: &'a str,
+    progress: Option<&'a Progress>,
+}
+
+impl<'a> Stdout<'a> {
+    /// Standard output of the command `cmd` (the name its messages start
+    /// with).
+    pub fn new(cmd: &'a str) -> Self {
+        Stdout {
+            cmd,
+            progress: None,
+        }
+    }
+
+    /// The same, clearing `progress`'s bars while it writes.
+    pub fn with_progress(self, progress: &'a Progress) -> Self {
+        Stdout {
+            progress: Some(progress),
+            ..self
+        }
+    }
+
+    /// Write with `write`, then flush: `Ok` once it is all out, else
+    /// [`Failed`], said.
+    ///
+    /// ```
+    /// let out = blkcli::output::Stdout::new("blkmap");
+    /// assert!(out.write(|out| writeln!(out, "a line")).is_ok());
+    /// ```
+    pub fn write(
+        &self,
+        write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+    ) -> Result<(), Failed> {
+        let print = || {
+            let mut out = io::stdout().lock();
+            write(&mut out).and_then(|()| out.flush())
+        };
+        let printed = match self.progress {
+            Some(p) => p.suspend(print),
+            None => print(),
+        };
+        printed.map_err(|e| failed(self.cmd, &e))
+    }
+
+    /// A checksum line, written as `style` says ([`LineStyle::line`]).
+    pub fn checksum(
+        &self,
+        style: LineStyle,
+        hex: &str,
+        name: &OsStr,
+        algorithm: Algorithm,
+        block_size: usize,
+    ) -> Result<(), Failed> {
+        let line = style.line(hex, name, algorithm, block_size);
+        self.write(|out| out.write_all(&line))
+    }
+
+    /// A JSON document, indented, and a newline.
+    ///
+    /// ```
+    /// let doc = serde_json::json!({"schema": 1});
+    /// assert!(blkcli::output::Stdout::new("blksum").json(&doc).is_ok());
+    /// ```
+    pub fn json(&self, doc: &serde_json::Value) -> Result<(), Failed> {
+        self.write(|out| writeln!(out, "{doc:#}"))
+    }
+}
+
+/// Write to standard output with `write`, then flush it: [`Stdout::write`]
+/// for a command without progress bars.
 ///
 /// ```
 /// let printed = blkcli::output::print("blkmap", |out| writeln!(out, "a line"));
@@ -25,10 +177,7 @@ pub fn print(
     cmd: &str,
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> Result<(), Failed> {
-    let mut out = io::stdout().lock();
-    write(&mut out)
-        .and_then(|()| out.flush())
-        .map_err(|e| failed(cmd, &e))
+    Stdout::new(cmd).write(write)
 }
 
 /// A write to standard output that failed with `e`, said as [`print()`]
@@ -40,10 +189,37 @@ pub fn failed(cmd: &str, e: &io::Error) -> Failed {
     Failed
 }
 
-/// [`print()`], as the command's exit code: 0 once it is all out, else 1.
-pub fn print_code(cmd: &str, write: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> ExitCode {
-    match print(cmd, write) {
+/// A print's result as the command's exit code: 0 once it is all out,
+/// else 1.
+///
+/// ```
+/// use blkcli::output::{Stdout, code};
+/// assert_eq!(code(Stdout::new("blkmap").write(|out| writeln!(out, "a line"))), std::process::ExitCode::SUCCESS);
+/// ```
+pub fn code(printed: Result<(), Failed>) -> ExitCode {
+    match printed {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failed) => ExitCode::FAILURE,
+    }
+}
+
+/// [`print()`], as the command's exit code: 0 once it is all out, else 1.
+pub fn print_code(cmd: &str, write: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> ExitCode {
+    code(print(cmd, write))
+}
+
+/// A writer that clears `progress`'s bars while it writes: for a library
+/// that writes its own lines (blksum's `--check`), to standard output or
+/// standard error.
+pub struct Suspended<'a, W>(pub &'a Progress, pub W);
+
+impl<W: Write> Write for Suspended<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let (progress, w) = (self.0, &mut self.1);
+        progress.suspend(|| w.write(buf))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.1.flush()
     }
 }

@@ -40,7 +40,7 @@
 
 mod bitmap;
 mod buffer;
-mod formats;
+pub mod formats;
 mod masked;
 mod open;
 mod oserror;
@@ -49,6 +49,7 @@ mod reader;
 mod sink;
 mod source;
 mod storage;
+mod vnbd_chain;
 mod window;
 
 pub use bitmap::{BitmapInfo, Dirty, MAX_DIRTY_RANGES};

@@ -23,7 +23,7 @@ use crate::record::Record;
 use crate::state::{SAMPLES, block_matches, spread};
 use crate::{Hashed, Job, hasher, read_all};
 use blkhash::Algorithm;
-use blkimage::{Input, Source};
+use blkimage::{Input, InputRead, Source};
 use blkmap::{Header, MapBuilder, MapError, MapReader, Named, Piece};
 use std::ffi::OsStr;
 use std::fs::File;
@@ -85,15 +85,7 @@ pub fn hash(
     let src = crate::seekable(input, "a checkpoint")?;
     let size = src.size();
     let shown = ck.path.display().to_string();
-    // A FILE that cannot even be locked could never be saved: said now.
-    let lock = lock_path(&ck.path);
-    if let Err(e) = crate::guard::open_lock_file(&lock) {
-        return Err(io::Error::other(format!(
-            "{shown}: cannot save the checkpoint here: {e}"
-        )));
-    }
-    let _lock = crate::guard::lock_file(&lock, &shown, crate::guard::Wait::No)
-        .map_err(|e| io::Error::new(io::ErrorKind::ResourceBusy, e))?;
+    let _lock = lock(&ck.path, &shown)?;
     let record = Record::of(&*src)?;
     let _ = blkmap::remove_stale_temps(&ck.path);
     let resumed_at = match std::fs::metadata(&ck.path) {
@@ -108,49 +100,11 @@ pub fn hash(
         pending: Vec::new(),
     };
     let window = blkimage::Window::new(src.clone(), resumed_at, size - resumed_at)?;
-    let (sink, builder) = hasher(job)?;
-    // Reading stops when the user cancels, or when saves keep failing.
-    let stop_reading = AtomicBool::new(false);
-    let (stop, stopped) = mpsc::channel::<()>();
-    let (read, failed) = std::thread::scope(|scope| {
-        let (builder, saver, stop_reading) = (&builder, &mut saver, &stop_reading);
-        let periodic = scope.spawn(move || {
-            let at = Span {
-                size,
-                from: resumed_at,
-            };
-            save_periodically(ck, job, saver, builder, at, stop_reading, stopped)
-        });
-        let input = Input::Image(Box::new(window));
-        // Every block read is digested and seen by the builder, up to the
-        // first failure, before the last save.
-        let read = read_all(input, sink, job, stop_reading, progress, |sink| {
-            sink.finalize()
-        });
-        drop(stop);
-        let failed = periodic.join().ok().flatten();
-        (read, failed)
-    });
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    if job.cancel().load(Ordering::Relaxed) {
-        stop_reading.store(true, Ordering::Relaxed);
-    }
-    let (_, read) = match read {
-        Ok(read) if !job.cancel().load(Ordering::Relaxed) => read,
-        result => {
-            let e = match result {
-                Err(e) => e,
-                Ok(_) => blkimage::interrupted(),
-            };
-            // What was hashed is kept for the next run.
-            return Err(match saver.save(&builder, size, resumed_at, true) {
-                Ok(_) => e,
-                Err(s) => io::Error::new(e.kind(), format!("{e} (and {s})")),
-            });
-        }
+    let at = Span {
+        size,
+        from: resumed_at,
     };
+    let (read, builder) = read_saving(ck, job, &mut saver, window, at, progress)?;
     let header = if ck.keep {
         saver.save(&builder, size, resumed_at, false)?
     } else {
@@ -172,6 +126,72 @@ pub fn hash(
         rounded,
         resumed_at,
     })
+}
+
+/// The lock of the checkpoint at `path` (`shown` in messages): a FILE
+/// that cannot even be locked could never be saved, which is said now; a
+/// FILE another run holds fails at once.
+fn lock(path: &Path, shown: &str) -> io::Result<crate::guard::Lock> {
+    let lock = lock_path(path);
+    if let Err(e) = crate::guard::open_lock_file(&lock) {
+        return Err(io::Error::other(format!(
+            "{shown}: cannot save the checkpoint here: {e}"
+        )));
+    }
+    crate::guard::lock_file(&lock, shown, crate::guard::Wait::No)
+        .map_err(|e| io::Error::new(io::ErrorKind::ResourceBusy, e))
+}
+
+/// Read the rest of the image (`window`, from `at.from`) as `job` asks,
+/// saving what was hashed every `ck.interval` in a thread of its own: what
+/// was read, and the builder that saw every block. A run that fails or is
+/// cancelled saves what was hashed for the next run, and fails.
+fn read_saving(
+    ck: &Checkpoint,
+    job: &Job,
+    saver: &mut Saver,
+    window: blkimage::Window,
+    at: Span,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<(InputRead, MapBuilder)> {
+    let (sink, builder) = hasher(job)?;
+    // Reading stops when the user cancels, or when saves keep failing.
+    let stop_reading = AtomicBool::new(false);
+    let (stop, stopped) = mpsc::channel::<()>();
+    let (read, failed) = std::thread::scope(|scope| {
+        let (builder, saver, stop_reading) = (&builder, &mut *saver, &stop_reading);
+        let periodic = scope
+            .spawn(move || save_periodically(ck, job, saver, builder, at, stop_reading, stopped));
+        let input = Input::Image(Box::new(window));
+        // Every block read is digested and seen by the builder, up to the
+        // first failure, before the last save.
+        let read = read_all(input, sink, job, stop_reading, progress, |sink| {
+            sink.finalize()
+        });
+        drop(stop);
+        let failed = periodic.join().ok().flatten();
+        (read, failed)
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if job.cancel().load(Ordering::Relaxed) {
+        stop_reading.store(true, Ordering::Relaxed);
+    }
+    match read {
+        Ok((_, read)) if !job.cancel().load(Ordering::Relaxed) => Ok((read, builder)),
+        result => {
+            let e = match result {
+                Err(e) => e,
+                Ok(_) => blkimage::interrupted(),
+            };
+            // What was hashed is kept for the next run.
+            Err(match saver.save(&builder, at.size, at.from, true) {
+                Ok(_) => e,
+                Err(s) => io::Error::new(e.kind(), format!("{e} (and {s})")),
+            })
+        }
+    }
 }
 
 /// How often the saving thread looks at the user's cancel.

@@ -5,14 +5,14 @@ mod cli;
 mod hashing;
 mod report;
 
-use blkcli::lines;
+use blkcli::output::{Form, LineStyle, Stdout, Suspended};
 use blkcli::progress::Progress;
 use blkjob::Hashed as Report;
 use blksum::check;
 use hashing::Hashing;
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
-use std::io::{self, BufReader, Write};
+use std::io::{self, BufReader};
 use std::process::ExitCode;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -26,8 +26,7 @@ enum Stop {
 }
 
 fn main() -> ExitCode {
-    let mut args: cli::Args = blkcli::help::parse(cli::command());
-    args.json |= args.output.as_deref() == Some("json");
+    let args: cli::Args = blkcli::help::parse(cli::command());
     if args.list_digests {
         return blkcli::output::print_code("blksum", |out| {
             blkhash::ALGORITHMS
@@ -133,86 +132,104 @@ fn checkpoint(
 /// Ok(true) if every input was hashed.
 fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Result<bool, Stop> {
     let (alg, bs) = (hashing.job.algorithm(), hashing.job.block_size());
-    let mut all_ok = true;
-    let mut json = Vec::new();
-    let mut emit = |name: &OsStr, result: io::Result<Report>| -> Result<(), Stop> {
-        let shown = blkcli::shown(name);
-        let name: &OsStr = &shown;
-        let lossy = name.to_string_lossy();
-        if args.json {
-            json.push(report::input(&lossy, &result));
-        }
-        if let Ok(Report {
-            rounded: Some(r), ..
-        }) = &result
-        {
-            hashing
-                .progress
-                .suspend(|| eprintln!("blksum: {lossy}: {r}"));
-        }
-        match result {
-            Ok(r) if !args.json => {
-                if r.resumed_at > 0 {
-                    let ck = args
-                        .checkpoint
-                        .as_deref()
-                        .unwrap_or(std::path::Path::new(""));
-                    hashing.progress.suspend(|| {
-                        eprintln!(
-                            "blksum: {lossy}: resumed at byte {} of {} from {}",
-                            r.resumed_at,
-                            r.size,
-                            ck.display()
-                        )
-                    });
-                }
-                let tag = args.tag.then_some((alg, bs));
-                let hex = r.checksum.to_hex();
-                let line = if args.zero {
-                    let mut line = lines::format_line_zero(&hex, name, tag);
-                    line.push(0);
-                    line
-                } else {
-                    let mut line = lines::format_line_os(&hex, name, tag);
-                    line.push(b'\n');
-                    line
-                };
-                let mut out = io::stdout().lock();
-                hashing
-                    .progress
-                    .suspend(|| out.write_all(&line).and_then(|_| out.flush()))
-                    .map_err(|e| stdout_failed(&e))?;
-            }
-            Ok(_) => {}
-            Err(_) if hashing.cancelled() => {
-                hashing
-                    .progress
-                    .suspend(|| eprintln!("blksum: {lossy}: interrupted"));
-                return Err(Stop::Signal);
-            }
-            Err(e) => {
-                all_ok = false;
-                hashing
-                    .progress
-                    .suspend(|| eprintln!("blksum: {lossy}: {}", blkcli::units::reason(&e)));
-            }
-        }
-        Ok(())
+    let mut results = Results {
+        args,
+        hashing,
+        out: Stdout::new("blksum").with_progress(&hashing.progress),
+        form: Form::from_flags(args.json, args.output.as_deref()),
+        json: Vec::new(),
+        all_ok: true,
     };
     in_order(
         files,
         args.jobs.into(),
         |name| hashing.checksum(name, alg, bs),
-        &mut emit,
+        &mut |name, result| results.emit(name, result),
     )?;
-    if args.json {
-        let doc = report::document(json);
-        let mut out = io::stdout().lock();
-        writeln!(out, "{doc:#}")
-            .and_then(|_| out.flush())
-            .map_err(|e| stdout_failed(&e))?;
+    results.finish()
+}
+
+/// What a run printed so far: each input's result as it comes, in
+/// argument order, and at the end the JSON document.
+struct Results<'a> {
+    args: &'a cli::Args,
+    hashing: &'a Hashing,
+    out: Stdout<'a>,
+    form: Form,
+    /// Each input's object, with --json.
+    json: Vec<serde_json::Value>,
+    /// Whether every input was hashed so far.
+    all_ok: bool,
+}
+
+impl Results<'_> {
+    /// One input's result: its checksum line (or its object, with
+    /// --json), or its error.
+    fn emit(&mut self, name: &OsStr, result: io::Result<Report>) -> Result<(), Stop> {
+        let shown = blkcli::shown(name);
+        let name: &OsStr = &shown;
+        let lossy = name.to_string_lossy();
+        if self.form == Form::Json {
+            self.json.push(report::input(&lossy, &result));
+        }
+        if let Ok(Report {
+            rounded: Some(r), ..
+        }) = &result
+        {
+            self.say(format_args!("{lossy}: {r}"));
+        }
+        match result {
+            Ok(r) if self.form == Form::Lines => {
+                self.say_resumed(&lossy, &r);
+                let style = LineStyle {
+                    tag: self.args.tag,
+                    zero: self.args.zero,
+                };
+                let (alg, bs) = (self.hashing.job.algorithm(), self.hashing.job.block_size());
+                (self.out)
+                    .checksum(style, &r.checksum.to_hex(), name, alg, bs)
+                    .map_err(|_| Stop::Output)
+            }
+            Ok(_) => Ok(()),
+            Err(_) if self.hashing.cancelled() => {
+                self.say(format_args!("{lossy}: interrupted"));
+                Err(Stop::Signal)
+            }
+            Err(e) => {
+                self.all_ok = false;
+                self.say(format_args!("{lossy}: {}", blkcli::units::reason(&e)));
+                Ok(())
+            }
+        }
     }
-    Ok(all_ok)
+
+    /// A run resumed from its checkpoint says where.
+    fn say_resumed(&self, name: &str, r: &Report) {
+        if r.resumed_at == 0 {
+            return;
+        }
+        let ck = (self.args.checkpoint.as_deref()).unwrap_or(std::path::Path::new(""));
+        self.say(format_args!(
+            "{name}: resumed at byte {} of {} from {}",
+            r.resumed_at,
+            r.size,
+            ck.display()
+        ));
+    }
+
+    /// A message on standard error, the progress bars cleared meanwhile.
+    fn say(&self, msg: std::fmt::Arguments) {
+        self.hashing.progress.suspend(|| eprintln!("blksum: {msg}"));
+    }
+
+    /// The JSON document, with --json; Ok(true) if every input was hashed.
+    fn finish(self) -> Result<bool, Stop> {
+        if self.form == Form::Json {
+            let doc = report::document(self.json);
+            self.out.json(&doc).map_err(|_| Stop::Output)?;
+        }
+        Ok(self.all_ok)
+    }
 }
 
 /// Run `work` on every item with up to `jobs` threads, and hand each result
@@ -347,18 +364,4 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
 fn stdout_failed(e: &io::Error) -> Stop {
     blkcli::output::failed("blksum", e);
     Stop::Output
-}
-
-/// A writer that clears the progress bars while it writes.
-struct Suspended<'a, W>(&'a Progress, W);
-
-impl<W: Write> Write for Suspended<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let (progress, w) = (self.0, &mut self.1);
-        progress.suspend(|| w.write(buf))
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.1.flush()
-    }
 }

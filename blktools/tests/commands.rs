@@ -9,6 +9,7 @@ mod crash;
 mod dirty;
 mod guard;
 mod http;
+mod libvirt;
 mod limits;
 mod luks;
 mod manual;

@@ -17,3 +17,4 @@ pub mod nbd_transmission;
 pub mod qcow2;
 pub mod record;
 pub mod state;
+pub mod vnbd;

@@ -17,6 +17,15 @@ pub fn check(data: &[u8]) {
     let Ok(q) = Qcow2::from_storage(Arc::new(data.to_vec())) else {
         return;
     };
+    walk(&q);
+    bitmaps(&q, q.size());
+    let _ = q.finish();
+}
+
+/// Walk the extents of `q` and read some of its data (the checks every
+/// image format's target makes: the `Source` contract, reads copied and
+/// lent alike).
+pub(crate) fn walk(q: &dyn Source) {
     let size = q.size();
     let mut buf = vec![0u8; 256 << 10];
     let mut budget = READ_BUDGET;
@@ -63,8 +72,6 @@ pub fn check(data: &[u8]) {
         let _ = q.read_at(&mut buf[..n], size - n as u64);
         let _ = q.read_at(&mut buf[..n], size / 2 - (size / 2).min(n as u64 / 2));
     }
-    bitmaps(&q, size);
-    let _ = q.finish();
 }
 
 /// Every bitmap listed, read: a `Dirty` that comes back keeps its contract

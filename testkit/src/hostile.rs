@@ -259,28 +259,14 @@ fn serve(
             }
             OPT_STRUCTURED_REPLY => s.write_all(&option_reply(opt, REP_ACK, &[]))?,
             OPT_SET_META_CONTEXT => {
-                let mut ctx = CONTEXT_ID.to_be_bytes().to_vec();
-                ctx.extend_from_slice(b"base:allocation");
-                let one = option_reply(opt, REP_META_CONTEXT, &ctx);
                 if how == Misbehave::EndlessMetaContext {
+                    let one = option_reply(opt, REP_META_CONTEXT, &allocation_context());
                     while !stop.load(Ordering::SeqCst) {
                         s.write_all(&one)?;
                     }
                     return Ok(());
                 }
-                s.write_all(&one)?;
-                if how.has_bitmap() {
-                    for q in queries(&payload) {
-                        if q.len() > "qemu:dirty-bitmap:".len()
-                            && q.starts_with("qemu:dirty-bitmap:")
-                        {
-                            let mut ctx = BITMAP_ID.to_be_bytes().to_vec();
-                            ctx.extend_from_slice(q.as_bytes());
-                            s.write_all(&option_reply(opt, REP_META_CONTEXT, &ctx))?;
-                        }
-                    }
-                }
-                s.write_all(&option_reply(opt, REP_ACK, &[]))?;
+                s.write_all(&meta_contexts(opt, &payload, how))?;
             }
             OPT_GO => {
                 let mut export = 0u16.to_be_bytes().to_vec();
@@ -311,6 +297,30 @@ fn serve(
             _ => s.write_all(&option_reply(opt, REP_ERR_UNSUP, &[]))?,
         }
     }
+}
+
+/// The context base:allocation, as a meta context reply carries it.
+fn allocation_context() -> Vec<u8> {
+    let mut ctx = CONTEXT_ID.to_be_bytes().to_vec();
+    ctx.extend_from_slice(b"base:allocation");
+    ctx
+}
+
+/// The replies to NBD_OPT_SET_META_CONTEXT with `payload`: base:allocation,
+/// each dirty bitmap asked for if the server has them, and the ack.
+fn meta_contexts(opt: u32, payload: &[u8], how: Misbehave) -> Vec<u8> {
+    let mut replies = option_reply(opt, REP_META_CONTEXT, &allocation_context());
+    if how.has_bitmap() {
+        for q in queries(payload) {
+            if q.len() > "qemu:dirty-bitmap:".len() && q.starts_with("qemu:dirty-bitmap:") {
+                let mut ctx = BITMAP_ID.to_be_bytes().to_vec();
+                ctx.extend_from_slice(q.as_bytes());
+                replies.extend(option_reply(opt, REP_META_CONTEXT, &ctx));
+            }
+        }
+    }
+    replies.extend(option_reply(opt, REP_ACK, &[]));
+    replies
 }
 
 /// The queries of NBD_OPT_SET_META_CONTEXT's data (export name, count,

@@ -439,114 +439,166 @@ fn serve(
         }
         let n = stats.requests.fetch_add(1, Ordering::SeqCst) + 1;
         stats.heads.lock().unwrap().push(req.head.clone());
-        let first = n == 1;
-        let second = match how {
-            Misbehave::ChangesAfter(k) | Misbehave::ChangesIgnoringConditions(k) => n > k,
-            _ => false,
-        };
-        let honour = !matches!(how, Misbehave::ChangesIgnoringConditions(_));
-        let (bytes, etag, date) = version(data, second);
-        let mut extra = format!("ETag: {etag}\r\nLast-Modified: {date}\r\n");
-        if how == Misbehave::HugeHeaders {
-            extra += &format!("X-Filler: {}\r\n", "x".repeat(128 << 10));
-        }
-        if how == Misbehave::Gzip {
-            extra += "Content-Encoding: gzip\r\n";
-        }
-        if how == Misbehave::RedirectLoop {
-            let path = req.head.split(' ').nth(1).unwrap_or("/").to_string();
-            write!(
-                w,
-                "HTTP/1.1 302 Found\r\nLocation: {path}\r\nContent-Length: 0\r\n\r\n"
-            )?;
-            continue;
-        }
-        let stale =
-            |cond: &Option<String>, by: &str| honour && cond.as_ref().is_some_and(|c| c != by);
-        if stale(&req.if_match, etag) {
-            write!(
-                w,
-                "HTTP/1.1 412 Precondition Failed\r\n{extra}Content-Length: 0\r\n\r\n"
-            )?;
-            continue;
-        }
-        let whole = req.range.is_none() || stale(&req.if_range, date);
-        let Some((a, b)) = req.range.filter(|_| !whole) else {
-            write!(
-                w,
-                "HTTP/1.1 200 OK\r\n{extra}Content-Length: {}\r\n\r\n",
-                bytes.len()
-            )?;
-            w.write_all(&bytes)?;
-            continue;
-        };
-        let len = bytes.len() as u64;
-        if a >= len {
-            write!(
-                w,
-                "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */{len}\r\nContent-Length: 0\r\n\r\n"
-            )?;
-            continue;
-        }
-        let b = b.min(len - 1);
-        let body = &bytes[a as usize..=b as usize];
-        let range = format!("Content-Range: bytes {a}-{b}/{len}\r\n");
-        let head = |range: &str, length: Option<usize>| {
-            let length = length.map_or(String::new(), |n| format!("Content-Length: {n}\r\n"));
-            format!("HTTP/1.1 206 Partial Content\r\n{extra}{range}{length}\r\n")
-        };
-        match how {
-            _ if first => {
-                w.write_all(head(&range, Some(body.len())).as_bytes())?;
-                w.write_all(body)?;
-            }
-            Misbehave::NoContentRange => {
-                w.write_all(head("", Some(body.len())).as_bytes())?;
-                w.write_all(body)?;
-            }
-            Misbehave::WrongContentRange => {
-                let off = format!("Content-Range: bytes {}-{}/{len}\r\n", a + 1, b + 1);
-                w.write_all(head(&off, Some(body.len())).as_bytes())?;
-                w.write_all(body)?;
-            }
-            Misbehave::ShortBody => {
-                w.write_all(head(&range, Some(body.len())).as_bytes())?;
-                w.write_all(&body[..body.len() / 2])?;
-                return Ok(());
-            }
-            Misbehave::LongBody => {
-                w.write_all(head(&range, Some(body.len() + 1)).as_bytes())?;
-                w.write_all(body)?;
-                w.write_all(b"!")?;
-            }
-            Misbehave::EndlessBody => {
-                w.write_all(head(&range, None).as_bytes())?;
-                let chunk = vec![0x5au8; 64 << 10];
-                while !stop.load(Ordering::SeqCst) {
-                    w.write_all(&chunk)?;
-                }
-                return Ok(());
-            }
-            Misbehave::Trickle => {
-                w.write_all(head(&range, Some(body.len())).as_bytes())?;
-                return trickle(&mut w, body, stop);
-            }
-            Misbehave::Silent => {
-                while !stop.load(Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                return Ok(());
-            }
-            Misbehave::Status(code) => {
-                write!(w, "HTTP/1.1 {code} Hostile\r\nContent-Length: 0\r\n\r\n")?;
-            }
-            _ => {
-                w.write_all(head(&range, Some(body.len())).as_bytes())?;
-                w.write_all(body)?;
-            }
+        if answer(&mut w, &req, data, how, n, stop)? == Answered::Closing {
+            return Ok(());
         }
     }
     Ok(())
+}
+
+/// Whether the connection takes another request after an answer.
+#[derive(PartialEq)]
+enum Answered {
+    Open,
+    Closing,
+}
+
+/// Answer the `n`-th request `req` for `data` as `how` says.
+fn answer(
+    w: &mut TcpStream,
+    req: &Request,
+    data: &[u8],
+    how: Misbehave,
+    n: usize,
+    stop: &AtomicBool,
+) -> io::Result<Answered> {
+    let second = match how {
+        Misbehave::ChangesAfter(k) | Misbehave::ChangesIgnoringConditions(k) => n > k,
+        _ => false,
+    };
+    let honour = !matches!(how, Misbehave::ChangesIgnoringConditions(_));
+    let (bytes, etag, date) = version(data, second);
+    let mut extra = format!("ETag: {etag}\r\nLast-Modified: {date}\r\n");
+    if how == Misbehave::HugeHeaders {
+        extra += &format!("X-Filler: {}\r\n", "x".repeat(128 << 10));
+    }
+    if how == Misbehave::Gzip {
+        extra += "Content-Encoding: gzip\r\n";
+    }
+    if how == Misbehave::RedirectLoop {
+        let path = req.head.split(' ').nth(1).unwrap_or("/").to_string();
+        write!(
+            w,
+            "HTTP/1.1 302 Found\r\nLocation: {path}\r\nContent-Length: 0\r\n\r\n"
+        )?;
+        return Ok(Answered::Open);
+    }
+    let stale = |cond: &Option<String>, by: &str| honour && cond.as_ref().is_some_and(|c| c != by);
+    if stale(&req.if_match, etag) {
+        write!(
+            w,
+            "HTTP/1.1 412 Precondition Failed\r\n{extra}Content-Length: 0\r\n\r\n"
+        )?;
+        return Ok(Answered::Open);
+    }
+    let whole = req.range.is_none() || stale(&req.if_range, date);
+    let Some((a, b)) = req.range.filter(|_| !whole) else {
+        write!(
+            w,
+            "HTTP/1.1 200 OK\r\n{extra}Content-Length: {}\r\n\r\n",
+            bytes.len()
+        )?;
+        w.write_all(&bytes)?;
+        return Ok(Answered::Open);
+    };
+    let len = bytes.len() as u64;
+    if a >= len {
+        write!(
+            w,
+            "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */{len}\r\nContent-Length: 0\r\n\r\n"
+        )?;
+        return Ok(Answered::Open);
+    }
+    let b = b.min(len - 1);
+    let part = Part {
+        body: &bytes[a as usize..=b as usize],
+        first: a,
+        last: b,
+        len,
+        extra: &extra,
+    };
+    // Range replies misbehave after the first (as `Misbehave` says).
+    let how = if n == 1 { Misbehave::Nothing } else { how };
+    send_range(w, &part, how, stop)
+}
+
+/// A range of the file to send: `body`, bytes `first..=last` of `len`,
+/// with the `extra` headers.
+struct Part<'a> {
+    body: &'a [u8],
+    first: u64,
+    last: u64,
+    len: u64,
+    extra: &'a str,
+}
+
+/// Send `part` as a 206 answer, misbehaving as `how` says.
+fn send_range(
+    w: &mut TcpStream,
+    part: &Part,
+    how: Misbehave,
+    stop: &AtomicBool,
+) -> io::Result<Answered> {
+    let Part {
+        body,
+        first: a,
+        last: b,
+        len,
+        extra,
+    } = *part;
+    let range = format!("Content-Range: bytes {a}-{b}/{len}\r\n");
+    let head = |range: &str, length: Option<usize>| {
+        let length = length.map_or(String::new(), |n| format!("Content-Length: {n}\r\n"));
+        format!("HTTP/1.1 206 Partial Content\r\n{extra}{range}{length}\r\n")
+    };
+    match how {
+        Misbehave::NoContentRange => {
+            w.write_all(head("", Some(body.len())).as_bytes())?;
+            w.write_all(body)?;
+        }
+        Misbehave::WrongContentRange => {
+            let off = format!("Content-Range: bytes {}-{}/{len}\r\n", a + 1, b + 1);
+            w.write_all(head(&off, Some(body.len())).as_bytes())?;
+            w.write_all(body)?;
+        }
+        Misbehave::ShortBody => {
+            w.write_all(head(&range, Some(body.len())).as_bytes())?;
+            w.write_all(&body[..body.len() / 2])?;
+            return Ok(Answered::Closing);
+        }
+        Misbehave::LongBody => {
+            w.write_all(head(&range, Some(body.len() + 1)).as_bytes())?;
+            w.write_all(body)?;
+            w.write_all(b"!")?;
+        }
+        Misbehave::EndlessBody => {
+            w.write_all(head(&range, None).as_bytes())?;
+            let chunk = vec![0x5au8; 64 << 10];
+            while !stop.load(Ordering::SeqCst) {
+                w.write_all(&chunk)?;
+            }
+            return Ok(Answered::Closing);
+        }
+        Misbehave::Trickle => {
+            w.write_all(head(&range, Some(body.len())).as_bytes())?;
+            trickle(w, body, stop)?;
+            return Ok(Answered::Closing);
+        }
+        Misbehave::Silent => {
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            return Ok(Answered::Closing);
+        }
+        Misbehave::Status(code) => {
+            write!(w, "HTTP/1.1 {code} Hostile\r\nContent-Length: 0\r\n\r\n")?;
+        }
+        _ => {
+            w.write_all(head(&range, Some(body.len())).as_bytes())?;
+            w.write_all(body)?;
+        }
+    }
+    Ok(Answered::Open)
 }
 
 /// An HTTP CONNECT proxy on 127.0.0.1 (what ureq speaks to a proxy, for

@@ -14,6 +14,7 @@
 
 pub mod hostile;
 pub mod http;
+pub mod libvirt;
 pub mod nbd;
 pub mod qsd;
 pub mod tools;

@@ -172,6 +172,11 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
     }
     let file = RawFile::open_with(path, opts)?;
     file.lock(opts.force_share)?;
+    if opts.format.is_none() && ft.is_file() && crate::formats::vnbd::probe_file(&file)? {
+        return Ok(Input::Image(Box::new(crate::vnbd_chain::open(
+            file, path, opts,
+        )?)));
+    }
     let other = match opts.format {
         Some(Format::Qemu(f)) => Some(f),
         None if !ft.is_block_device() => {

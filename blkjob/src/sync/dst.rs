@@ -150,24 +150,7 @@ impl Dst {
         let name = self.name.clone();
         let io = |e| Error::io(&name, e);
         if self.kind == Kind::Missing && !req.dry_run {
-            let f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&self.path)
-                .map_err(|e| match e.kind() {
-                    io::ErrorKind::AlreadyExists => Error::unusable(
-                        &name,
-                        "created by another process while blksync started: rerun",
-                    ),
-                    _ => io(e),
-                })?;
-            self.created = Some(Created(self.path.clone()));
-            self._lock = Some(guard::lock(f, &name, wait).map_err(super::locked)?);
-            // A raw DST stays `Missing`: nothing to read, written from zero.
-            if let Some(f) = req.output_format.filter(|&f| f != blkimage::Format::Raw) {
-                create_image(self.path.as_os_str(), &name, f.name(), size)?;
-                self.kind = Kind::File;
-            }
+            self.create(req, size, wait)?;
         }
         if self.kind == Kind::File {
             self.file_meta = Some(std::fs::metadata(&self.path).map_err(io)?);
@@ -204,25 +187,56 @@ impl Dst {
             (None, None) => 0,
             (Some(f), None) => (&*f).seek(io::SeekFrom::End(0)).map_err(io)?,
         };
-        if !self.kind.is_file() && self.size != size {
-            let what = match (self.kind, &self.served) {
-                (_, Some(t)) => format!("a {} image", t.format),
-                (Kind::Nbd, None) => "an NBD export".to_string(),
-                _ => "a block device".to_string(),
-            };
-            let hint = match &self.served {
-                Some(_) => format!(" (qemu-img resize {name} {size})"),
-                None => String::new(),
-            };
-            return Err(Error::unusable(
-                &name,
-                format!(
-                    "{what} of {} bytes, SRC is {size}: sizes must match{hint}",
-                    self.size
+        self.check_size(size)
+    }
+
+    /// Create the missing DST of SRC's `size`, by this run only, and lock
+    /// it; in `-O`'s format.
+    fn create(&mut self, req: &Request, size: u64, wait: guard::Wait<'_>) -> Result<(), Error> {
+        let name = &self.name;
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&self.path)
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::AlreadyExists => Error::unusable(
+                    name,
+                    "created by another process while blksync started: rerun",
                 ),
-            ));
+                _ => Error::io(name, e),
+            })?;
+        self.created = Some(Created(self.path.clone()));
+        self._lock = Some(guard::lock(f, name, wait).map_err(super::locked)?);
+        // A raw DST stays `Missing`: nothing to read, written from zero.
+        if let Some(f) = req.output_format.filter(|&f| f != blkimage::Format::Raw) {
+            create_image(self.path.as_os_str(), &self.name, f.name(), size)?;
+            self.kind = Kind::File;
         }
         Ok(())
+    }
+
+    /// A DST whose size cannot change (not a file) must be SRC's `size`.
+    fn check_size(&self, size: u64) -> Result<(), Error> {
+        if self.kind.is_file() || self.size == size {
+            return Ok(());
+        }
+        let what = match (self.kind, &self.served) {
+            (_, Some(t)) => format!("a {} image", t.format),
+            (Kind::Nbd, None) => "an NBD export".to_string(),
+            _ => "a block device".to_string(),
+        };
+        let name = &self.name;
+        let hint = match &self.served {
+            Some(_) => format!(" (qemu-img resize {name} {size})"),
+            None => String::new(),
+        };
+        Err(Error::unusable(
+            name,
+            format!(
+                "{what} of {} bytes, SRC is {size}: sizes must match{hint}",
+                self.size
+            ),
+        ))
     }
 
     /// The run is about to write DST: a file it created stays, whatever

@@ -132,15 +132,7 @@ pub fn run(
     let wait = req.wait(cancel);
     let mut dst = Dst::classify(req, wait)?;
 
-    // The state first: it says how to hash (unless the job does).
-    let loaded = match &req.state {
-        Some(p) if p.exists() => Some(Map::load(p).map_err(|e| e.to_string())),
-        _ => None,
-    };
-    let saved = loaded.as_ref().and_then(|r| r.as_ref().ok());
-    let job = (req.job.clone())
-        .resolve(saved.map(|m| (m.algorithm(), m.block_size())))
-        .map_err(|e| Error::unusable(&src_name, e))?;
+    let (loaded, job) = load_state(req, &src_name)?;
     let src = open_src(req, &job, &src_name, false, warn)?;
     let size = src.size();
     // What SRC reads, to tell a SRC written during the run (an export has
@@ -206,6 +198,21 @@ pub fn run(
         would_write: done.would_write,
         dirty_blocks,
     })
+}
+
+/// The state first, as loaded (or why it could not be: judged later,
+/// with DST at hand), and the job: the state says how to hash, unless
+/// the request does.
+fn load_state(req: &Request, src_name: &str) -> Result<(Option<Result<Map, String>>, Job), Error> {
+    let loaded = match &req.state {
+        Some(p) if p.exists() => Some(Map::load(p).map_err(|e| e.to_string())),
+        _ => None,
+    };
+    let saved = loaded.as_ref().and_then(|r| r.as_ref().ok());
+    let job = (req.job.clone())
+        .resolve(saved.map(|m| (m.algorithm(), m.block_size())))
+        .map_err(|e| Error::unusable(src_name, e))?;
+    Ok((loaded, job))
 }
 
 /// What SRC's dirty bitmap says changed since the state, for an update

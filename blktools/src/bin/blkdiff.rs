@@ -2,6 +2,7 @@
 
 use blkcli::args::InputArgs;
 use blkcli::manual::Page;
+use blkcli::output::{Form, Stdout};
 use blkcli::progress::Progress;
 use blkcli::units::reason;
 use blkjob::{Job, Mapped};
@@ -57,6 +58,10 @@ struct Args {
     /// Print nothing; the exit status tells.
     #[arg(short, long, conflicts_with = "json")]
     quiet: bool,
+
+    /// Ranges or the JSON document (--json, --output json).
+    #[arg(skip)]
+    form: Form,
 
     /// Digest, block size, threads, and the format of both (with -f, a
     /// file starting with the map magic is an image too).
@@ -127,7 +132,7 @@ fn main() -> ExitCode {
         return code;
     }
     let mut args: Args = blkcli::args::parse_map_args(command(), |a: &Args| &a.input);
-    args.json |= args.output.as_deref() == Some("json");
+    args.form = Form::from_flags(args.json, args.output.as_deref());
     args.a = blkcli::shown_lossy(&args.a_path);
     args.b = blkcli::shown_lossy(&args.b_path);
     if args.a == "-" && args.b == "-" {
@@ -259,16 +264,14 @@ fn compare(args: &Args, a: &Mapped, b: &Mapped, job: &Job) -> ExitCode {
         Ok(d) => d,
         Err(e) => return trouble(e),
     };
-    let printed = if args.quiet {
-        Ok(())
-    } else if args.json {
-        print_json(args, a, b, &d)
-    } else {
-        print_text(&d)
+    let out = Stdout::new("blkdiff");
+    let printed = match args.form {
+        _ if args.quiet => Ok(()),
+        Form::Json => out.json(&document(args, a, b, &d)),
+        Form::Lines => out.write(|out| print_text(out, &d)),
     };
     // Trouble (2), said unless the reader went away.
-    if let Err(e) = printed {
-        blkcli::output::failed("blkdiff", &e);
+    if printed.is_err() {
         return ExitCode::from(2);
     }
     if d.is_same() {
@@ -306,8 +309,9 @@ fn only_in(d: &Diff) -> &'static str {
     if d.size_a > d.size_b { "A" } else { "B" }
 }
 
-fn print_text(d: &Diff) -> io::Result<()> {
-    let mut out = io::BufWriter::new(io::stdout().lock());
+/// The differing ranges, a line each, then the tail.
+fn print_text(out: &mut dyn Write, d: &Diff) -> io::Result<()> {
+    let mut out = io::BufWriter::new(out);
     for r in &d.ranges {
         writeln!(out, "{r}")?;
     }
@@ -323,7 +327,8 @@ fn print_text(d: &Diff) -> io::Result<()> {
     out.flush()
 }
 
-fn print_json(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> io::Result<()> {
+/// The JSON document of the comparison.
+fn document(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> serde_json::Value {
     let input = |name: &str, m: &Mapped| {
         json!({
             "name": name,
@@ -336,7 +341,7 @@ fn print_json(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> io::Result<()> {
     };
     // Keys as blksum's --json spells them (qemu-img's style), in the order
     // written here (serde_json's preserve_order); schema as its.
-    let doc = json!({
+    json!({
         "schema": 1,
         "a": input(&args.a, a),
         "b": input(&args.b, b),
@@ -350,8 +355,5 @@ fn print_json(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> io::Result<()> {
             "only-in": only_in(d).to_ascii_lowercase(),
         })),
         "differing-bytes": d.differing_bytes(),
-    });
-    let mut out = io::stdout().lock();
-    writeln!(out, "{doc:#}")?;
-    out.flush()
+    })
 }

@@ -2,9 +2,8 @@
 //! merge parts, and print a map's checksum.
 
 use blkcli::args::InputArgs;
-use blkcli::lines::format_line_os;
 use blkcli::manual::Page;
-use blkcli::output;
+use blkcli::output::{self, LineStyle, Stdout};
 use blkcli::progress::Progress;
 use blkcli::signals::Signals;
 use blkcli::units::{Span, parse_span, reason};
@@ -259,22 +258,16 @@ fn map(args: &Args) -> ExitCode {
     let (Some(image_os), Some(out_path)) = (&args.image, &args.out) else {
         unreachable!("clap requires IMAGE and OUT without a subcommand")
     };
-    let (image, out_name) = (blkcli::shown_lossy(image_os), out_path.display());
-    // Before anything is read: OUT must not replace what it would destroy.
-    let out = blkcli::guard::Output {
-        path: out_path,
-        what: "a block map",
-        own_kind: Some(blkmap::is_map),
-    };
+    let image = blkcli::shown_lossy(image_os);
     let input = blkcli::guard::Input {
         name: image_os,
         role: "the image",
     };
-    if let Err(e) = blkcli::guard::check_outputs(&[out], &[input]) {
-        eprintln!("blkmap: {e}");
-        return ExitCode::FAILURE;
+    if let Err(code) = check_out(out_path, &[input]) {
+        return code;
     }
     let signals = Signals::install(&format!("blkmap: {image}: interrupted"));
+    // Checked here, before anything is read: a usage error exits.
     let progress = match Progress::new("blkmap", args.show.progress.progress, Some(1)) {
         Ok(p) => p,
         Err(msg) => {
@@ -282,79 +275,87 @@ fn map(args: &Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // The map-writing functions check OUT again as they write.
-    let inputs = [input];
-    if let (Some(base), Some(bitmap)) = (&args.base, &args.dirty_bitmap) {
-        let done = update(args, base, bitmap, &signals, &progress);
-        return match done {
-            Ok((map, read)) => match map.save_guarded(out_path, &inputs) {
-                Ok(()) => print_result(args, &map, read),
-                Err(e) => {
-                    eprintln!("blkmap: {out_name}: {}", reason(&e));
-                    ExitCode::FAILURE
-                }
-            },
-            Err(_) if signals.cancelled() => {
-                eprintln!("blkmap: {image}: interrupted");
-                ExitCode::from(signals.exit_status())
-            }
-            Err((None, msg)) => {
-                eprintln!("blkmap: {image}: {msg}");
-                ExitCode::FAILURE
-            }
-            Err((Some(name), msg)) => {
-                eprintln!("blkmap: {name}: {msg}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    let job = args.input.job(None).with_cancel(signals.cancel.clone());
-    let saved = match args.range {
-        Some(span) => map_part(image_os, span, &job, &progress)
-            .map(|part| (part.save_guarded(out_path, &inputs), None)),
-        None => {
-            let mapped = if image_os == "-" {
-                progress.track("-", None, |p| blkjob::map_stdin(&job, false, p))
-            } else {
-                job.open(image_os).and_then(|input| {
-                    progress.track(&image, input.size(), |p| {
-                        blkjob::map_image(image_os, input, &job, job.cancel(), p)
-                    })
-                })
-            };
-            mapped.map(|m| {
-                say_rounded(&image, m.rounded);
-                let read = Read {
-                    dirty_blocks: m.map.blocks(),
-                    sampled: 0,
-                    conflicting: 0,
-                    bytes: m.stats.data,
-                    checks: Vec::new(),
-                };
-                (m.map.save_guarded(out_path, &inputs), Some((m.map, read)))
-            })
+    let made = match (&args.base, &args.dirty_bitmap) {
+        (Some(base), Some(bitmap)) => update(args, base, bitmap, &signals, &progress),
+        _ => {
+            let job = args.input.job(None).with_cancel(signals.cancel.clone());
+            make(args, &job, &progress).map_err(|e| (None, reason(&e)))
         }
     };
-    let map = match saved {
-        Ok((Ok(()), map)) => map,
-        Ok((Err(e), _)) => {
-            eprintln!("blkmap: {out_name}: {}", reason(&e));
-            return ExitCode::FAILURE;
-        }
+    let made = match made {
+        Ok(made) => made,
         Err(_) if signals.cancelled() => {
             eprintln!("blkmap: {image}: interrupted");
             return ExitCode::from(signals.exit_status());
         }
-        Err(e) => {
-            eprintln!("blkmap: {image}: {}", reason(&e));
+        Err((name, msg)) => {
+            eprintln!("blkmap: {}: {msg}", name.as_deref().unwrap_or(&image));
             return ExitCode::FAILURE;
         }
     };
-    match map {
-        Some((map, read)) => print_result(args, &map, read),
-        // A part has no checksum of its own.
-        None => ExitCode::SUCCESS,
+    // The map-writing functions check OUT again as they write.
+    let saved = match &made {
+        Made::Map(map, _) => map.save_guarded(out_path, &[input]),
+        Made::Part(part) => part.save_guarded(out_path, &[input]),
+    };
+    if let Err(e) = saved {
+        eprintln!("blkmap: {}: {}", out_path.display(), reason(&e));
+        return ExitCode::FAILURE;
     }
+    match made {
+        Made::Map(map, read) => print_result(args, &map, read),
+        // A part has no checksum of its own.
+        Made::Part(_) => ExitCode::SUCCESS,
+    }
+}
+
+/// What `blkmap IMAGE OUT` made, to be saved as OUT.
+enum Made {
+    /// The image's map, and what the run read.
+    Map(blkmap::Map, Read),
+    /// A part, with --range.
+    Part(blkmap::Part),
+}
+
+/// Before anything is read: OUT must not replace what it would destroy
+/// (an input, a file that is not a map). `Err`: said, and the exit code.
+fn check_out(out: &Path, inputs: &[blkcli::guard::Input]) -> Result<(), ExitCode> {
+    let guard_out = blkcli::guard::Output {
+        path: out,
+        what: "a block map",
+        own_kind: Some(blkmap::is_map),
+    };
+    blkcli::guard::check_outputs(&[guard_out], inputs).map_err(|e| {
+        eprintln!("blkmap: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+/// The map of IMAGE, or with --range its part, hashed whole.
+fn make(args: &Args, job: &Job, progress: &Progress) -> io::Result<Made> {
+    let image_os = args.image.as_deref().expect("clap requires IMAGE");
+    if let Some(span) = args.range {
+        return map_part(image_os, span, job, progress).map(Made::Part);
+    }
+    let image = blkcli::shown_lossy(image_os);
+    let m = if image_os == "-" {
+        progress.track("-", None, |p| blkjob::map_stdin(job, false, p))
+    } else {
+        job.open(image_os).and_then(|input| {
+            progress.track(&image, input.size(), |p| {
+                blkjob::map_image(image_os, input, job, job.cancel(), p)
+            })
+        })
+    }?;
+    say_rounded(&image, m.rounded);
+    let read = Read {
+        dirty_blocks: m.map.blocks(),
+        sampled: 0,
+        conflicting: 0,
+        bytes: m.stats.data,
+        checks: Vec::new(),
+    };
+    Ok(Made::Map(m.map, read))
 }
 
 /// `blkmap --base OLD --dirty-bitmap NAME IMAGE OUT`: the map of IMAGE
@@ -365,7 +366,7 @@ fn update(
     bitmap: &str,
     signals: &Signals,
     progress: &Progress,
-) -> Result<(blkmap::Map, Read), (Option<String>, String)> {
+) -> Result<Made, (Option<String>, String)> {
     let image_os = args.image.as_deref().expect("clap requires IMAGE");
     let image = blkcli::shown_lossy(image_os);
     let base_name = base_path.display().to_string();
@@ -404,7 +405,7 @@ fn update(
         bytes: updated.read_bytes,
         checks: updated.changes.checks.iter().map(|c| c.name()).collect(),
     };
-    Ok((updated.map, read))
+    Ok(Made::Map(updated.map, read))
 }
 
 /// What a run read, for --json.
@@ -429,7 +430,8 @@ const JSON_SCHEMA: u32 = 1;
 fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
     let image = args.image.as_deref().expect("clap requires IMAGE");
     if !args.json {
-        return print_line(&map.checksum().to_hex(), &blkcli::shown(image), None);
+        let (hex, params) = (map.checksum().to_hex(), (map.algorithm(), map.block_size()));
+        return print_line(&hex, &blkcli::shown(image), params, false);
     }
     // Spelled as blksum's and blkdiff's JSON (qemu-img's `virtual-size`);
     // `size`, this document's first name for it, is kept while `schema`
@@ -449,7 +451,7 @@ fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
         "read-bytes": read.bytes,
         "checks": read.checks,
     });
-    output::print_code("blkmap", |out| writeln!(out, "{doc:#}"))
+    output::code(Stdout::new("blkmap").json(&doc))
 }
 
 /// `blkmap bitmaps IMAGE`.
@@ -481,7 +483,7 @@ fn bitmaps(image: &OsStr, json: bool, input: &InputArgs) -> ExitCode {
             })
             .collect();
         let doc = serde_json::Value::Array(items);
-        return output::print_code("blkmap", |out| writeln!(out, "{doc:#}"));
+        return output::code(Stdout::new("blkmap").json(&doc));
     }
     // Names as checksum lines escape them: a name of control bytes
     // (a NUL, a newline) must not forge lines.
@@ -543,11 +545,6 @@ fn say_rounded(image: &str, rounded: Option<blkimage::Rounded>) {
 
 /// `blkmap merge OUT PART...`.
 fn merge(out: &Path, parts: &[PathBuf], line: &LineArgs) -> ExitCode {
-    let guard_out = blkcli::guard::Output {
-        path: out,
-        what: "a block map",
-        own_kind: Some(blkmap::is_map),
-    };
     let inputs: Vec<_> = parts
         .iter()
         .map(|p| blkcli::guard::Input {
@@ -555,9 +552,8 @@ fn merge(out: &Path, parts: &[PathBuf], line: &LineArgs) -> ExitCode {
             role: "a part",
         })
         .collect();
-    if let Err(e) = blkcli::guard::check_outputs(&[guard_out], &inputs) {
-        eprintln!("blkmap: {e}");
-        return ExitCode::FAILURE;
+    if let Err(code) = check_out(out, &inputs) {
+        return code;
     }
     // Stopped by Ctrl-C or SIGTERM between batches of zero digests (a part
     // may claim a huge image of zeros): OUT is left as it was, and the
@@ -575,7 +571,7 @@ fn merge(out: &Path, parts: &[PathBuf], line: &LineArgs) -> ExitCode {
                 .map(blkhash::Checksum::to_hex)
                 .unwrap_or_default();
             let name = line.name.as_deref().unwrap_or(out.as_os_str());
-            print_line(&hex, name, line.tag.then_some((h.algorithm, h.block_size)))
+            print_line(&hex, name, (h.algorithm, h.block_size), line.tag)
         }
         Err(e) => {
             say_merge_error(&out.display().to_string(), e);
@@ -610,7 +606,7 @@ fn checksum(maps: &[PathBuf], line: &LineArgs) -> ExitCode {
                 .as_ref()
                 .map(blkhash::Checksum::to_hex)
                 .unwrap_or_default();
-            print_line(&hex, &name, line.tag.then_some((h.algorithm, h.block_size)))
+            print_line(&hex, &name, (h.algorithm, h.block_size), line.tag)
         }
         Err(e) => {
             let parts: Vec<_> = maps.iter().map(|p| p.display().to_string()).collect();
@@ -636,9 +632,13 @@ fn say_merge_error(subject: &str, e: blkmap::MapError) {
     }
 }
 
-/// Print a checksum line as blksum does.
-fn print_line(hex: &str, name: &OsStr, tag: Option<(blkhash::Algorithm, usize)>) -> ExitCode {
-    let mut line = format_line_os(hex, name, tag);
-    line.push(b'\n');
-    output::print_code("blkmap", |out| out.write_all(&line))
+/// Print a checksum line as blksum does (with `tag`, as `--tag`).
+fn print_line(
+    hex: &str,
+    name: &OsStr,
+    (alg, bs): (blkhash::Algorithm, usize),
+    tag: bool,
+) -> ExitCode {
+    let style = LineStyle { tag, zero: false };
+    output::code(Stdout::new("blkmap").checksum(style, hex, name, alg, bs))
 }

@@ -269,9 +269,9 @@ fn print(args: &Args, src: &str, dst: &str, r: &Report) -> Result<(), output::Fa
         r.size - r.written - r.zeroed,
     );
     if let (true, Some(m)) = (args.checksum, &r.src_map) {
-        let mut line = blkcli::lines::format_line_os(&m.checksum().to_hex(), &args.src_path, None);
-        line.push(b'\n');
-        output::print("blksync", |out| out.write_all(&line))?;
+        let (hex, style) = (m.checksum().to_hex(), output::LineStyle::default());
+        let out = output::Stdout::new("blksync");
+        out.checksum(style, &hex, &args.src_path, m.algorithm(), m.block_size())?;
     }
     Ok(())
 }

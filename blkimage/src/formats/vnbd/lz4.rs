@@ -1,0 +1,119 @@
+//! lz4 frames of compressed streams: decompressed whole (python-lz4 links
+//! a frame's blocks, so a part cannot be had alone), the last few kept.
+
+use super::parse::{Lz4Frame, bad};
+use crate::qcow2::Storage;
+use std::collections::VecDeque;
+use std::io::{self, Read};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Decompressed frames kept: the one each digest thread of a small
+/// machine reads, the one decompressed ahead, and one more. At most [`super::parse::MAX_LZ4_FRAME`] bytes each.
+const KEPT: usize = 4;
+
+type Bytes = Result<Arc<Vec<u8>>, (io::ErrorKind, String)>;
+/// A frame: (stream, frame).
+type Key = (u32, u32);
+/// How to decompress a frame.
+pub type Load<'a> = &'a dyn Fn() -> io::Result<Vec<u8>>;
+
+/// A frame's bytes, once decompressed, and whether a thread started.
+#[derive(Default)]
+struct Entry {
+    started: AtomicBool,
+    bytes: OnceLock<Bytes>,
+}
+
+impl Entry {
+    fn load(&self, load: impl FnOnce() -> io::Result<Vec<u8>>) -> io::Result<Arc<Vec<u8>>> {
+        self.started.store(true, Ordering::Relaxed);
+        self.bytes
+            .get_or_init(|| load().map(Arc::new).map_err(|e| (e.kind(), e.to_string())))
+            .clone()
+            .map_err(|(kind, msg)| io::Error::new(kind, msg))
+    }
+}
+
+/// The frames decompressed last, by (stream, frame). A frame asked for by
+/// two threads at once is decompressed once: the second, rather than wait
+/// idle, decompresses the frame after it first (the reads of one frame
+/// come in order, from every digest thread), then waits.
+#[derive(Default)]
+pub struct Cache {
+    slots: Mutex<VecDeque<(Key, Arc<Entry>)>>,
+}
+
+impl Cache {
+    /// The entry of `key`, made the newest (added if it is not there).
+    fn entry(&self, key: Key) -> Arc<Entry> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = match slots.iter().position(|(k, _)| *k == key) {
+            Some(i) => slots.remove(i).expect("found"),
+            None => (key, Arc::new(Entry::default())),
+        };
+        let entry = slot.1.clone();
+        slots.push_back(slot);
+        if slots.len() > KEPT {
+            slots.pop_front();
+        }
+        entry
+    }
+
+    /// The bytes of frame `key`, decompressed by `load` unless they are
+    /// kept; `next` the frame after it, if any, and how to load it.
+    pub fn get(
+        &self,
+        key: Key,
+        load: impl FnOnce() -> io::Result<Vec<u8>>,
+        next: Option<(Key, Load)>,
+    ) -> io::Result<Arc<Vec<u8>>> {
+        let entry = self.entry(key);
+        if entry.bytes.get().is_none()
+            && entry.started.swap(true, Ordering::Relaxed)
+            && let Some((nkey, nload)) = next
+        {
+            let ahead = self.entry(nkey);
+            if !ahead.started.swap(true, Ordering::Relaxed) {
+                // Its errors are the reader's of that frame to report.
+                let _ = ahead.load(nload);
+            }
+            // The frame asked for is the newest again.
+            self.entry(key);
+        }
+        entry.load(load)
+    }
+}
+
+/// The guest bytes of lz4 frame `f`, checked against its checksums and
+/// the length its header promised.
+pub fn decompress(st: &dyn Storage, f: Lz4Frame) -> io::Result<Vec<u8>> {
+    // The compressed bytes' buffer is the thread's, kept: a fresh one of
+    // up to 32 MiB each frame cost as much in page faults as the
+    // decompression.
+    thread_local!(static COMP: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) });
+    COMP.with_borrow_mut(|comp| {
+        comp.resize(f.comp as usize, 0);
+        st.read_exact_at(comp, f.pos)?;
+        inflate(comp, f)
+    })
+}
+
+fn inflate(comp: &[u8], f: Lz4Frame) -> io::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(f.len as usize);
+    lz4_flex::frame::FrameDecoder::new(comp)
+        .take(f.len as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| bad(f.pos, format!("bad lz4 frame: {e}")))?;
+    if out.len() != f.len as usize {
+        return Err(bad(
+            f.pos,
+            format!(
+                "the lz4 frame holds {} bytes, its header says {}",
+                out.len(),
+                f.len
+            ),
+        ));
+    }
+    Ok(out)
+}
