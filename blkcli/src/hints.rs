@@ -37,6 +37,10 @@ pub fn with_option(e: &io::Error, reason: String) -> String {
     if is::<blkimage::http::Unauthorized>(e) {
         return format!("{reason} (--header 'Authorization: ...')");
     }
+    if e.kind() == io::ErrorKind::TimedOut {
+        // A server too slow for the limit the command set.
+        return format!("{reason} (--timeout)");
+    }
     if e.kind() == io::ErrorKind::ResourceBusy && reason.starts_with("in use") {
         // The library knows the lock, the command its option.
         return format!("{reason}; -U (--force-share) reads it anyway");
@@ -82,6 +86,8 @@ mod tests {
             said(busy),
             "in use: qemu-nbd: locked; -U (--force-share) reads it anyway"
         );
+        let slow = io::Error::new(io::ErrorKind::TimedOut, "no answer within 1 seconds");
+        assert_eq!(said(slow), "no answer within 1 seconds (--timeout)");
         let other = io::Error::new(io::ErrorKind::ResourceBusy, "busy");
         assert_eq!(said(other), "busy");
         assert_eq!(said(io::Error::other("bad")), "bad");

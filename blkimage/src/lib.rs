@@ -1,6 +1,32 @@
 //! Where the bytes come from: images as [`Source`]s, streams, and the reader
 //! that takes them to a [`Sink`] in guest order.
 //!
+//! The crate is in three layers, each importing only from those below it
+//! (`scripts/check-imports.py` checks it):
+//!
+//! - `storage/`: where bytes come from. A file or block device (read with
+//!   pread, direct I/O, or in place from memory maps: [`RawFile`],
+//!   [`mapped`]), a file over HTTP(S) ([`http`]), an NBD export
+//!   ([`nbd`]). Formats read them through the [`Storage`] trait; a
+//!   transport decides ranges, connections and retries, never a format.
+//! - `formats/`: how guest bytes lie in a storage: raw, [`qcow2`], and the
+//!   formats QEMU reads (served by a private qemu-nbd: [`QemuExport`]).
+//!   A format names the files it refers to but never opens them.
+//! - `open/`: [`open`] turns a name into an [`Input`]: it probes the first
+//!   bytes (or takes [`OpenOptions::format`]), finds the chain an image
+//!   names (a qcow2 backing or data file beside a file or relative to a
+//!   URL), opens each part on its storage and hands it to its format.
+//!
+//! Beside them, at the crate's root: [`Source`], the one trait every
+//! image implements (`source.rs` states its contract, and
+//! [`Source::origin`] says where the bytes came from), dirty bitmaps
+//! ([`Dirty`]), the source adapters [`Window`] and [`Masked`], and the
+//! reader ([`read_image`], [`ReadAhead`]) that hands extents to a
+//! [`Sink`] in guest order. A reader starts at [`open`] and
+//! [`read_image`]; a new format goes in `formats/` (and its probe in
+//! `open/`), a new transport in `storage/` (its [`Source::origin`] is all a
+//! record needs).
+//!
 //! ```no_run
 //! use blkimage::{open, Input, OpenOptions};
 //! let input = open("disk.img", &OpenOptions::default()).unwrap();
@@ -15,277 +41,34 @@
 mod bitmap;
 mod buffer;
 pub mod formats;
-pub mod http;
-pub mod mapped;
 mod masked;
-pub mod nbd;
+mod open;
 mod oserror;
-pub mod qcow2;
-mod qemu;
-mod raw;
 mod readahead;
 mod reader;
 mod sink;
 mod source;
+mod storage;
 mod vnbd_chain;
 mod window;
 
 pub use bitmap::{BitmapInfo, Dirty, MAX_DIRTY_RANGES};
 pub use buffer::{ALIGN, AlignedBuf};
-pub use masked::Masked;
-pub use oserror::{cause, caused_by, errno, with_context};
-pub use qcow2::Qcow2;
+pub use formats::qcow2;
+pub use formats::qcow2::Qcow2;
 /// The formats read through a private qemu-nbd (QEMU's driver names), for
 /// `--format` and its completions.
-pub use qemu::FORMATS as QEMU_FORMATS;
-pub use qemu::{PassphraseNeeded, QemuExport, QemuTarget, probe_format};
-pub use raw::RawFile;
+pub use formats::qemu::FORMATS as QEMU_FORMATS;
+pub use formats::qemu::{PassphraseNeeded, QemuExport, QemuTarget, probe_format};
+pub use masked::Masked;
+pub use open::{Format, Input, OpenOptions, open, unknown_scheme};
+pub use oserror::{cause, caused_by, errno, with_context};
 pub use readahead::ReadAhead;
 pub use reader::{
     DEFAULT_IO_DEPTH, InputRead, Stats, interrupted, io_depth_for, read_image, read_input,
     read_stream,
 };
 pub use sink::{Fill, Lend, Sink};
-pub use source::{Extent, ExtentKind, Rounded, Source};
+pub use source::{Extent, ExtentKind, Origin, Remote, Role, Rounded, Source};
+pub use storage::{RawFile, Storage, http, mapped, nbd};
 pub use window::Window;
-
-use std::fs::File;
-use std::io::{self, Read};
-use std::os::unix::fs::FileTypeExt;
-use std::path::Path;
-
-/// An image format, to force instead of probing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    /// The file's bytes as they are, whatever they hold.
-    Raw,
-    /// qcow2 (versions 2 and 3); an error if the file is not qcow2.
-    Qcow2,
-    /// Another format QEMU reads (a name from [`QEMU_FORMATS`]):
-    /// served by a private qemu-nbd and read over NBD.
-    Qemu(&'static str),
-}
-
-impl Format {
-    /// The name QEMU (and `-f`) knows it by.
-    ///
-    /// ```
-    /// let f: blkimage::Format = "vmdk".parse().unwrap();
-    /// assert_eq!(f.name(), "vmdk");
-    /// assert_eq!(blkimage::Format::Qcow2.name(), "qcow2");
-    /// ```
-    pub fn name(self) -> &'static str {
-        match self {
-            Format::Raw => "raw",
-            Format::Qcow2 => "qcow2",
-            Format::Qemu(name) => name,
-        }
-    }
-}
-
-impl std::str::FromStr for Format {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Format, String> {
-        match s {
-            "raw" => Ok(Format::Raw),
-            "qcow2" => Ok(Format::Qcow2),
-            _ => match qemu::FORMATS.iter().find(|f| **f == s) {
-                Some(f) => Ok(Format::Qemu(f)),
-                None => Err(format!(
-                    "unknown format '{s}' (raw, qcow2, {})",
-                    qemu::FORMATS.join(", ")
-                )),
-            },
-        }
-    }
-}
-
-/// How to open inputs.
-#[derive(Clone, Debug, Default)]
-pub struct OpenOptions {
-    /// Use the page cache (else direct I/O where the file system allows it).
-    pub cache: bool,
-    /// Files read through the page cache (with `cache`, or on a file system
-    /// without direct I/O) are read in place from memory maps, not copied
-    /// (see [`mapped`]). This installs a process-wide SIGBUS handler the
-    /// first time: for programs that own their signals (the commands); a
-    /// library inside a host program leaves it false.
-    pub map: bool,
-    /// The format; `None` probes the content (qcow2 magic and version 2 or
-    /// later: qcow2; else raw).
-    pub format: Option<Format>,
-    /// Refuse images that refer to other files: a qcow2 backing file or
-    /// external data file (an untrusted image can name any host file).
-    pub no_backing: bool,
-    /// The file with the passphrase of LUKS images (its bytes as they are).
-    pub secret_file: Option<std::path::PathBuf>,
-    /// Ignore QEMU's image locks (qemu-img's `-U`/`--force-share`): read an
-    /// image even while a VM or a writable qemu-nbd has it open. Without
-    /// it such an image is an error ([`io::ErrorKind::ResourceBusy`],
-    /// "in use"), and while it is read the same shared lock QEMU's readers
-    /// take keeps writers from opening it (see [`RawFile::lock`]).
-    pub force_share: bool,
-    /// NBD connections: timeout, connections, TLS certificates.
-    pub nbd: nbd::NbdOptions,
-    /// HTTP(S) requests: timeout, TLS certificates, headers, retries.
-    pub http: http::HttpOptions,
-}
-
-/// An opened input.
-pub enum Input {
-    /// Random access, with a size and a map of its extents.
-    Image(Box<dyn Source>),
-    /// Read once from start to end (a pipe, standard input, a FIFO).
-    Stream(Box<dyn Read + Send>),
-}
-
-impl Input {
-    /// The guest size of an image; None for a stream (known at its end).
-    pub fn size(&self) -> Option<u64> {
-        match self {
-            Input::Image(s) => Some(s.size()),
-            Input::Stream(_) => None,
-        }
-    }
-
-    /// The file's size, if the guest size was rounded up from it (a raw
-    /// file whose length is not a multiple of 512: see [`Source::rounded`]).
-    pub fn rounded(&self) -> Option<Rounded> {
-        match self {
-            Input::Image(s) => s.rounded(),
-            Input::Stream(_) => None,
-        }
-    }
-}
-
-/// Open `name`: `-` is standard input; an NBD URL (`nbd://`, `nbd+unix://`,
-/// `nbds://`, `nbds+unix://`) is its export's raw bytes; an HTTP(S) URL is
-/// the file it names, raw or qcow2 (see [`http`]); a regular file or
-/// block device is an image (qcow2 or raw, or another format QEMU reads,
-/// probed unless `opts.format` says); a FIFO or character device is a
-/// stream (always its raw bytes). A name that is no file and looks like a
-/// URL of another scheme (`ndb://`, `ftp://`) is an error saying so.
-pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result<Input> {
-    let name = name.as_ref();
-    if let Some(name) = name.to_str().filter(|n| nbd::is_url(n)) {
-        if matches!(opts.format, Some(f) if f != Format::Raw) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, nbd::RawOnly));
-        }
-        return Ok(Input::Image(Box::new(nbd::open_url(name, &opts.nbd)?)));
-    }
-    if let Some(name) = name.to_str().filter(|n| http::is_url(n)) {
-        return http::open(name, opts);
-    }
-    let stream = |r: Box<dyn Read + Send>| {
-        if matches!(opts.format, Some(f) if f != Format::Raw) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "qcow2 needs random access, not a stream",
-            ));
-        }
-        Ok(Input::Stream(r))
-    };
-    if name == "-" {
-        grow_pipe(&io::stdin());
-        return stream(Box::new(io::stdin()));
-    }
-    let path = Path::new(name);
-    let ft = std::fs::metadata(path)
-        .map_err(|e| unknown_scheme(name).unwrap_or(e))?
-        .file_type();
-    if ft.is_fifo() || ft.is_char_device() || ft.is_socket() {
-        let f = File::open(path)?;
-        grow_pipe(&f);
-        return stream(Box::new(f));
-    }
-    // A file of /proc or /sys: its size says nothing of its content
-    // (/proc/cpuinfo is 0 bytes long), so it is read as a stream, its
-    // bytes as they come, as sha256sum reads it.
-    if ft.is_file() {
-        let f = File::open(path)?;
-        if qcow2::pseudo_file_system(&f)?.is_some() {
-            return stream(Box::new(f));
-        }
-    }
-    let file = RawFile::open_with(path, opts)?;
-    file.lock(opts.force_share)?;
-    if opts.format.is_none() && ft.is_file() && formats::vnbd::probe_file(&file)? {
-        return Ok(Input::Image(Box::new(vnbd_chain::open(file, path, opts)?)));
-    }
-    let other = match opts.format {
-        Some(Format::Qemu(f)) => Some(f),
-        None if !ft.is_block_device() => {
-            qemu::probe_format(&File::open(path)?, std::fs::metadata(path)?.len())?
-        }
-        _ => None,
-    };
-    if let Some(f) = other {
-        drop(file);
-        return Ok(Input::Image(Box::new(QemuExport::open(
-            path,
-            f,
-            opts.cache,
-            opts.secret_file.as_deref(),
-            opts.force_share,
-            &opts.nbd,
-        )?)));
-    }
-    let is_qcow2 = match opts.format {
-        Some(Format::Raw) => false,
-        _ => qcow2::probe(&file)?,
-    };
-    if !is_qcow2 {
-        if opts.format == Some(Format::Qcow2) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "qcow2: not a qcow2 image",
-            ));
-        }
-        return Ok(Input::Image(Box::new(file)));
-    }
-    let mut chain = vec![std::fs::canonicalize(path)?];
-    Ok(Input::Image(Box::new(qcow2::open_file(
-        file, path, opts, &mut chain,
-    )?)))
-}
-
-/// The schemes of the URLs [`open`] takes, for the message naming them.
-const URL_SCHEMES: &str = "NBD URLs start with nbd://, nbds://, nbd+unix:// or nbds+unix://, \
-                           HTTP ones with http:// or https://";
-
-/// The error for `name`, a name that is no file, if it looks like a URL
-/// of a scheme [`open`] does not take: a misspelt `ndb://` then says so,
-/// not "No such file or directory".
-///
-/// ```
-/// let e = blkimage::unknown_scheme("ndb://host/disk".as_ref()).unwrap();
-/// assert!(e.to_string().starts_with("unknown URL scheme 'ndb'; NBD URLs start with nbd://"));
-/// assert!(blkimage::unknown_scheme("disk.img".as_ref()).is_none());
-/// ```
-pub fn unknown_scheme(name: &std::ffi::OsStr) -> Option<io::Error> {
-    let scheme = http::url_scheme(name.to_str()?)?;
-    Some(io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!("unknown URL scheme '{scheme}'; {URL_SCHEMES}"),
-    ))
-}
-
-/// The buffer a pipe is given, if it is one: the most an unprivileged
-/// process may ask for by default (/proc/sys/fs/pipe-max-size). The
-/// default 64 KiB means a wakeup of each side per 64 KiB: on a 2-core VM,
-/// `cat | cat` moves 1.1 GB/s, and 4.4 GB/s with 1 MiB.
-const PIPE_SIZE: libc::c_int = 1 << 20;
-
-/// Give `fd` a pipe buffer of [`PIPE_SIZE`] if it is a pipe. A failure is
-/// ignored: the pipe works as it is (the user may be over their limit of
-/// pipe memory, /proc/sys/fs/pipe-user-pages-soft).
-fn grow_pipe(fd: &impl std::os::fd::AsRawFd) {
-    let fd = fd.as_raw_fd();
-    // SAFETY: fstat fills a stat we own; fcntl on a descriptor we hold.
-    unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        if libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO {
-            libc::fcntl(fd, libc::F_SETPIPE_SZ, PIPE_SIZE);
-        }
-    }
-}

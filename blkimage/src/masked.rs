@@ -2,7 +2,7 @@
 //! bitmap marks are hashed alone, with the same reader, extents and all,
 //! every other range passed over as a hole (never read).
 
-use crate::source::{Extent, ExtentKind, Source};
+use crate::source::{Extent, ExtentKind, Source, pass_through};
 use std::io;
 use std::ops::Range;
 use std::sync::Arc;
@@ -59,13 +59,8 @@ impl Masked {
 }
 
 impl Source for Masked {
-    fn format(&self) -> &str {
-        self.inner.format()
-    }
-
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
+    pass_through!(inner: format, size, read_at, lendable, read_in_place, is_direct,
+        default_io_depth, bytes_in_flight, finish, origin, bitmaps, dirty);
 
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
         let end = offset + len;
@@ -82,53 +77,5 @@ impl Source for Masked {
                 }])
             }
         }
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-
-    fn lendable(&self, offset: u64, len: usize) -> usize {
-        self.inner.lendable(offset, len)
-    }
-
-    fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
-        self.inner.read_in_place(offset, len, f)
-    }
-
-    fn is_direct(&self) -> bool {
-        self.inner.is_direct()
-    }
-
-    fn default_io_depth(&self, read_size: usize) -> usize {
-        self.inner.default_io_depth(read_size)
-    }
-
-    fn bytes_in_flight(&self) -> Option<usize> {
-        self.inner.bytes_in_flight()
-    }
-
-    fn finish(&self) -> io::Result<()> {
-        self.inner.finish()
-    }
-
-    fn files(&self) -> Vec<std::path::PathBuf> {
-        self.inner.files()
-    }
-
-    fn remote_files(&self) -> Vec<crate::http::RemoteFile> {
-        self.inner.remote_files()
-    }
-
-    fn backing_files(&self) -> Vec<std::path::PathBuf> {
-        self.inner.backing_files()
-    }
-
-    fn bitmaps(&self) -> io::Result<Vec<crate::BitmapInfo>> {
-        self.inner.bitmaps()
-    }
-
-    fn dirty(&self, name: &str) -> io::Result<crate::Dirty> {
-        self.inner.dirty(name)
     }
 }

@@ -45,10 +45,7 @@ pub fn interrupted() -> io::Error {
     io::Error::new(io::ErrorKind::Interrupted, "interrupted")
 }
 
-/// Reads in flight by default for a source read with direct I/O (see
-/// [`Source::is_direct`]): what a fast NVMe drive needs with 1 MiB reads;
-/// with the default read size its buffers take at most 2 × 16 MiB.
-pub const DEFAULT_IO_DEPTH: usize = 16;
+pub use crate::source::DEFAULT_IO_DEPTH;
 
 /// Read all of `src` into `sink`, `read_size` bytes per read, `io_depth`
 /// reads in flight on reading threads of their own (`Some(0)`: on the

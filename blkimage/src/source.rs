@@ -1,6 +1,156 @@
 //! The one interface every image format and transport implements.
 
 use std::io;
+use std::path::PathBuf;
+
+/// Reads in flight by default for a source read with direct I/O (see
+/// [`Source::is_direct`]): what a fast NVMe drive needs with 1 MiB reads;
+/// with the default read size its buffers take at most 2 × 16 MiB.
+pub const DEFAULT_IO_DEPTH: usize = 16;
+
+/// Where some of a source's bytes come from (see [`Source::origin`]): what
+/// a record of the image must cover to tell later that it reads the same
+/// bytes again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Origin {
+    /// A file or block device of this host, by the path it was opened at:
+    /// a record stamps it (device, inode, size, times).
+    File {
+        /// The path it was opened at.
+        path: PathBuf,
+        /// What it is to the image.
+        role: Role,
+    },
+    /// Bytes this host cannot look at: an NBD export, a file over HTTP(S).
+    Remote(Remote),
+}
+
+/// What a file is to the image that reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Role {
+    /// The image's own file.
+    Image,
+    /// More of the image's own guest data (a qcow2 image's external data
+    /// file, a vmdk's extents): written with the image, so the image's
+    /// dirty bitmaps record writes to it.
+    Data,
+    /// Below the image in its backing chain: a dirty bitmap of the image
+    /// does not watch it.
+    Below,
+}
+
+/// What identifies bytes read from elsewhere (an NBD export, a file over
+/// HTTP(S)), as words a record keeps and compares: the same name and the
+/// same version is the same content, as far as anyone can tell from here.
+///
+/// ```
+/// let r = blkimage::Remote {
+///     kind: "http".into(),
+///     what: "file".into(),
+///     name: vec!["https://example.com/disk.img".into()],
+///     version: vec![("length".into(), Some("1024".into())), ("ETag".into(), None)],
+/// };
+/// assert_eq!(r.words(), [Some("https://example.com/disk.img"), Some("1024"), None]);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Remote {
+    /// What it is, one lowercase word: the record line's first ("nbd",
+    /// "http").
+    pub kind: String,
+    /// What a message calls it: "export", "file".
+    pub what: String,
+    /// The words that say which one it is (an export's address, TLS or
+    /// not, and name; a URL without user, password or query): another
+    /// value is another thing.
+    pub name: Vec<String>,
+    /// The words that say which version of it was read, each with what a
+    /// message calls it ("length", "ETag"); `None` where there is none.
+    /// Empty for what has no versions to tell (an export).
+    pub version: Vec<(String, Option<String>)>,
+}
+
+impl Remote {
+    /// Its name's words, then its version's values.
+    pub fn words(&self) -> Vec<Option<&str>> {
+        (self.name.iter().map(|w| Some(w.as_str())))
+            .chain(self.version.iter().map(|(_, v)| v.as_deref()))
+            .collect()
+    }
+}
+
+/// `len` bytes read by `read` into a buffer of their own, then given to
+/// `f`: what a source or storage that cannot lend its bytes in place does
+/// when asked to.
+pub(crate) fn copy_to(
+    len: usize,
+    read: impl FnOnce(&mut [u8]) -> io::Result<()>,
+    f: &mut dyn FnMut(&[u8]),
+) -> io::Result<()> {
+    let mut buf = blkhash::try_zeroed(len, "a read")?;
+    read(&mut buf)?;
+    f(&buf);
+    Ok(())
+}
+
+/// The [`Source`] methods a source that wraps another (`self.inner`)
+/// passes through unchanged, written once for every such wrapper
+/// ([`crate::Window`], [`crate::Masked`]). A macro, not a trait with
+/// defaults: a default cannot reach a field of the implementer.
+macro_rules! pass_through {
+    ($inner:ident: $($method:ident),* $(,)?) => {
+        $(pass_through!(@one $inner $method);)*
+    };
+    (@one $inner:ident format) => {
+        fn format(&self) -> &str { self.$inner.format() }
+    };
+    (@one $inner:ident size) => {
+        fn size(&self) -> u64 { self.$inner.size() }
+    };
+    (@one $inner:ident read_at) => {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.$inner.read_at(buf, offset)
+        }
+    };
+    (@one $inner:ident lendable) => {
+        fn lendable(&self, offset: u64, len: usize) -> usize { self.$inner.lendable(offset, len) }
+    };
+    (@one $inner:ident read_in_place) => {
+        fn read_in_place(
+            &self,
+            offset: u64,
+            len: usize,
+            f: &mut dyn FnMut(&[u8]),
+        ) -> std::io::Result<()> {
+            self.$inner.read_in_place(offset, len, f)
+        }
+    };
+    (@one $inner:ident is_direct) => {
+        fn is_direct(&self) -> bool { self.$inner.is_direct() }
+    };
+    (@one $inner:ident default_io_depth) => {
+        fn default_io_depth(&self, read_size: usize) -> usize {
+            self.$inner.default_io_depth(read_size)
+        }
+    };
+    (@one $inner:ident bytes_in_flight) => {
+        fn bytes_in_flight(&self) -> Option<usize> { self.$inner.bytes_in_flight() }
+    };
+    (@one $inner:ident finish) => {
+        fn finish(&self) -> std::io::Result<()> { self.$inner.finish() }
+    };
+    (@one $inner:ident origin) => {
+        fn origin(&self) -> Vec<$crate::Origin> { self.$inner.origin() }
+    };
+    (@one $inner:ident bitmaps) => {
+        fn bitmaps(&self) -> std::io::Result<Vec<$crate::BitmapInfo>> { self.$inner.bitmaps() }
+    };
+    (@one $inner:ident dirty) => {
+        fn dirty(&self, name: &str) -> std::io::Result<$crate::Dirty> { self.$inner.dirty(name) }
+    };
+}
+pub(crate) use pass_through;
 
 /// What a guest range holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -96,10 +246,7 @@ pub trait Source: Send + Sync {
     /// the map: `f` was given zeros). The default copies them with
     /// [`Source::read_at`].
     fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
-        let mut buf = blkhash::try_zeroed(len, "a read")?;
-        self.read_at(&mut buf, offset)?;
-        f(&buf);
-        Ok(())
+        copy_to(len, |buf| self.read_at(buf, offset), f)
     }
 
     /// True if reads bypass the page cache (direct I/O): such a source
@@ -109,14 +256,14 @@ pub trait Source: Send + Sync {
     }
 
     /// Reads of `read_size` bytes this source wants in flight on reading
-    /// threads when none are asked for: [`crate::DEFAULT_IO_DEPTH`] for
+    /// threads when none are asked for: [`DEFAULT_IO_DEPTH`] for
     /// direct I/O, else 0 (reads run on the digest threads, which a page
     /// cache or a local server keeps busy). A source behind a network
     /// (an NBD export) wants more, to hide its latency.
     fn default_io_depth(&self, read_size: usize) -> usize {
         let _ = read_size;
         if self.is_direct() {
-            crate::DEFAULT_IO_DEPTH
+            DEFAULT_IO_DEPTH
         } else {
             0
         }
@@ -147,36 +294,23 @@ pub trait Source: Send + Sync {
         None
     }
 
-    /// Every file whose bytes this source reads, in the order it opened
-    /// them: the image, its external data file, its backing chain; for an
-    /// image QEMU serves, every regular file or block device qemu-nbd has
-    /// open (vmdk extents included). What a record of the image must cover
-    /// to tell that the guest content changed. None for a network export or
-    /// bytes in memory.
-    fn files(&self) -> Vec<std::path::PathBuf> {
-        Vec::new()
-    }
-
-    /// Every file this source reads over HTTP(S), in the order it opened
-    /// them (the image, its data file, its backing chain), each with the
-    /// version it was opened at: what a record of the image must cover,
-    /// as [`Source::files`] is for files on this host.
-    fn remote_files(&self) -> Vec<crate::http::RemoteFile> {
-        Vec::new()
-    }
-
-    /// The files below the image in its backing chain (a qcow2 image's
-    /// backing file, its backing file, ...): what a dirty bitmap of the
-    /// image does not watch, since it records writes to the image that
-    /// holds it only. Empty for every other source.
-    fn backing_files(&self) -> Vec<std::path::PathBuf> {
+    /// Where its bytes come from, in the order it opened them: the image
+    /// file, its external data file, its backing chain ([`Role`] says
+    /// which); for an image QEMU serves, every regular file or block
+    /// device qemu-nbd has open (vmdk extents included); an NBD export's
+    /// address and name; each file read over HTTP(S) with the version it
+    /// was opened at. What a record of the image must cover to tell that
+    /// the guest content changed; empty for bytes in memory. A new
+    /// transport says its own here ([`Origin::Remote`]): whoever records
+    /// it needs no change.
+    fn origin(&self) -> Vec<Origin> {
         Vec::new()
     }
 
     /// The dirty bitmaps this source offers (a qcow2 image's persistent
     /// bitmaps; an NBD export's `qemu:dirty-bitmap:` contexts). Empty for
     /// a source that has none.
-    fn bitmaps(&self) -> io::Result<Vec<crate::BitmapInfo>> {
+    fn bitmaps(&self) -> io::Result<Vec<crate::bitmap::BitmapInfo>> {
         Ok(Vec::new())
     }
 
@@ -185,8 +319,8 @@ pub trait Source: Send + Sync {
     /// (inconsistent), or does not cover exactly the image's size; a
     /// source without bitmaps says so ([`io::ErrorKind::Unsupported`]).
     /// Whether a disabled bitmap may be used is the caller's choice:
-    /// [`crate::BitmapInfo::enabled`] says.
-    fn dirty(&self, name: &str) -> io::Result<crate::Dirty> {
+    /// [`crate::bitmap::BitmapInfo::enabled`] says.
+    fn dirty(&self, name: &str) -> io::Result<crate::bitmap::Dirty> {
         let _ = name;
         Err(crate::bitmap::unsupported(self.format()))
     }

@@ -13,7 +13,7 @@
 use crate::OpenOptions;
 use crate::formats::vnbd::{self, Stream, Vnbd};
 use crate::qcow2::{ImageFile, MAX_CHAIN_DEPTH, Storage};
-use crate::raw::RawFile;
+use crate::storage::RawFile;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! image is hashed (`blkmap --range`, a resumed `blksum --checkpoint`)
 //! with the same reader, extents and all.
 
-use crate::source::{Extent, Source};
+use crate::source::{Extent, Source, pass_through};
 use std::io;
 use std::sync::Arc;
 
@@ -53,10 +53,6 @@ impl Window {
 }
 
 impl Source for Window {
-    fn format(&self) -> &str {
-        self.inner.format()
-    }
-
     fn size(&self) -> u64 {
         self.len
     }
@@ -83,31 +79,5 @@ impl Source for Window {
         self.inner.read_in_place(self.offset + offset, len, f)
     }
 
-    fn is_direct(&self) -> bool {
-        self.inner.is_direct()
-    }
-
-    fn default_io_depth(&self, read_size: usize) -> usize {
-        self.inner.default_io_depth(read_size)
-    }
-
-    fn bytes_in_flight(&self) -> Option<usize> {
-        self.inner.bytes_in_flight()
-    }
-
-    fn finish(&self) -> io::Result<()> {
-        self.inner.finish()
-    }
-
-    fn files(&self) -> Vec<std::path::PathBuf> {
-        self.inner.files()
-    }
-
-    fn remote_files(&self) -> Vec<crate::http::RemoteFile> {
-        self.inner.remote_files()
-    }
-
-    fn backing_files(&self) -> Vec<std::path::PathBuf> {
-        self.inner.backing_files()
-    }
+    pass_through!(inner: format, is_direct, default_io_depth, bytes_in_flight, finish, origin);
 }

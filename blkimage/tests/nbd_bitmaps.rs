@@ -220,10 +220,10 @@ fn two_bitmaps_listed_and_read() {
     assert_eq!(names, ["a", "b"]);
     assert_eq!(dirty(&src, "b"), widened(&after, MIB, size));
     let e = src.dirty("a").unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
     let msg = e.to_string();
     assert!(
-        msg.contains("'a'") && msg.contains("not negotiated") && msg.contains("dirty_bitmap"),
+        msg.contains("'a'") && msg.contains("not asked for when connecting"),
         "{msg}"
     );
     drop(src);
@@ -237,7 +237,7 @@ fn two_bitmaps_listed_and_read() {
     let src = open(&srv.url, &opts(None, true));
     assert_eq!(src.bitmaps().unwrap().len(), 2);
     let msg = src.dirty("a").unwrap_err().to_string();
-    assert!(msg.contains("not negotiated"), "{msg}");
+    assert!(msg.contains("not asked for when connecting"), "{msg}");
 }
 
 /// A bitmap the server does not export is an error at connect, naming

@@ -70,8 +70,11 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 /// from and saving to `ck`. `progress` gets the bytes passed on, those the
 /// checkpoint covered first. The result's `stats` are what this run read
 /// (not what earlier runs did).
+///
+/// (The name is no longer read: the record asks the source where its
+/// bytes came from. The parameter stays for the callers.)
 pub fn hash(
-    name: &OsStr,
+    _name: &OsStr,
     input: Input,
     job: &Job,
     ck: &Checkpoint,
@@ -83,7 +86,7 @@ pub fn hash(
     let size = src.size();
     let shown = ck.path.display().to_string();
     let _lock = lock(&ck.path, &shown)?;
-    let record = Record::of(name, &*src)?;
+    let record = Record::of(&*src)?;
     let _ = blkmap::remove_stale_temps(&ck.path);
     let resumed_at = match std::fs::metadata(&ck.path) {
         Ok(_) => resume_point(&ck.path, &*src, job, &record)?,

@@ -257,9 +257,19 @@ fn check_record(
              bitmap cannot say what changed"
         )));
     }
-    Ok(match (&then.export, &now.export) {
-        (Some(_), Some(_)) => Some(Check::Export),
-        (None, None) => Some(Check::Files),
+    // Reading every block (`verified`) finds what another file holds.
+    if let Some(why) = then.image_replaced(now, base_name).filter(|_| !verified) {
+        return Err(invalid(format!(
+            "{why}: make a full map, or verify the update (every block read)"
+        )));
+    }
+    // An export (read from elsewhere, no version of its own) against an
+    // export; files, or files over HTTP(S), against the same.
+    let remote_only = |r: &Record| r.files.is_empty() && !r.remote.is_empty();
+    let now_export = remote_only(now) && now.remote.iter().all(|r| r.version.is_empty());
+    Ok(match (remote_only(&then), now_export, remote_only(now)) {
+        (true, true, _) => Some(Check::Export),
+        (true, false, true) | (false, false, _) => Some(Check::Files),
         _ => None,
     })
 }
@@ -579,10 +589,13 @@ pub struct Updated {
 /// .unwrap();
 /// println!("{}  disk.qcow2", new.header.checksum.unwrap());
 /// ```
+///
+/// (The name is no longer read: the record asks the source where its
+/// bytes came from. The parameter stays for the callers.)
 #[allow(clippy::too_many_arguments)]
 pub fn update_map(
     src: Arc<dyn Source>,
-    image: &OsStr,
+    _image: &OsStr,
     base: &Base<'_>,
     bitmap: &str,
     verify: bool,
@@ -596,7 +609,7 @@ pub fn update_map(
     }
     // Taken before anything is read: a file written during the run then
     // differs from the record at the next update.
-    let now = Record::of(image, &*src)?;
+    let now = Record::of(&*src)?;
     let mut changes = changes(&*src, &now, base, bitmap, verify)?;
     changes.checks.insert(1, Check::Parameters);
     let conflicts = allocation_conflicts(&*src, base.map, &changes)?;
@@ -839,9 +852,8 @@ mod tests {
         let r = Record {
             size,
             map: None,
-            export: None,
+            remote: vec![],
             files: vec![],
-            http: vec![],
         };
         Some(r.to_text().into_bytes())
     }

@@ -261,4 +261,35 @@ impl Job {
     pub fn open(&self, name: impl AsRef<std::ffi::OsStr>) -> io::Result<blkimage::Input> {
         blkimage::open(name.as_ref(), &self.open)
     }
+
+    /// Open the image `name` to be asked for its dirty bitmap `bitmap`
+    /// ([`blkimage::Source::dirty`]): the one place the bitmap's name is
+    /// given before it is read, since an NBD server offers a bitmap only
+    /// if asked for it while connecting. A stream is an error naming
+    /// `what` (see [`crate::seekable`]).
+    pub fn open_dirty(
+        &self,
+        name: impl AsRef<std::ffi::OsStr>,
+        bitmap: &str,
+        what: &str,
+    ) -> io::Result<std::sync::Arc<dyn blkimage::Source>> {
+        crate::seekable(open_dirty(name.as_ref(), &self.open, Some(bitmap))?, what)
+    }
+}
+
+/// [`blkimage::open`] of an image that will be asked for its dirty bitmap
+/// `bitmap`, if one is named (see [`Job::open_dirty`]).
+pub fn open_dirty(
+    name: &std::ffi::OsStr,
+    opts: &OpenOptions,
+    bitmap: Option<&str>,
+) -> io::Result<blkimage::Input> {
+    match bitmap {
+        None => blkimage::open(name, opts),
+        Some(b) => {
+            let mut opts = opts.clone();
+            opts.nbd.dirty_bitmap = Some(b.to_string());
+            blkimage::open(name, &opts)
+        }
+    }
 }

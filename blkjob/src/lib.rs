@@ -31,7 +31,7 @@ pub mod sync;
 
 pub use job::{
     DEFAULT_QUEUE_DEPTH, DEFAULT_READ_SIZE, Job, JobError, JobSpec, MAX_IO_DEPTH, MAX_QUEUE_DEPTH,
-    MAX_READ_SIZE, MIN_READ_SIZE, check_block_size, check_read_size,
+    MAX_READ_SIZE, MIN_READ_SIZE, check_block_size, check_read_size, open_dirty,
 };
 pub use span::Span;
 
@@ -188,15 +188,18 @@ pub fn map(
 /// identity, taken before anything is read, for whatever later trusts the
 /// map instead of reading again (an incremental update checks it). A
 /// stream records nothing.
+///
+/// (The name is no longer read: the record asks the source where its
+/// bytes came from. The parameter stays for the callers.)
 pub fn map_image(
-    name: &std::ffi::OsStr,
+    _name: &std::ffi::OsStr,
     input: Input,
     job: &Job,
     cancel: &AtomicBool,
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<Mapped> {
     let identity = match &input {
-        Input::Image(src) => record::Record::of(name, &**src)?.identity(),
+        Input::Image(src) => record::Record::of(&**src)?.identity(),
         Input::Stream(_) => None,
     };
     let mut mapped = map(input, job, cancel, progress)?;
@@ -237,8 +240,11 @@ pub fn seekable(input: Input, what: &str) -> io::Result<Arc<dyn blkimage::Source
 /// let map = blkmap::merge_files(&["disk.1.part", "disk.0.part"], Some("disk.map".as_ref())).unwrap();
 /// println!("{}", map.checksum.unwrap());
 /// ```
+///
+/// (The name is no longer read: the record asks the source where its
+/// bytes came from. The parameter stays for the callers.)
 pub fn map_range(
-    name: &std::ffi::OsStr,
+    _name: &std::ffi::OsStr,
     src: Arc<dyn blkimage::Source>,
     range: blkmap::Range,
     job: &Job,
@@ -246,7 +252,7 @@ pub fn map_range(
 ) -> io::Result<Part> {
     let size = src.size();
     blkmap::check_range(size, job.block_size(), range)?;
-    let identity = record::Record::of(name, &*src)?.identity();
+    let identity = record::Record::of(&*src)?.identity();
     let window = blkimage::Window::new(src, range.offset, range.len)?;
     let (sink, builder) = hasher(job)?;
     let input = Input::Image(Box::new(window));
@@ -296,7 +302,7 @@ pub struct Out<'a> {
 /// println!("{}", done.summary.header.checksum.unwrap());
 /// ```
 pub fn map_image_to(
-    name: &std::ffi::OsStr,
+    _name: &std::ffi::OsStr,
     input: Input,
     job: &Job,
     cancel: &AtomicBool,
@@ -304,7 +310,7 @@ pub fn map_image_to(
     out: Out<'_>,
 ) -> io::Result<Written> {
     let identity = match &input {
-        Input::Image(src) => record::Record::of(name, &**src)?.identity(),
+        Input::Image(src) => record::Record::of(&**src)?.identity(),
         Input::Stream(_) => None,
     };
     let builder = |file: File| {
@@ -364,7 +370,7 @@ fn hasher_into(job: &Job, builder: MapBuilder) -> io::Result<(Pipeline<AlignedBu
 
 /// [`map_range`] written to `out` as it is built.
 pub fn map_range_to(
-    name: &std::ffi::OsStr,
+    _name: &std::ffi::OsStr,
     src: Arc<dyn blkimage::Source>,
     range: blkmap::Range,
     job: &Job,
@@ -373,7 +379,7 @@ pub fn map_range_to(
 ) -> io::Result<blkmap::Summary> {
     let size = src.size();
     blkmap::check_range(size, job.block_size(), range)?;
-    let identity = record::Record::of(name, &*src)?.identity();
+    let identity = record::Record::of(&*src)?.identity();
     let window = blkimage::Window::new(src, range.offset, range.len)?;
     let input = Input::Image(Box::new(window));
     blkmap::save_with(out.path, out.inputs, |file| {

@@ -7,7 +7,7 @@
 //!
 //! An image is more than the file named: a qcow2 overlay reads its backing
 //! chain and its external data file, a vmdk its extents. The record holds
-//! every file the image reads (as [`blkimage::Source::files`] lists them,
+//! every file the image reads (as [`blkimage::Source::origin`] lists them,
 //! by canonical path) with what tells that it changed: device, inode, size,
 //! modification and change times. An NBD export has no file to look at:
 //! the record holds its address and export name (the URL has no secret in
@@ -20,6 +20,12 @@
 //! server gave (ETag, Last-Modified): another version of the file differs
 //! in one of them.
 //!
+//! The record asks the image where its bytes come from
+//! ([`blkimage::Source::origin`]) and parses no name: files of this host
+//! are stamped here, and anything else (an export, a file over HTTP) is
+//! kept as the words its source gives ([`blkimage::Remote`]), so a new
+//! transport needs no change here.
+//!
 //! The record is text, a field per line, signed with its SHA-256:
 //!
 //! ```text
@@ -28,6 +34,7 @@
 //! map <the checksum of the map it belongs to, hex>                  (a side record)
 //! nbd <tcp HOST:PORT | unix SOCKET> <tls|plain> <export name>      (an export)
 //! http <url> <size> <etag|-> <last-modified|->           (each file read over HTTP)
+//! <kind> <word>...                         (what another transport reads: its words)
 //! file <file|block> <dev> <ino> <rdev> <size> <mtime> <ctime> <path>  (each file read)
 //! data <file|block> <dev> <ino> <rdev> <size> <mtime> <ctime> <path>  (the same, for the
 //!                                       image's external data file: its writes are the image's)
@@ -40,6 +47,7 @@
 //! ([`Record::parse_side`]).
 
 use blkhash::{Algorithm, to_hex};
+use blkimage::{Origin, Remote, Role};
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -147,47 +155,65 @@ impl Stamp {
 
 /// The record of an image: its size, and the files it reads or the
 /// export it is.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Record {
     /// The guest size in bytes.
     pub size: u64,
     /// For a side record, the checksum (hex) of the map whose target it
     /// describes: a record bound to another map is stale.
     pub map: Option<String>,
-    /// An NBD export: its address, TLS or not, and export name.
-    pub export: Option<String>,
+    /// What the image reads from elsewhere than this host's files (an
+    /// NBD export; files over HTTP(S)), in the order it opened them. One
+    /// parsed from a saved record has no labels: its words are all in
+    /// `version`, each labelled "".
+    pub remote: Vec<Remote>,
     /// The files read, in the order the image opened them.
     pub files: Vec<Stamp>,
-    /// The files read over HTTP(S), in the order the image opened them.
-    pub http: Vec<blkimage::http::RemoteFile>,
+}
+
+/// Records are equal if they say the same: a remote origin by its words,
+/// whatever labels it has (a parsed one has none).
+impl PartialEq for Record {
+    fn eq(&self, other: &Record) -> bool {
+        let words = |r: &Record| -> Vec<(String, Vec<Option<String>>)> {
+            (r.remote.iter())
+                .map(|o| (o.kind.clone(), owned(o.words())))
+                .collect()
+        };
+        (self.size, &self.map, &self.files) == (other.size, &other.map, &other.files)
+            && words(self) == words(other)
+    }
+}
+
+impl Eq for Record {}
+
+fn owned(words: Vec<Option<&str>>) -> Vec<Option<String>> {
+    words.into_iter().map(|w| w.map(str::to_string)).collect()
 }
 
 impl Record {
-    /// The record of the image `name` (a path or an NBD URL) opened as
-    /// `src`.
-    pub fn of(name: &OsStr, src: &dyn blkimage::Source) -> io::Result<Record> {
-        let export = match name.to_str().filter(|n| blkimage::nbd::is_url(n)) {
-            Some(url) => Some(export_of(url)?),
-            None => None,
-        };
-        let backing: Vec<PathBuf> = (src.backing_files().iter())
-            .filter_map(|p| std::fs::canonicalize(p).ok())
-            .collect();
-        let mut files = src
-            .files()
-            .iter()
-            .map(|p| Stamp::of(p))
-            .collect::<io::Result<Vec<_>>>()?;
-        for f in files.iter_mut().skip(1) {
-            f.own_data = !backing.contains(&f.path);
-        }
-        Ok(Record {
+    /// The record of the image opened as `src`, from where it says its
+    /// bytes come from ([`blkimage::Source::origin`]).
+    pub fn of(src: &dyn blkimage::Source) -> io::Result<Record> {
+        let mut record = Record {
             size: src.size(),
             map: None,
-            export,
-            files,
-            http: src.remote_files(),
-        })
+            remote: Vec::new(),
+            files: Vec::new(),
+        };
+        for origin in src.origin() {
+            match origin {
+                Origin::File { path, role } => {
+                    let mut stamp = Stamp::of(&path)?;
+                    // The image itself is never "data": the first file is it.
+                    stamp.own_data = role == Role::Data && !record.files.is_empty();
+                    record.files.push(stamp);
+                }
+                Origin::Remote(r) => record.remote.push(r),
+                _ => {}
+            }
+        }
+        Ok(record)
     }
 
     /// The side record of blksync's DST, the file at `path` (`meta`, its
@@ -196,9 +222,8 @@ impl Record {
         Record {
             size,
             map: Some(map),
-            export: None,
+            remote: Vec::new(),
             files: vec![Stamp::of_meta(path.to_path_buf(), meta)],
-            http: Vec::new(),
         }
     }
 
@@ -207,23 +232,15 @@ impl Record {
         if let Some(m) = &self.map {
             s += &format!("map {m}\n");
         }
-        if let Some(e) = &self.export {
-            s += &format!("nbd {e}\n");
-        }
-        for h in &self.http {
+        for r in &self.remote {
             // "-" is no value; a value "-" is escaped.
-            let word = |v: &Option<String>| match v.as_deref() {
+            let word = |v: Option<&str>| match v {
                 None => "-".to_string(),
                 Some("-") => "%2D".to_string(),
                 Some(v) => escape(v.as_bytes()),
             };
-            s += &format!(
-                "http {} {} {} {}\n",
-                escape(h.url.as_bytes()),
-                h.size,
-                word(&h.etag),
-                word(&h.last_modified)
-            );
+            let words: Vec<String> = r.words().into_iter().map(word).collect();
+            s += &format!("{} {}\n", r.kind, words.join(" "));
         }
         for f in &self.files {
             s += &format!(
@@ -283,30 +300,28 @@ impl Record {
         let mut record = Record {
             size,
             map: None,
-            export: None,
+            remote: Vec::new(),
             files: Vec::new(),
-            http: Vec::new(),
         };
         for line in lines {
             match line.split_once(' ') {
                 Some(("map", m))
                     if record.map.is_none()
-                        && record.export.is_none()
+                        && record.remote.is_empty()
                         && record.files.is_empty()
                         && !m.is_empty()
                         && m.bytes().all(|b| b.is_ascii_hexdigit()) =>
                 {
                     record.map = Some(m.to_string())
                 }
-                Some(("nbd", e)) if record.export.is_none() && record.files.is_empty() => {
-                    record.export = Some(e.to_string())
-                }
                 Some(("file", f)) => record.files.push(parse_stamp(f)?),
-                Some(("http", h)) => record.http.push(parse_remote(h)?),
                 Some(("data", f)) if !record.files.is_empty() => {
                     let mut stamp = parse_stamp(f)?;
                     stamp.own_data = true;
                     record.files.push(stamp);
+                }
+                Some((kind, words)) if is_kind(kind) => {
+                    record.remote.push(parse_remote(kind, words)?)
                 }
                 _ => return Err(format!("a line not understood: '{line}'")),
             }
@@ -318,10 +333,7 @@ impl Record {
     /// ("the checkpoint") keeps, if it does: the first difference, naming
     /// the file or export.
     pub fn changed_since(&self, now: &Record, saved: &str) -> Option<String> {
-        if let Some(why) = self.export_changed(now, saved) {
-            return Some(why);
-        }
-        if let Some(why) = remote_changed(&self.http, &now.http, saved) {
+        if let Some(why) = remote_changed(&self.remote, &now.remote, saved) {
             return Some(why);
         }
         if self.size != now.size {
@@ -357,44 +369,65 @@ impl Record {
     /// cannot list its files (an export) against one that reads files
     /// besides the image is a difference too: they cannot be checked.
     pub fn below_image_changed(&self, now: &Record, saved: &str) -> Option<String> {
-        // Files over HTTP are read-only here and carry no bitmap: any
-        // other version of any of them is a change.
-        if let Some(why) = remote_changed(&self.http, &now.http, saved) {
-            return Some(why);
+        match (self.remote.first(), now.remote.first()) {
+            // What is read from elsewhere is read-only here and carries no
+            // bitmap: any other version of any of it is a change.
+            (Some(_), Some(_)) | (None, None) => {
+                if let Some(why) = remote_changed(&self.remote, &now.remote, saved) {
+                    return Some(why);
+                }
+            }
+            // An image read from elsewhere against one read from files: only
+            // what each reads besides the image could differ, and the remote
+            // side cannot show it.
+            (Some(r), None) => {
+                return now.files.get(1).map(|f| {
+                    format!(
+                        "the image reads {} besides itself, and {saved} was made from {}, \
+                         which cannot show whether that file changed since",
+                        f.path.display(),
+                        show(r, &r.what, None)
+                    )
+                });
+            }
+            (None, Some(r)) => {
+                return self.files.get(1).map(|f| {
+                    format!(
+                        "{saved} was made from an image that reads {} besides itself, and {} \
+                         cannot show whether that file changed",
+                        f.path.display(),
+                        show(r, &r.what, None)
+                    )
+                });
+            }
         }
         self.files_changed(now, saved, true)
     }
 
-    /// How the files after the image itself differ `now`, or the export;
-    /// an external data file may hold QEMU's writes (`qemu_writes`: the
-    /// image's bitmaps recorded them) or must be unchanged.
+    /// Whether the image file itself is another file than the one this
+    /// record that `saved` ("OLD") keeps was made from: another file
+    /// renamed over its path, or a copy, whose dirty bitmaps say nothing of
+    /// how it differs from the image recorded. By device and inode (a
+    /// block device by its device number); the image's contents and times
+    /// may have changed in any way (its bitmap says where).
+    pub fn image_replaced(&self, now: &Record, saved: &str) -> Option<String> {
+        let (then, now) = (self.files.first()?, now.files.first()?);
+        (!then.same_node(now)).then(|| {
+            format!(
+                "the file at its path is not the one {saved} was made from (device {}, inode {} \
+                 then; device {}, inode {} now): another file renamed over it, or a copy, whose \
+                 dirty bitmaps cannot say what changed since",
+                then.dev, then.ino, now.dev, now.ino
+            )
+        })
+    }
+
+    /// How the files after the image itself differ `now`; an external data
+    /// file may hold QEMU's writes (`qemu_writes`: the image's bitmaps
+    /// recorded them) or must be unchanged.
     fn files_changed(&self, now: &Record, saved: &str, qemu_writes: bool) -> Option<String> {
         let rest = |r: &Record| r.files.get(1..).unwrap_or(&[]).to_vec();
         let (rest, now_rest) = (rest(self), rest(now));
-        match (&self.export, &now.export) {
-            (Some(_), Some(_)) => return self.export_changed(now, saved),
-            (None, Some(e)) => {
-                return rest.first().map(|f| {
-                    format!(
-                        "{saved} was made from an image that reads {} besides itself, and the \
-                         export {} cannot show whether that file changed",
-                        f.path.display(),
-                        show_export(e)
-                    )
-                });
-            }
-            (Some(e), None) => {
-                return now_rest.first().map(|f| {
-                    format!(
-                        "the image reads {} besides itself, and {saved} was made from the \
-                         export {}, which cannot show whether that file changed since",
-                        f.path.display(),
-                        show_export(e)
-                    )
-                });
-            }
-            (None, None) => {}
-        }
         for f in &rest {
             match now_rest.iter().find(|n| n.path == f.path) {
                 None => {
@@ -425,21 +458,6 @@ impl Record {
             ));
         }
         None
-    }
-
-    /// Whether this record and `now` are of other exports, or one of an
-    /// export and the other of an image file.
-    fn export_changed(&self, now: &Record, saved: &str) -> Option<String> {
-        match (&self.export, &now.export) {
-            (Some(a), Some(b)) if a != b => Some(format!(
-                "{saved} is of the export {}, not {}",
-                show_export(a),
-                show_export(b)
-            )),
-            (Some(a), None) => Some(format!("{saved} is of the export {}", show_export(a))),
-            (None, Some(_)) => Some(format!("{saved} is of an image file, not an export")),
-            _ => None,
-        }
     }
 
     /// The first file of this record that `now` says was written, replaced
@@ -542,112 +560,107 @@ fn parse_legacy_side(text: &[u8]) -> Result<Record, String> {
     Ok(Record {
         size,
         map: Some(map),
-        export: None,
+        remote: Vec::new(),
         files: vec![stamp],
-        http: Vec::new(),
     })
 }
 
-/// An export's line: where it is, TLS or not, and its name.
-fn export_of(url: &str) -> io::Result<String> {
-    use blkimage::nbd::{Address, NbdUrl};
-    let u = NbdUrl::parse(url)?;
-    let at = match &u.address {
-        Address::Tcp { host, port } => format!("tcp {}:{port}", escape(host.as_bytes())),
-        // One socket however it is written: `socket=nbd.sock` from the
-        // socket's directory is the export `socket=/run/x/nbd.sock` was.
-        Address::Unix(p) => {
-            let p = std::path::absolute(p).unwrap_or_else(|_| p.clone());
-            format!("unix {}", escape(p.as_os_str().as_bytes()))
-        }
-    };
-    let tls = if u.tls { "tls" } else { "plain" };
-    Ok(format!("{at} {tls} {}", escape(u.export.as_bytes())))
-}
-
-/// An export's line as people read it: "tcp host:10809, export 'disk'".
-fn show_export(line: &str) -> String {
-    let f: Vec<&str> = line.split(' ').collect();
-    match f.as_slice() {
-        [kind, at, _tls, export] => {
-            let at = unescape(at).map(|b| String::from_utf8_lossy(&b).into_owned());
-            let export = unescape(export).map(|b| String::from_utf8_lossy(&b).into_owned());
-            format!(
-                "'{}' at {kind} {}",
-                export.unwrap_or_default(),
-                at.unwrap_or_default()
-            )
-        }
-        _ => line.to_string(),
+/// `r` as messages name it: "the export tcp host:10809 plain disk", "the
+/// file https://...": what it is (`what`: its own, or that of the same
+/// kind now, for one parsed from a saved record) and its name's words
+/// (`named` of them when another record says how many; all of them for
+/// one parsed), else its kind and words.
+fn show(r: &Remote, what: &str, named: Option<usize>) -> String {
+    let words = r.words();
+    let n = named.unwrap_or(if r.name.is_empty() {
+        words.len()
+    } else {
+        r.name.len()
+    });
+    let name: Vec<&str> = (words.iter().take(n)).map(|w| w.unwrap_or("-")).collect();
+    match what {
+        "" => format!("{} {}", r.kind, name.join(" ")),
+        what => format!("the {what} {}", name.join(" ")),
     }
 }
 
-/// How the files read over HTTP(S) differ from those recorded, if they do:
-/// another URL, or another version (length, ETag, Last-Modified).
-fn remote_changed(
-    then: &[blkimage::http::RemoteFile],
-    now: &[blkimage::http::RemoteFile],
-    saved: &str,
-) -> Option<String> {
+/// How what the image reads from elsewhere differs from what was
+/// recorded, if it does: another thing (kind or name), or another version.
+/// `now` is the image's own record (its origins say which words name it
+/// and what each of the others is called); `then` may be parsed.
+fn remote_changed(then: &[Remote], now: &[Remote], saved: &str) -> Option<String> {
     for (i, t) in then.iter().enumerate() {
         let Some(n) = now.get(i) else {
-            return Some(format!("the image no longer reads {} over HTTP", t.url));
+            return Some(format!(
+                "the image no longer reads {}",
+                show(t, &t.what, None)
+            ));
         };
-        if t.url != n.url {
-            return Some(format!("{saved} is of {}, not {}", t.url, n.url));
+        let (tw, nw, named) = (t.words(), n.words(), n.name.len());
+        if t.kind != n.kind {
+            return Some(format!(
+                "{saved} is of {}, not {}",
+                show(t, &t.what, None),
+                show(n, &n.what, None)
+            ));
         }
-        let shown = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".into());
-        let why = if t.size != n.size {
-            format!(
-                "its length is {} bytes, {saved} recorded {}",
-                n.size, t.size
-            )
-        } else if t.etag != n.etag {
-            format!(
-                "its ETag is {}, {saved} recorded {}",
-                shown(&n.etag),
-                shown(&t.etag)
-            )
-        } else if t.last_modified != n.last_modified {
-            format!(
-                "it was last modified {}, {saved} recorded {}",
-                shown(&n.last_modified),
-                shown(&t.last_modified)
-            )
-        } else {
+        if tw.get(..named) != nw.get(..named) {
+            return Some(format!(
+                "{saved} is of {}, not {}",
+                show(t, &n.what, Some(named)),
+                show(n, &n.what, Some(named))
+            ));
+        }
+        let Some(j) = (named..tw.len().max(nw.len())).find(|&j| tw.get(j) != nw.get(j)) else {
             continue;
         };
+        let label = n
+            .version
+            .get(j - named)
+            .map_or("version", |(l, _)| l.as_str());
+        let value = |w: Option<&Option<&str>>| w.copied().flatten().unwrap_or("none").to_string();
         return Some(format!(
-            "{} is another version than {saved} was saved for: {why}",
-            t.url
+            "{} is another version than {saved} was saved for: its {label} is {}, {saved} \
+             recorded {}",
+            show(n, &n.what, Some(named)),
+            value(nw.get(j)),
+            value(tw.get(j))
         ));
     }
     now.get(then.len()).map(|n| {
         format!(
-            "the image now reads {} over HTTP, which it did not when {saved} was saved",
-            n.url
+            "the image now reads {}, which it did not when {saved} was saved",
+            show(n, &n.what, None)
         )
     })
 }
 
-fn parse_remote(line: &str) -> Result<blkimage::http::RemoteFile, String> {
-    let f: Vec<&str> = line.split(' ').collect();
-    let [url, size, etag, date] = f.as_slice() else {
-        return Err(format!("an http line not understood: '{line}'"));
-    };
-    let text = |v: &str| -> Result<String, String> {
+/// Whether `word` can be the kind of a remote origin's line: a lowercase
+/// word that is none of the record's own.
+fn is_kind(word: &str) -> bool {
+    !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && !["size", "map", "file", "data", "sha256"].contains(&word)
+}
+
+/// A remote origin's line after its kind: its words, as saved. Which of
+/// them name it is the source's to say when the record is compared.
+fn parse_remote(kind: &str, line: &str) -> Result<Remote, String> {
+    let word = |v: &str| -> Result<(String, Option<String>), String> {
+        if v == "-" {
+            return Ok((String::new(), None));
+        }
         let b = unescape(v).ok_or_else(|| format!("bad escape in '{v}'"))?;
-        String::from_utf8(b).map_err(|_| format!("not UTF-8: '{v}'"))
+        let text = String::from_utf8(b).map_err(|_| format!("not UTF-8: '{v}'"))?;
+        Ok((String::new(), Some(text)))
     };
-    let word = |v: &str| match v {
-        "-" => Ok(None),
-        v => text(v).map(Some),
-    };
-    Ok(blkimage::http::RemoteFile {
-        url: text(url)?,
-        size: size.parse().map_err(|_| format!("bad number '{size}'"))?,
-        etag: word(etag)?,
-        last_modified: word(date)?,
+    Ok(Remote {
+        kind: kind.to_string(),
+        what: String::new(),
+        name: Vec::new(),
+        version: line.split(' ').map(word).collect::<Result<_, _>>()?,
     })
 }
 
@@ -735,6 +748,23 @@ fn sha256_hex(data: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    /// An export's origin as the NBD client gives it.
+    fn export(url: &str) -> Remote {
+        use blkimage::nbd::{Address, NbdUrl};
+        let u = NbdUrl::parse(url).unwrap();
+        let (kind, at) = match &u.address {
+            Address::Tcp { host, port } => ("tcp", format!("{host}:{port}")),
+            Address::Unix(p) => ("unix", p.display().to_string()),
+        };
+        let tls = if u.tls { "tls" } else { "plain" };
+        Remote {
+            kind: "nbd".into(),
+            what: "export".into(),
+            name: vec![kind.into(), at, tls.into(), u.export],
+            version: vec![],
+        }
+    }
+
     fn stamp(path: &str) -> Stamp {
         Stamp {
             path: PathBuf::from(OsStr::from_bytes(path.as_bytes())),
@@ -754,9 +784,8 @@ mod tests {
         let r = Record {
             size: 1 << 30,
             map: None,
-            export: None,
+            remote: vec![],
             files: vec![stamp("/a b/over lay.qcow2"), stamp("/x/100%\n\u{e9}.raw")],
-            http: vec![],
         };
         let t = r.to_text();
         assert_eq!(Record::parse(t.as_bytes()), Ok(r.clone()));
@@ -771,9 +800,8 @@ mod tests {
         let e = Record {
             size: 5,
             map: None,
-            export: Some(export_of("nbd+unix:///disk?socket=/run/s").unwrap()),
+            remote: vec![export("nbd+unix:///disk?socket=/run/s")],
             files: vec![],
-            http: vec![],
         };
         assert_eq!(Record::parse(e.to_text().as_bytes()), Ok(e));
     }
@@ -783,9 +811,8 @@ mod tests {
         let then = Record {
             size: 100,
             map: None,
-            export: None,
+            remote: vec![],
             files: vec![stamp("/top"), stamp("/base")],
-            http: vec![],
         };
         let same = then.clone();
         assert_eq!(then.changed_since(&same, "the checkpoint"), None);
@@ -823,17 +850,16 @@ mod tests {
         let a = Record {
             size: 100,
             map: None,
-            export: Some(export_of("nbd://h:1/a").unwrap()),
+            remote: vec![export("nbd://h:1/a")],
             files: vec![],
-            http: vec![],
         };
         let b = Record {
-            export: Some(export_of("nbd://h:1/b").unwrap()),
+            remote: vec![export("nbd://h:1/b")],
             ..a.clone()
         };
         let why = a.changed_since(&b, "the checkpoint").unwrap();
         assert!(
-            why.contains("export 'a' at tcp h:1, not 'b' at tcp h:1"),
+            why.contains("is of the export tcp h:1 plain a, not the export tcp h:1 plain b"),
             "{why}"
         );
     }
@@ -843,9 +869,8 @@ mod tests {
         let then = Record {
             size: 100,
             map: None,
-            export: None,
+            remote: vec![],
             files: vec![stamp("/top"), stamp("/base")],
-            http: vec![],
         };
         // The image itself written, moved or replaced: its bitmap's business.
         let mut top = then.clone();
@@ -868,14 +893,16 @@ mod tests {
         let export = Record {
             size: 100,
             map: None,
-            export: Some(export_of("nbd+unix:///top?socket=/s").unwrap()),
+            remote: vec![export("nbd+unix:///top?socket=/s")],
             files: vec![],
-            http: vec![],
         };
         let why = then.below_image_changed(&export, "OLD").unwrap();
         assert!(why.contains("reads /base besides itself"), "{why}");
         let why = export.below_image_changed(&then, "OLD").unwrap();
-        assert!(why.contains("made from the export 'top'"), "{why}");
+        assert!(
+            why.contains("made from the export unix /s plain top"),
+            "{why}"
+        );
         // An image alone, against an export of it: nothing to check below.
         let alone = Record {
             files: vec![stamp("/top")],
@@ -884,23 +911,14 @@ mod tests {
         assert_eq!(alone.below_image_changed(&export, "OLD"), None);
         assert_eq!(export.below_image_changed(&alone, "OLD"), None);
         let other = Record {
-            export: Some(export_of("nbd+unix:///other?socket=/s").unwrap()),
+            remote: vec![super::tests::export("nbd+unix:///other?socket=/s")],
             ..export.clone()
         };
         let why = export.below_image_changed(&other, "OLD").unwrap();
         assert!(
-            why.contains("export 'top' at unix /s, not 'other'"),
+            why.contains("is of the export unix /s plain top, not the export unix /s plain other"),
             "{why}"
         );
-    }
-
-    #[test]
-    fn a_socket_is_one_export_however_it_is_named() {
-        let cwd = std::env::current_dir().unwrap();
-        let full = export_of(&format!("nbd+unix:///d?socket={}/nbd.sock", cwd.display())).unwrap();
-        assert_eq!(export_of("nbd+unix:///d?socket=nbd.sock").unwrap(), full);
-        assert_eq!(export_of("nbd+unix:///d?socket=./nbd.sock").unwrap(), full);
-        assert!(full.starts_with("unix /"), "{full}");
     }
 
     #[test]
@@ -923,9 +941,8 @@ mod tests {
         let r = Record {
             size: 4096,
             map: Some("ab12".into()),
-            export: None,
+            remote: vec![],
             files: vec![stamp("/dst raw")],
-            http: vec![],
         };
         let t = r.to_text();
         assert_eq!(Record::parse_side(t.as_bytes()), Ok(r.clone()));
@@ -953,9 +970,8 @@ mod tests {
         let then = Record {
             size: 100,
             map: None,
-            export: None,
+            remote: vec![],
             files: vec![stamp("/img.qcow2"), data.clone()],
-            http: vec![],
         };
         let t = then.to_text();
         assert!(t.contains("\ndata file "), "{t}");
@@ -988,44 +1004,118 @@ mod tests {
 
     #[test]
     fn files_over_http_by_url_and_version() {
-        let remote = |url: &str, etag: Option<&str>| blkimage::http::RemoteFile {
-            url: url.into(),
-            size: 1 << 20,
-            etag: etag.map(String::from),
-            last_modified: Some("Mon, 01 Jan 2024 00:00:00 GMT".into()),
+        let remote = |url: &str, etag: Option<&str>| Remote {
+            kind: "http".into(),
+            what: "file".into(),
+            name: vec![url.into()],
+            version: vec![
+                ("length".into(), Some((1 << 20).to_string())),
+                ("ETag".into(), etag.map(String::from)),
+                (
+                    "Last-Modified".into(),
+                    Some("Mon, 01 Jan 2024 00:00:00 GMT".into()),
+                ),
+            ],
         };
         let then = Record {
             size: 1 << 20,
             map: None,
-            export: None,
-            files: vec![],
-            http: vec![
+            remote: vec![
                 remote("https://h/top.qcow2", Some("\"a b\"")),
                 remote("https://h/base.raw", None),
             ],
+            files: vec![],
         };
         assert_eq!(Record::parse(then.to_text().as_bytes()), Ok(then.clone()));
         assert_eq!(then.changed_since(&then.clone(), "the checkpoint"), None);
         let mut other = then.clone();
-        other.http[1].etag = Some("\"b\"".into());
+        other.remote[1].version[1].1 = Some("\"b\"".into());
         let why = then.changed_since(&other, "the checkpoint").unwrap();
         assert!(
             why.contains("https://h/base.raw is another version") && why.contains("ETag"),
             "{why}"
         );
         let mut moved = then.clone();
-        moved.http[0].url = "https://h/other.qcow2".into();
+        moved.remote[0].name[0] = "https://h/other.qcow2".into();
         let why = then.changed_since(&moved, "the checkpoint").unwrap();
-        assert!(why.contains("not https://h/other.qcow2"), "{why}");
+        assert!(why.contains("not the file https://h/other.qcow2"), "{why}");
         let mut longer = then.clone();
-        longer.http[0].size += 1;
+        longer.remote[0].version[0].1 = Some((1 << 21).to_string());
         assert!(then.changed_since(&longer, "the checkpoint").is_some());
         let file = Record {
-            http: vec![],
+            remote: vec![],
             files: vec![stamp("/top")],
             ..then.clone()
         };
         assert!(then.changed_since(&file, "the checkpoint").is_some());
         assert!(file.changed_since(&then, "the checkpoint").is_some());
+    }
+
+    /// Records written before origins were asked of the source (an `nbd`
+    /// line of the export's URL, `http` lines of each file) still load,
+    /// and compare equal to the record the same image gives now.
+    #[test]
+    fn records_of_earlier_versions_load() {
+        let body = "blkhash-input 1\nsize 1048576\n\
+                    nbd tcp h:10809 tls my%20disk\n";
+        let text = format!("{body}sha256 {}\n", sha256_hex(body.as_bytes()));
+        let then = Record::parse(text.as_bytes()).unwrap();
+        let now = Record {
+            size: 1 << 20,
+            map: None,
+            remote: vec![export("nbds://h:10809/my%20disk")],
+            files: vec![],
+        };
+        assert_eq!(then, now);
+        assert_eq!(then.changed_since(&now, "the checkpoint"), None);
+        assert_eq!(now.to_text(), text);
+        let body = "blkhash-input 1\nsize 1048576\n\
+                    http https://h/d.raw 1048576 \"e\" -\n";
+        let text = format!("{body}sha256 {}\n", sha256_hex(body.as_bytes()));
+        let then = Record::parse(text.as_bytes()).unwrap();
+        let now = Record {
+            size: 1 << 20,
+            map: None,
+            remote: vec![Remote {
+                kind: "http".into(),
+                what: "file".into(),
+                name: vec!["https://h/d.raw".into()],
+                version: vec![
+                    ("length".into(), Some("1048576".into())),
+                    ("ETag".into(), Some("\"e\"".into())),
+                    ("Last-Modified".into(), None),
+                ],
+            }],
+            files: vec![],
+        };
+        assert_eq!(then, now);
+        assert_eq!(now.to_text(), text);
+        let mut changed = now.clone();
+        changed.remote[0].version[1].1 = Some("\"f\"".into());
+        let why = then.changed_since(&changed, "the checkpoint").unwrap();
+        assert!(
+            why.contains("its ETag is \"f\", the checkpoint recorded \"e\""),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn the_image_file_replaced_is_named() {
+        let then = Record {
+            size: 100,
+            map: None,
+            remote: vec![],
+            files: vec![stamp("/d.qcow2")],
+        };
+        let mut written = then.clone();
+        written.files[0].mtime = (9, 0);
+        assert_eq!(then.image_replaced(&written, "OLD"), None);
+        let mut other = then.clone();
+        other.files[0].ino = 77;
+        let why = then.image_replaced(&other, "OLD").unwrap();
+        assert!(
+            why.starts_with("the file at its path is not the one OLD was made from"),
+            "{why}"
+        );
     }
 }

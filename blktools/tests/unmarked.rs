@@ -394,3 +394,54 @@ fn preallocated_metadata_reads_no_zero_block() {
     let j = incremental_json(&old, "b", s(&img), &d.join("again.map"));
     assert_eq!(j["conflicting-blocks"], 0, "{j}");
 }
+
+/// Another image renamed over the base's: OLD is the map of `d.qcow2`; a
+/// copy of it, changed in one block before its own bitmap `nb` was
+/// added, is renamed over `d.qcow2`. The bitmap says nothing of that
+/// block and the samples may miss it: the update is refused naming the
+/// file and the reason (blkmap and blksync's state alike). `--verify`
+/// reads every block and finds the block the bitmap missed.
+#[test]
+fn another_file_renamed_over_the_image() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let img = src_qcow2(d, 64 * MIB, &["write -P 0x11 0 32M"]);
+    let old = d.join("old.map");
+    full(s(&img), &old, &[]);
+    let dst = d.join("dst.raw");
+    let state = d.join("dst.map");
+    let o = run(BLKSYNC, &[s(&img), s(&dst), "--state", s(&state)]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let copy = d.join("copy.qcow2");
+    std::fs::copy(&img, &copy).unwrap();
+    // Block 65: not one of the 16 samples (data blocks 0, 32, 64, ...).
+    write(&copy, "qcow2", &["write -P 0x99 4160k 64k"]);
+    bitmap(&copy, &["--add"], "nb");
+    std::fs::rename(&copy, &img).unwrap();
+
+    let out = d.join("new.map");
+    let o = incremental(&old, "nb", s(&img), &out, &[]);
+    assert_refused(
+        &o,
+        &[s(&img), "not the one", "verify the update"],
+        &out,
+        None,
+    );
+    let o = incremental(&old, "nb", s(&img), &out, &["--verify"]);
+    assert_refused(&o, &["4259840"], &out, None);
+    let before = std::fs::read(&dst).unwrap();
+    let o = run(
+        BLKSYNC,
+        &[
+            "--dirty-bitmap",
+            "nb",
+            "--state",
+            s(&state),
+            s(&img),
+            s(&dst),
+        ],
+    );
+    assert_eq!(o.code, 1, "blksync: {}", o.stderr);
+    assert!(o.stderr.contains("not the one"), "{}", o.stderr);
+    assert_eq!(std::fs::read(&dst).unwrap(), before, "DST changed");
+}

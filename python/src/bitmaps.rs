@@ -72,9 +72,7 @@ pub fn update_map(
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<String> {
     let name = image_name(&image)?;
-    let spec = spec("update_map", &name, Some(threads), options, |nbd| {
-        nbd.dirty_bitmap = Some(bitmap.clone())
-    })?;
+    let spec = spec("update_map", &name, Some(threads), options, |_| {})?;
     let base_name = base.display().to_string();
     // Read where it lies: its blocks once in order, a few by index.
     let old = blkmap::MapFile::open(&base).map_err(|e| os_error(&base_name, &e.into()))?;
@@ -91,7 +89,7 @@ pub fn update_map(
     let shown = name.clone();
     run_cancellable(py, &shown, move |cancel| {
         let job = job.with_cancel(cancel);
-        let src = blkjob::seekable(job.open(&name)?, "update_map")?;
+        let src = job.open_dirty(&name, &bitmap, "update_map")?;
         let base = Base {
             map: &old,
             name: &base_name,
@@ -138,12 +136,13 @@ pub fn dirty_ranges(
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Vec<(u64, u64)>> {
     let name = image_name(&image)?;
-    let spec = spec("dirty_ranges", &name, None, options, |nbd| {
-        nbd.dirty_bitmap = Some(bitmap.clone())
-    })?;
+    let spec = spec("dirty_ranges", &name, None, options, |_| {})?;
     let shown = name.clone();
     run_cancellable(py, &shown, move |_| {
-        let src = blkjob::seekable(blkimage::open(&name, &spec.open)?, "dirty_ranges")?;
+        let src = blkjob::seekable(
+            blkjob::open_dirty(name.as_ref(), &spec.open, Some(&bitmap))?,
+            "dirty_ranges",
+        )?;
         let dirty = incremental::dirty(&*src, &bitmap)?;
         Ok(dirty
             .ranges

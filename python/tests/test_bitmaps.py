@@ -90,13 +90,13 @@ def test_untrustworthy_bitmaps_and_bases_are_refused(disk, tmp_path):
     with pytest.raises(OSError, match="disabled"):
         blkhash.dirty_ranges(img, "b")
     run("qemu-img", "bitmap", "--enable", str(img), "b")
-    # A base of another image: its clean blocks do not hold what it says.
+    # A base of another image file: refused by its record of that file.
     other = tmp_path / "other.qcow2"
     run("qemu-img", "create", "-q", "-f", "qcow2", str(other), "16M")
     qemu_io(other, "write -P 9 0 16M")
     other_map = tmp_path / "other.map"
     full_map(other, other_map)
-    with pytest.raises(OSError, match="other.map is not its map"):
+    with pytest.raises(OSError, match="is not the one .*other.map was made from"):
         blkhash.update_map(img, other_map, "b", out)
     assert not out.exists()
     # A writer killed mid-write leaves the bitmap in use: refused.
@@ -208,3 +208,21 @@ def test_changes_no_bitmap_records_are_refused(disk, tmp_path):
     full_map(img2, old2)
     qemu_io(img2, "write -P 3 1M 4k")
     assert blkhash.update_map(img2, old2, "b", out) == blkhash.checksum(img2)
+
+
+def test_update_map_refuses_another_file_renamed_over_the_image(disk, tmp_path):
+    """A copy of the image, changed in one block before its own bitmap was
+    added, renamed over it: its bitmap cannot say what changed."""
+    img, base = disk
+    copy = tmp_path / "copy.qcow2"
+    copy.write_bytes(img.read_bytes())
+    qemu_io(copy, "write -P 9 1M 64k")
+    run("qemu-img", "bitmap", "--add", str(copy), "nb")
+    os.rename(copy, img)
+    out = tmp_path / "new.map"
+    with pytest.raises(OSError, match="not the one"):
+        blkhash.update_map(img, base, "nb", out)
+    assert not out.exists()
+    # Every block read: the block the bitmap missed is found.
+    with pytest.raises(OSError, match="1048576"):
+        blkhash.update_map(img, base, "nb", out, verify=True)

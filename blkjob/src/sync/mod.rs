@@ -18,6 +18,7 @@ pub use error::Error;
 pub use plan::{DstBlocks, DstKnown, Plan};
 
 use crate::guard;
+use crate::job::open_dirty;
 use crate::state::check::{DstNow, Verdict};
 use crate::{Job, JobSpec, state};
 use blkimage::{Input, Source};
@@ -136,7 +137,7 @@ pub fn run(
     let size = src.size();
     // What SRC reads, to tell a SRC written during the run (an export has
     // no file to look at: its blocks are checked as they are copied).
-    let src_before = crate::record::Record::of(&req.src, &*src);
+    let src_before = crate::record::Record::of(&*src);
     let src_watch = src.clone();
     dst.prepare(req, &*src, wait)?;
     let dst_map = match (&req.state, loaded) {
@@ -185,7 +186,7 @@ pub fn run(
     if !req.dry_run {
         save_served_side(req, &mut dst, &done)?;
     }
-    src_unwritten(req, &src_name, &src_before, &*src_watch)?;
+    src_unwritten(&src_name, &src_before, &*src_watch)?;
     Ok(Report {
         plan,
         size,
@@ -253,13 +254,12 @@ fn bitmap_changes(
 /// (`before`: SRC's record when it started; an export has no file to
 /// look at: its blocks are checked as they are copied).
 fn src_unwritten(
-    req: &Request,
     src_name: &str,
     before: &io::Result<crate::record::Record>,
     src: &dyn Source,
 ) -> Result<(), Error> {
     if let Ok(before) = before
-        && let Ok(now) = crate::record::Record::of(&req.src, src)
+        && let Ok(now) = crate::record::Record::of(src)
         && let Some(file) = before.first_changed(&now)
     {
         return Err(Error::SrcWritten {
@@ -306,9 +306,7 @@ fn open_src(
 ) -> Result<Arc<dyn Source>, Error> {
     let mut open = job.open_options().clone();
     open.cache |= cache;
-    // An NBD server offers a bitmap only if asked for it while connecting.
-    open.nbd.dirty_bitmap.clone_from(&req.dirty_bitmap);
-    let src: Arc<dyn Source> = match blkimage::open(&req.src, &open) {
+    let src: Arc<dyn Source> = match open_dirty(&req.src, &open, req.dirty_bitmap.as_deref()) {
         Ok(Input::Image(s)) => Arc::from(s),
         Ok(Input::Stream(_)) => {
             return Err(Error::unusable(

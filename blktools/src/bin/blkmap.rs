@@ -267,8 +267,6 @@ fn map(args: &Args) -> ExitCode {
         return code;
     }
     let signals = Signals::install(&format!("blkmap: {image}: interrupted"));
-    // Checked here, before anything is read: a usage error exits.
-    let job = args.input.job(None).with_cancel(signals.cancel.clone());
     let progress = match Progress::new("blkmap", args.show.progress.progress, Some(1)) {
         Ok(p) => p,
         Err(msg) => {
@@ -285,7 +283,10 @@ fn map(args: &Args) -> ExitCode {
     };
     let made = match (&args.base, &args.dirty_bitmap) {
         (Some(base), Some(bitmap)) => update(args, base, bitmap, &signals, &progress, out),
-        _ => make(args, &job, &progress, out).map_err(|e| said(&e, out, None)),
+        _ => {
+            let job = args.input.job(None).with_cancel(signals.cancel.clone());
+            make(args, &job, &progress, out).map_err(|e| said(&e, out, None))
+        }
     };
     match made {
         Ok(Some((header, read))) => print_result(args, &header, read),
@@ -377,12 +378,9 @@ fn update(
     // Read where it lies: its blocks once in order, a few by index.
     let old =
         blkmap::MapFile::open(base_path).map_err(|e| (Some(base_name.clone()), e.to_string()))?;
-    let mut spec = args.input.spec();
-    // An NBD server offers a bitmap only if asked for it while connecting.
-    spec.open.nbd.dirty_bitmap = Some(bitmap.to_string());
     let (algorithm, block_size) = (old.header().algorithm, old.header().block_size);
-    let job =
-        InputArgs::resolve(spec, Some((algorithm, block_size))).with_cancel(signals.cancel.clone());
+    let job = InputArgs::resolve(args.input.spec(), Some((algorithm, block_size)))
+        .with_cancel(signals.cancel.clone());
     let failed = |e: io::Error| {
         let hint = blkimage::cause::<blkjob::incremental::ReadWhole>(&e).map(|w| {
             if w.verify_helps() {
@@ -394,8 +392,7 @@ fn update(
         said(&e, out, hint)
     };
     let src = job
-        .open(image_os)
-        .and_then(|i| blkjob::seekable(i, "--dirty-bitmap"))
+        .open_dirty(image_os, bitmap, "--dirty-bitmap")
         .map_err(failed)?;
     let base = blkjob::incremental::Base {
         map: &old,

@@ -464,25 +464,20 @@ impl Source for Vnbd {
         Ok(())
     }
 
-    fn files(&self) -> Vec<PathBuf> {
-        self.streams
-            .iter()
-            .flat_map(|s| s.storage.files())
-            .collect()
-    }
-
-    fn remote_files(&self) -> Vec<crate::http::RemoteFile> {
-        self.streams
-            .iter()
-            .flat_map(|s| s.storage.remote_files())
-            .collect()
-    }
-
-    /// The streams below the one asked for.
-    fn backing_files(&self) -> Vec<PathBuf> {
-        self.streams[1..]
-            .iter()
-            .flat_map(|s| s.storage.files())
+    /// The stream asked for is the image; the streams below it (earlier
+    /// backups it builds on) are below it, as a backing chain is.
+    fn origin(&self) -> Vec<crate::source::Origin> {
+        use crate::source::{Origin, Role};
+        (self.streams.iter().enumerate())
+            .flat_map(|(i, s)| {
+                s.storage.origin().into_iter().map(move |o| match o {
+                    Origin::File { path, .. } if i > 0 => Origin::File {
+                        path,
+                        role: Role::Below,
+                    },
+                    o => o,
+                })
+            })
             .collect()
     }
 }

@@ -22,29 +22,28 @@
 //! file's, whose bitmaps record writes to the backing file).
 
 mod bitmaps;
-mod chain;
 mod compressed;
 mod header;
 mod l2cache;
 mod mapping;
-mod storage;
 
-pub use chain::MAX_CHAIN_DEPTH;
+pub use crate::storage::{ImageFile, Storage};
 pub use header::{BitmapsExt, Compression, Header};
-pub use storage::{ImageFile, Storage};
 
-use crate::source::{Extent, ExtentKind, Source};
+use crate::source::{Extent, ExtentKind, Origin, Role, Source};
 use mapping::{Map, Mapper};
 use std::io;
 use std::sync::Arc;
 
-pub(crate) use chain::{open_file, open_remote, pseudo_file_system};
+/// The deepest backing chain opened: the top image and 63 backing images.
+/// (QEMU itself sets no fixed limit; a chain this deep is a mistake or an attack.)
+pub const MAX_CHAIN_DEPTH: usize = 64;
 
-fn invalid(msg: String) -> io::Error {
+pub(crate) fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("qcow2: {msg}"))
 }
 
-fn unsupported(msg: String) -> io::Error {
+pub(crate) fn unsupported(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::Unsupported, format!("qcow2: {msg}"))
 }
 
@@ -82,7 +81,7 @@ pub struct Qcow2 {
 impl Qcow2 {
     /// A qcow2 image in `file` that refers to no other file: an image with a
     /// backing file or an external data file is an error. For images in
-    /// memory (tests, fuzzing); [`crate::open`] opens files and their chains.
+    /// memory (tests, fuzzing); [`crate::open()`] opens files and their chains.
     pub fn from_storage(file: Arc<dyn Storage>) -> io::Result<Qcow2> {
         let header = Header::parse(&*file)?;
         if header.backing_file.is_some() {
@@ -96,7 +95,7 @@ impl Qcow2 {
 
     /// An image from its validated header, its file, its data file (if
     /// the header asks for one) and its backing image.
-    fn new(
+    pub(crate) fn new(
         header: Header,
         file: Arc<dyn Storage>,
         data: Option<Arc<dyn Storage>>,
@@ -179,6 +178,47 @@ impl Qcow2 {
     }
 }
 
+impl Qcow2 {
+    /// The extents of the `n` unallocated bytes from `pos`, pushed to
+    /// `out`: the backing image's, zeros past its end (or without one).
+    /// False if the backing gave only a prefix (the caller comes back for
+    /// the rest).
+    fn backing_extents(&self, out: &mut Extents, pos: u64, n: u64) -> io::Result<bool> {
+        let bsize = self.backing_size();
+        let b = match &self.backing {
+            Some(b) if pos < bsize => b,
+            _ => {
+                out.push(pos, n, ExtentKind::Hole);
+                return Ok(true);
+            }
+        };
+        let blen = n.min(bsize - pos);
+        let mut p = pos;
+        for e in b.extents(pos, blen)? {
+            if e.offset != p || e.len == 0 || e.end() > pos + blen {
+                return Err(io::Error::other(format!(
+                    "backing image returned a bad extent {e:?} at offset {p}"
+                )));
+            }
+            out.push(e.offset, e.len, e.kind);
+            p = e.end();
+        }
+        if p == pos {
+            return Err(io::Error::other(format!(
+                "backing image returned no extent at offset {pos}"
+            )));
+        }
+        if p < pos + blen {
+            return Ok(false);
+        }
+        if blen < n {
+            // Past the end of a shorter backing: zeros.
+            out.push(pos + blen, n - blen, ExtentKind::Hole);
+        }
+        Ok(true)
+    }
+}
+
 /// Extents, merged by kind.
 struct Extents(Vec<Extent>);
 
@@ -216,7 +256,7 @@ impl Source for Qcow2 {
     fn default_io_depth(&self, read_size: usize) -> usize {
         match self.data_file().default_io_depth(read_size) {
             Some(depth) => depth,
-            None if self.is_direct() => crate::DEFAULT_IO_DEPTH,
+            None if self.is_direct() => crate::source::DEFAULT_IO_DEPTH,
             None => 0,
         }
     }
@@ -278,35 +318,11 @@ impl Source for Qcow2 {
                             _ => break,
                         }
                     }
-                    let bsize = self.backing_size();
-                    match &self.backing {
-                        Some(b) if pos < bsize => {
-                            work += 1;
-                            let blen = n.min(bsize - pos);
-                            let mut p = pos;
-                            for e in b.extents(pos, blen)? {
-                                if e.offset != p || e.len == 0 || e.end() > pos + blen {
-                                    return Err(io::Error::other(format!(
-                                        "backing image returned a bad extent {e:?} at offset {p}"
-                                    )));
-                                }
-                                out.push(e.offset, e.len, e.kind);
-                                p = e.end();
-                            }
-                            if p == pos {
-                                return Err(io::Error::other(format!(
-                                    "backing image returned no extent at offset {pos}"
-                                )));
-                            }
-                            if p < pos + blen {
-                                break; // the backing gave a prefix: come back for the rest
-                            }
-                            if blen < n {
-                                // Past the end of a shorter backing: zeros.
-                                out.push(pos + blen, n - blen, ExtentKind::Hole);
-                            }
-                        }
-                        _ => out.push(pos, n, ExtentKind::Hole),
+                    if pos < self.backing_size() {
+                        work += 1;
+                    }
+                    if !self.backing_extents(&mut out, pos, n)? {
+                        break; // the backing gave a prefix: come back for the rest
                     }
                 }
             }
@@ -378,7 +394,7 @@ impl Source for Qcow2 {
     /// support wrote to the image, and QEMU then drops every bitmap), they
     /// are listed all the same, as in use (`in_use: Some(true)`): the
     /// caller learns their names and that none can be trusted.
-    fn bitmaps(&self) -> io::Result<Vec<crate::BitmapInfo>> {
+    fn bitmaps(&self) -> io::Result<Vec<crate::bitmap::BitmapInfo>> {
         bitmaps::list(
             &*self.file,
             self.header.bitmaps.as_ref(),
@@ -390,7 +406,7 @@ impl Source for Qcow2 {
     /// (QEMU's size of the bitmap). Refused when the whole extension is
     /// inconsistent (see [`Source::bitmaps`]), when the bitmap is in use,
     /// or when it is malformed.
-    fn dirty(&self, name: &str) -> io::Result<crate::Dirty> {
+    fn dirty(&self, name: &str) -> io::Result<crate::bitmap::Dirty> {
         bitmaps::dirty(
             &*self.file,
             self.header.bitmaps.as_ref(),
@@ -400,30 +416,17 @@ impl Source for Qcow2 {
         )
     }
 
-    fn files(&self) -> Vec<std::path::PathBuf> {
-        let mut v = self.file.files();
+    /// The image file's, its data file's (its own data) and its backing
+    /// chain's (below it), in that order.
+    fn origin(&self) -> Vec<Origin> {
+        let mut v = self.file.origin();
         if let Some(d) = &self.data {
-            v.extend(d.files());
+            v.extend(as_role(d.origin(), Role::Data));
         }
         if let Some(b) = &self.backing {
-            v.extend(b.files());
+            v.extend(as_role(b.origin(), Role::Below));
         }
         v
-    }
-
-    fn remote_files(&self) -> Vec<crate::http::RemoteFile> {
-        let mut v = self.file.remote_files();
-        if let Some(d) = &self.data {
-            v.extend(d.remote_files());
-        }
-        if let Some(b) = &self.backing {
-            v.extend(b.remote_files());
-        }
-        v
-    }
-
-    fn backing_files(&self) -> Vec<std::path::PathBuf> {
-        self.backing.as_ref().map_or_else(Vec::new, |b| b.files())
     }
 
     fn finish(&self) -> io::Result<()> {
@@ -436,4 +439,14 @@ impl Source for Qcow2 {
         }
         Ok(())
     }
+}
+
+/// `origin` with every file as `role` to the image that reads it.
+fn as_role(origin: Vec<Origin>, role: Role) -> Vec<Origin> {
+    (origin.into_iter())
+        .map(|o| match o {
+            Origin::File { path, .. } => Origin::File { path, role },
+            o => o,
+        })
+        .collect()
 }

@@ -185,7 +185,7 @@ impl Client {
 /// for `nbds://` (the certificates directory, else the system's CAs),
 /// checked by rustls first (ureq takes an invalid key for a bug).
 fn tls_config(opts: &HttpOptions) -> io::Result<TlsConfig> {
-    let trust = crate::nbd::tls::trust(opts.tls_certificates.as_deref())?;
+    let trust = crate::storage::nbd::tls::trust(opts.tls_certificates.as_deref())?;
     let roots: Vec<Certificate<'static>> = trust
         .roots
         .iter()
@@ -305,7 +305,7 @@ pub(crate) fn classify(e: ureq::Error, timeout: Option<Duration>) -> Fail {
         io::Error::new(
             io::ErrorKind::TimedOut,
             format!(
-                "no answer within {} seconds (--timeout)",
+                "no answer within {} seconds",
                 timeout.unwrap_or_default().as_secs_f64()
             ),
         )
@@ -321,7 +321,7 @@ pub(crate) fn classify(e: ureq::Error, timeout: Option<Duration>) -> Fail {
             io::ErrorKind::NotFound,
             "the host name does not resolve".into(),
         ),
-        ureq::Error::Rustls(t) => Fail::Final(crate::nbd::tls::tls_error(&t)),
+        ureq::Error::Rustls(t) => Fail::Final(crate::storage::nbd::tls::tls_error(&t)),
         ureq::Error::LargeResponseHeader(..) => Fail::final_with(
             io::ErrorKind::InvalidData,
             "the server's reply headers are larger than 64 KiB".into(),
@@ -337,7 +337,7 @@ fn io_fail(e: io::Error, timeout: Option<Duration>) -> Fail {
         return classify(ureq::Error::from(e), timeout);
     }
     if let Some(t) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-        return Fail::Final(crate::nbd::tls::tls_error(t));
+        return Fail::Final(crate::storage::nbd::tls::tls_error(t));
     }
     match e.kind() {
         io::ErrorKind::ConnectionReset
@@ -389,7 +389,7 @@ pub(crate) fn read_body(
             return Err(Fail::Again(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
-                    "the reply took more than {} seconds (--timeout): {done} of {} bytes came",
+                    "the reply took more than {} seconds: {done} of {} bytes came",
                     timeout.unwrap_or_default().as_secs_f64(),
                     buf.len()
                 ),

@@ -5,8 +5,8 @@
 //! for) when the export is dropped: after a checksum, an error or an
 //! interrupt.
 
-use crate::nbd::{Address, Nbd, NbdOptions, NbdUrl};
-use crate::source::{Extent, Source};
+use crate::source::{Extent, Origin, Role, Source};
+use crate::storage::nbd::{Address, Nbd, NbdOptions, NbdUrl};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -238,7 +238,7 @@ pub fn read_secret(path: &Path) -> io::Result<Vec<u8>> {
     use std::os::unix::fs::OpenOptionsExt;
     let ctx = |e: io::Error| {
         let shown = format!("secret file {}: {e}", path.display());
-        crate::with_context(e, shown)
+        crate::oserror::with_context(e, shown)
     };
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -540,7 +540,7 @@ fn spawn(mut cmd: Command, log: &Path, writable: bool, format: &str) -> io::Resu
             not_installed(format)
         } else {
             let shown = format!("cannot run qemu-nbd: {e}");
-            crate::with_context(e, shown)
+            crate::oserror::with_context(e, shown)
         }
     })
 }
@@ -642,11 +642,16 @@ impl Source for QemuExport {
     /// What qemu-nbd has open: it opens every file of the image (extents,
     /// backing files, data files) before it serves, and only QEMU knows
     /// which they are for its many formats.
-    fn files(&self) -> Vec<std::path::PathBuf> {
+    /// The first is the image; the others hold more of its guest data.
+    fn origin(&self) -> Vec<Origin> {
         let private = self._server.dir.as_ref().map(|d| d.path());
-        open_files(self._server.child.id())
-            .into_iter()
+        (open_files(self._server.child.id()).into_iter())
             .filter(|f| !private.is_some_and(|d| f.starts_with(d)))
+            .enumerate()
+            .map(|(i, path)| Origin::File {
+                path,
+                role: if i == 0 { Role::Image } else { Role::Data },
+            })
             .collect()
     }
 }

@@ -4,7 +4,7 @@
 use super::header::Header;
 use super::invalid;
 use super::l2cache::{L2Cache, Table};
-use super::storage::Storage;
+use crate::storage::Storage;
 use std::io;
 
 /// Bits 9-55 of an L1 or standard L2 entry: a host offset.

@@ -12,8 +12,8 @@ use super::protocol::{
 use super::transport::{Socket, Split};
 use super::url::{Address, NbdUrl};
 use crate::bitmap::RangeBuilder;
-use crate::source::{Extent, ExtentKind, Source};
-use crate::{BitmapInfo, Dirty};
+use crate::bitmap::{BitmapInfo, Dirty};
+use crate::source::{Extent, ExtentKind, Origin, Remote, Source};
 use rustls::ClientConfig;
 use std::io;
 use std::ops::Range;
@@ -84,6 +84,8 @@ pub struct Nbd {
     bitmap: Option<String>,
     /// [`NbdOptions::list_bitmaps`]: `export.listed` is the server's list.
     list_bitmaps: bool,
+    /// Where it is and which export: what a record of it holds.
+    origin: Remote,
 }
 
 /// Connections beyond the first, made on threads of their own while the
@@ -98,6 +100,28 @@ struct Extra {
 impl Extra {
     fn ready(&self) -> impl Iterator<Item = &Connection> {
         self.slots.iter().filter_map(OnceLock::get)
+    }
+}
+
+/// What names an export: its address (`tcp HOST:PORT` or `unix SOCKET`),
+/// TLS or not, and its name. An export has no version to tell: whether
+/// its content is the one recorded is for samples of it to say.
+fn origin(url: &NbdUrl) -> Remote {
+    let (kind, at) = match &url.address {
+        Address::Tcp { host, port } => ("tcp", format!("{host}:{port}")),
+        // One socket however it is written: `socket=nbd.sock` from the
+        // socket's directory is the export `socket=/run/x/nbd.sock` was.
+        Address::Unix(p) => {
+            let p = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+            ("unix", p.to_string_lossy().into_owned())
+        }
+    };
+    let tls = if url.tls { "tls" } else { "plain" };
+    Remote {
+        kind: "nbd".into(),
+        what: "export".into(),
+        name: vec![kind.into(), at, tls.into(), url.export.clone()],
+        version: Vec::new(),
     }
 }
 
@@ -128,7 +152,7 @@ fn connect_one(
 ) -> io::Result<Connection> {
     let mut sock = Socket::connect(&url.address, opts.timeout).map_err(|e| {
         let shown = format!("cannot connect to {}: {e}", describe(&url.address));
-        crate::with_context(e, shown)
+        crate::oserror::with_context(e, shown)
     })?;
     if extra {
         let wait = opts
@@ -240,6 +264,7 @@ impl Nbd {
             request_size,
             bitmap: opts.dirty_bitmap.clone(),
             list_bitmaps: opts.list_bitmaps,
+            origin: origin(url),
         })
     }
 
@@ -412,7 +437,7 @@ impl Nbd {
     /// request but for the last descriptor's end, which the spec lets run
     /// past and which is clipped; descriptors after it are an error. The
     /// ranges grow with what the server sends, never with what it claims,
-    /// and past [`crate::MAX_DIRTY_RANGES`] are widened, not multiplied.
+    /// and past [`crate::bitmap::MAX_DIRTY_RANGES`] are widened, not multiplied.
     fn dirty_ranges(&self, context: &str) -> io::Result<Vec<Range<u64>>> {
         let size = self.export.size;
         let mut ranges = RangeBuilder::new(size);
@@ -524,6 +549,10 @@ impl Source for Nbd {
         Ok(out)
     }
 
+    fn origin(&self) -> Vec<Origin> {
+        vec![Origin::Remote(self.origin.clone())]
+    }
+
     /// The listed bitmaps ([`NbdOptions::list_bitmaps`]), else the
     /// negotiated one alone; NBD says nothing of their granularity or
     /// flags.
@@ -540,25 +569,16 @@ impl Source for Nbd {
         Ok(names.into_iter().map(nbd_bitmap).collect())
     }
 
-    /// Only the bitmap negotiated at connect can be read: a server gives a
-    /// bitmap's context to NBD_OPT_SET_META_CONTEXT, during the handshake.
+    /// The bitmap asked for at connect ([`NbdOptions::dirty_bitmap`], set
+    /// by whoever opens for an update): a server gives a bitmap's context
+    /// to NBD_OPT_SET_META_CONTEXT, during the handshake, so any other
+    /// name is a bitmap this connection does not have.
     fn dirty(&self, name: &str) -> io::Result<Dirty> {
-        match self.bitmap.as_deref() {
-            Some(b) if b == name => {}
-            negotiated => {
-                let now = match negotiated {
-                    Some(b) => format!("'{b}' was"),
-                    None => "none was".into(),
-                };
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "dirty bitmap '{name}' was not negotiated at connect \
-                         (NbdOptions::dirty_bitmap: {now}); an NBD connection reads only the \
-                         bitmap it asked for"
-                    ),
-                ));
-            }
+        if self.bitmap.as_deref() != Some(name) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("dirty bitmap '{name}' was not asked for when connecting"),
+            ));
         }
         let ranges = self.dirty_ranges(&format!("{DIRTY_BITMAP_PREFIX}{name}"))?;
         Ok(Dirty {
@@ -569,12 +589,12 @@ impl Source for Nbd {
 
     /// Latency, not the digest threads, bounds an export across a network:
     /// 16 MiB of reads in flight (16 of the default 1 MiB),
-    /// at least one and at most [`crate::DEFAULT_IO_DEPTH`]. Sized by bytes,
+    /// at least one and at most [`crate::source::DEFAULT_IO_DEPTH`]. Sized by bytes,
     /// so a large read size does not multiply the buffers; the server's
     /// maximum payload only splits each read into requests, which each
     /// connection bounds (64 requests in flight).
     fn default_io_depth(&self, read_size: usize) -> usize {
-        (NBD_BYTES_IN_FLIGHT / read_size.max(1)).clamp(1, crate::DEFAULT_IO_DEPTH)
+        (NBD_BYTES_IN_FLIGHT / read_size.max(1)).clamp(1, crate::source::DEFAULT_IO_DEPTH)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -603,5 +623,20 @@ fn nbd_bitmap(name: &str) -> BitmapInfo {
         granularity: None,
         in_use: None,
         enabled: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_is_one_export_however_it_is_named() {
+        let cwd = std::env::current_dir().unwrap();
+        let of = |url: &str| origin(&NbdUrl::parse(url).unwrap()).name;
+        let full = of(&format!("nbd+unix:///d?socket={}/nbd.sock", cwd.display()));
+        assert_eq!(of("nbd+unix:///d?socket=nbd.sock"), full);
+        assert_eq!(of("nbd+unix:///d?socket=./nbd.sock"), full);
+        assert!(full[0] == "unix" && full[1].starts_with('/'), "{full:?}");
     }
 }

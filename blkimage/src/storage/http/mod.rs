@@ -2,7 +2,7 @@
 //!
 //! A URL is a file like any other here: [`Http`] is a qcow2 reader's
 //! [`Storage`] (only the header, the tables and the allocated clusters are
-//! asked for) and a raw image's [`Source`]. This module decides ranges,
+//! asked for) and a raw image's [`Source`](crate::Source). This module decides ranges,
 //! connections and retries; the formats are the qcow2 reader's and the
 //! raw rules' (a size rounded up to 512 as QEMU does), so a URL hashes to
 //! the checksum of the same file on disk.
@@ -45,8 +45,8 @@ mod url;
 pub use reply::{ContentRange, ETag, Version, check_range};
 pub use url::{HttpUrl, is_url, redact, url_scheme};
 
-use crate::qcow2::Storage;
-use crate::source::{Extent, ExtentKind, Source};
+use super::Storage;
+use crate::source::{Origin, Remote};
 use client::{Client, Fail, read_body};
 use reply::RangeError;
 use std::io::{self, Read};
@@ -267,7 +267,7 @@ fn identity(resp: &ureq::http::Response<ureq::Body>) -> Result<(), Fail> {
 }
 
 /// A file behind an HTTP(S) URL whose server answers range requests: a
-/// qcow2 reader's [`Storage`] and a raw image's [`Source`] (its size
+/// qcow2 reader's [`Storage`] and a raw image's [`Source`](crate::Source) (its size
 /// rounded up to 512, as a raw file's).
 pub struct Http {
     client: Client,
@@ -286,7 +286,7 @@ pub struct Http {
 }
 
 /// A server's answer to the first request.
-enum Opening {
+pub(crate) enum Opening {
     /// It honours ranges.
     Ranges(Box<Http>),
     /// It sent the whole file (200): its length if said, and the body.
@@ -314,23 +314,34 @@ impl Http {
         &self.target
     }
 
+    /// The first bytes, which the first request brought.
+    pub(crate) fn head(&self) -> &[u8] {
+        &self.head
+    }
+
     /// The version opened: length and validators.
     pub fn version(&self) -> &Version {
         &self.version
     }
 
-    /// What identifies this file in a record.
-    pub fn remote_file(&self) -> RemoteFile {
-        RemoteFile {
-            url: self.url.recorded(),
-            size: self.version.len,
-            etag: self.version.etag.as_ref().map(ETag::value),
-            last_modified: self.version.last_modified.clone(),
+    /// Where its bytes come from: its URL without secrets
+    /// ([`HttpUrl::recorded`]) and the version opened (length, ETag and
+    /// Last-Modified, if the server gave them).
+    pub fn remote(&self) -> Remote {
+        Remote {
+            kind: "http".into(),
+            what: "file".into(),
+            name: vec![self.url.recorded()],
+            version: vec![
+                ("length".into(), Some(self.version.len.to_string())),
+                ("ETag".into(), self.version.etag.as_ref().map(ETag::value)),
+                ("Last-Modified".into(), self.version.last_modified.clone()),
+            ],
         }
     }
 
     /// Name read errors as those of `what` ("backing file 'URL'").
-    fn set_context(&mut self, what: String) {
+    pub(crate) fn set_context(&mut self, what: String) {
         self.context = Some(what);
     }
 
@@ -343,7 +354,7 @@ impl Http {
 
     /// Fill `buf` with the file's bytes at `offset` (inside the file):
     /// what the first request brought is not asked for again.
-    fn fetch(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    pub(crate) fn fetch(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let kept = (self.head.len() as u64).saturating_sub(offset);
         let (buf, offset) = match usize::try_from(kept).map_or(buf.len(), |k| k.min(buf.len())) {
             0 => (buf, offset),
@@ -438,7 +449,7 @@ impl Http {
     }
 }
 
-fn no_ranges(what: &str) -> io::Error {
+pub(crate) fn no_ranges(what: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::Unsupported,
         format!(
@@ -450,7 +461,7 @@ fn no_ranges(what: &str) -> io::Error {
 }
 
 /// The first request of `url`: its redirects followed, its answer taken.
-fn open_url(url: &HttpUrl, opts: &HttpOptions) -> io::Result<Opening> {
+pub(crate) fn open_url(url: &HttpUrl, opts: &HttpOptions) -> io::Result<Opening> {
     let mut client = Client::new(url, url, opts)?;
     let mut at = url.clone();
     let mut redirects = 0;
@@ -578,93 +589,21 @@ impl Storage for Http {
         }
     }
 
-    fn remote_files(&self) -> Vec<RemoteFile> {
-        vec![self.remote_file()]
+    fn origin(&self) -> Vec<Origin> {
+        vec![Origin::Remote(self.remote())]
     }
 
-    fn default_io_depth(&self, read_size: usize) -> Option<usize> {
-        Some(Source::default_io_depth(self, read_size))
-    }
-
-    fn bytes_in_flight(&self) -> Option<usize> {
-        Source::bytes_in_flight(self)
-    }
-}
-
-impl Source for Http {
-    fn format(&self) -> &str {
-        "raw"
-    }
-
-    /// The length rounded up to 512, as QEMU sees a raw file.
-    fn size(&self) -> u64 {
-        self.version.len.next_multiple_of(512)
-    }
-
-    fn rounded(&self) -> Option<crate::Rounded> {
-        (self.size() != self.version.len).then_some(crate::Rounded {
-            file_size: self.version.len,
-            size: self.size(),
-        })
-    }
-
-    /// All data (a server says nothing of holes); the rounding's tail a hole.
-    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
-        let end = offset + len;
-        let kind = if offset < self.version.len {
-            ExtentKind::Data
-        } else {
-            ExtentKind::Hole
-        };
-        let stop = if kind == ExtentKind::Data {
-            end.min(self.version.len)
-        } else {
-            end
-        };
-        Ok(vec![Extent {
-            offset,
-            len: stop - offset,
-            kind,
-        }])
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let in_file = (self.version.len.saturating_sub(offset) as usize).min(buf.len());
-        let (head, tail) = buf.split_at_mut(in_file);
-        tail.fill(0);
-        self.fetch(head, offset)
-    }
-
-    /// Up to 64 reads in flight, 16 MiB of them ([`Source::bytes_in_flight`]):
+    /// Up to 64 reads in flight, 16 MiB of them ([`Storage::bytes_in_flight`]):
     /// latency, not the digest threads, bounds a file across a network, and
     /// a small read waits as long as a large one.
-    fn default_io_depth(&self, read_size: usize) -> usize {
+    fn default_io_depth(&self, read_size: usize) -> Option<usize> {
         let _ = read_size;
-        HTTP_READS_IN_FLIGHT
+        Some(HTTP_READS_IN_FLIGHT)
     }
 
     fn bytes_in_flight(&self) -> Option<usize> {
         Some(HTTP_BYTES_IN_FLIGHT)
     }
-
-    fn remote_files(&self) -> Vec<RemoteFile> {
-        vec![self.remote_file()]
-    }
-}
-
-/// What identifies the version of a file read over HTTP(S), for a record
-/// that must tell it from another ([`Source::remote_files`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RemoteFile {
-    /// Its URL without user, password, query or fragment
-    /// ([`HttpUrl::recorded`]).
-    pub url: String,
-    /// Its length in bytes.
-    pub size: u64,
-    /// Its entity tag, with quotes (and `W/` if weak), if it had one.
-    pub etag: Option<String>,
-    /// Its `Last-Modified` date, if it had one.
-    pub last_modified: Option<String>,
 }
 
 /// The whole file, from a server that does not answer ranges: read once,
@@ -720,94 +659,6 @@ impl Read for Whole {
         }
         Ok(n)
     }
-}
-
-/// Open the image at `url` as [`crate::open`] does.
-pub(crate) fn open(name: &str, opts: &crate::OpenOptions) -> io::Result<crate::Input> {
-    use crate::{Format, Input};
-    let url = HttpUrl::parse(name)?;
-    let http = match open_url(&url, &opts.http)? {
-        Opening::Ranges(h) => *h,
-        Opening::Whole(whole) => return open_whole(whole, opts.format),
-    };
-    let format = match opts.format {
-        Some(f) => f,
-        None => probe(&http)?,
-    };
-    match format {
-        Format::Raw => Ok(Input::Image(Box::new(http))),
-        Format::Qcow2 => {
-            let mut chain = vec![http.url().recorded()];
-            let image = crate::qcow2::open_remote(std::sync::Arc::new(http), opts, &mut chain)?;
-            Ok(Input::Image(Box::new(image)))
-        }
-        Format::Qemu(f) => Err(other_format(f)),
-    }
-}
-
-/// A format read through QEMU (vmdk, vdi...), which is not read over HTTP.
-fn other_format(f: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::Unsupported,
-        format!(
-            "a {f} image: over HTTP(S) only raw and qcow2 images are read; download it \
-             (curl -o FILE URL) and hash FILE, or convert it to qcow2 where it is published"
-        ),
-    )
-}
-
-/// The format of a file with ranges, from its first bytes (and its last
-/// 512, for the formats QEMU tells by a trailer), as a file's is probed.
-fn probe(http: &Http) -> io::Result<crate::Format> {
-    use crate::Format;
-    let head = &http.head[..http.head.len().min(512)];
-    if crate::qcow2::probe_bytes(head) {
-        return Ok(Format::Qcow2);
-    }
-    let len = http.version.len;
-    let tail = |at: u64, n: usize| {
-        let mut b = vec![0u8; n];
-        http.fetch(&mut b, at).ok().map(|()| b)
-    };
-    match crate::qemu::probe_bytes(head, len, tail)? {
-        Some(f) => Ok(Format::Qemu(f)),
-        None => Ok(Format::Raw),
-    }
-}
-
-/// A whole-file reply as an input: raw bytes, as a stream; anything that
-/// needs ranges refused.
-fn open_whole(mut whole: Whole, format: Option<crate::Format>) -> io::Result<crate::Input> {
-    use crate::Format;
-    let mut head = Vec::with_capacity(512);
-    (&mut whole).take(512).read_to_end(&mut head)?;
-    let probed = if crate::qcow2::probe_bytes(&head) {
-        Some(Format::Qcow2)
-    } else {
-        crate::qemu::probe_bytes(&head, 0, |_, _| None)?.map(Format::Qemu)
-    };
-    match format.or(probed) {
-        Some(Format::Qcow2) => Err(no_ranges("the image")),
-        Some(Format::Qemu(f)) => Err(other_format(f)),
-        _ => Ok(crate::Input::Stream(Box::new(
-            io::Cursor::new(head).chain(whole),
-        ))),
-    }
-}
-
-/// Open `url`, a file a remote image names (`what`: "backing file"...),
-/// with ranges, its errors named as that file's.
-pub(crate) fn open_below(url: &HttpUrl, opts: &HttpOptions, what: &str) -> io::Result<Http> {
-    let ctx = format!("{what} '{}'", url.shown());
-    let mut http =
-        Http::open(url, opts).map_err(|e| io::Error::new(e.kind(), format!("{ctx}: {e}")))?;
-    http.set_context(ctx);
-    Ok(http)
-}
-
-/// Whether `http` starts with a qcow2 header, from the bytes it holds.
-pub(crate) fn is_qcow2(http: &Http) -> bool {
-    crate::qcow2::probe_bytes(&http.head[..http.head.len().min(8)])
 }
 
 #[doc(hidden)]

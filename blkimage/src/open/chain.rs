@@ -1,22 +1,17 @@
 //! Opening a qcow2 file with what it refers to: its external data file and
 //! its backing chain (qcow2 or raw images, to a bounded depth, without loops).
 
-use super::header::Header;
-use super::storage::{ImageFile, Storage};
-use super::{Qcow2, invalid, probe, unsupported};
-use crate::raw::RawFile;
+use super::{Format, OpenOptions};
+use crate::formats::qcow2::{Header, MAX_CHAIN_DEPTH, Qcow2, invalid, probe, unsupported};
 use crate::source::Source;
-use crate::{Format, OpenOptions};
+use crate::storage::http::{Http, HttpOptions, HttpUrl};
+use crate::storage::{ImageFile, RawFile, Storage};
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// The deepest backing chain opened: the top image and 63 backing images.
-/// (QEMU itself sets no fixed limit; a chain this deep is a mistake or an attack.)
-pub const MAX_CHAIN_DEPTH: usize = 64;
 
 /// `name` (from the image at `base`) as a path: relative names resolve
 /// against the directory of `base`, as QEMU does.
@@ -56,7 +51,7 @@ const PSEUDO_FILE_SYSTEMS: &[(i64, &str)] = &[
 pub(crate) fn pseudo_file_system(
     file: &impl std::os::fd::AsRawFd,
 ) -> io::Result<Option<&'static str>> {
-    let kind = crate::raw::fs_type(file)?;
+    let kind = crate::storage::file::fs_type(file)?;
     Ok(PSEUDO_FILE_SYSTEMS
         .iter()
         .find(|(t, _)| *t == kind)
@@ -228,11 +223,11 @@ fn open_backing(
 
 /// The qcow2 image in `file`, a file over HTTP(S) (already probed), with
 /// its data file and backing chain, each named relative to its URL
-/// ([`crate::http::HttpUrl::sibling`]: a remote image never names a file
+/// ([`HttpUrl::sibling`]: a remote image never names a file
 /// of this host). `chain` holds the recorded URLs of the images above it,
 /// for loop detection and the depth limit.
 pub(crate) fn open_remote(
-    file: Arc<crate::http::Http>,
+    file: Arc<Http>,
     opts: &OpenOptions,
     chain: &mut Vec<String>,
 ) -> io::Result<Qcow2> {
@@ -245,7 +240,7 @@ pub(crate) fn open_remote(
     };
     let data: Option<Arc<dyn Storage>> = if let Some(name) = data_name {
         let u = named("external data file", name)?;
-        Some(Arc::new(crate::http::open_below(
+        Some(Arc::new(open_below(
             &u,
             &opts.http,
             "qcow2: external data file",
@@ -266,7 +261,7 @@ pub(crate) fn open_remote(
 }
 
 fn open_remote_backing(
-    url: &crate::http::HttpUrl,
+    url: &HttpUrl,
     format: Option<&str>,
     opts: &OpenOptions,
     chain: &mut Vec<String>,
@@ -279,10 +274,10 @@ fn open_remote_backing(
             format!("qcow2: backing file '{}': {e}", url.shown()),
         )
     })?;
-    let http = crate::http::open_below(url, &opts.http, "qcow2: backing file")?;
+    let http = open_below(url, &opts.http, "qcow2: backing file")?;
     let is_qcow2 = match format {
         Some(Format::Raw) => false,
-        _ => crate::http::is_qcow2(&http),
+        _ => is_qcow2(&http),
     };
     if !is_qcow2 {
         if format == Some(Format::Qcow2) {
@@ -309,4 +304,19 @@ fn backing_format(format: Option<&str>) -> io::Result<Option<Format>> {
             "backing format '{f}' is not supported (qcow2 or raw)"
         ))),
     }
+}
+
+/// Open `url`, a file a remote image names (`what`: "backing file"...),
+/// with ranges, its errors named as that file's.
+fn open_below(url: &HttpUrl, opts: &HttpOptions, what: &str) -> io::Result<Http> {
+    let ctx = format!("{what} '{}'", url.shown());
+    let mut http =
+        Http::open(url, opts).map_err(|e| io::Error::new(e.kind(), format!("{ctx}: {e}")))?;
+    http.set_context(ctx);
+    Ok(http)
+}
+
+/// Whether `http` starts with a qcow2 header, from the bytes it holds.
+fn is_qcow2(http: &Http) -> bool {
+    crate::formats::qcow2::probe_bytes(&http.head()[..http.head().len().min(8)])
 }

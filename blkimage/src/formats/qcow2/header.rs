@@ -4,8 +4,8 @@
 //! arithmetic, so the mapping code can trust the geometry: the cluster size,
 //! the L1 table's place and size, and the virtual size it covers.
 
-use super::storage::Storage;
 use super::{invalid, unsupported};
+use crate::storage::Storage;
 use std::io;
 
 /// "QFI\xfb".

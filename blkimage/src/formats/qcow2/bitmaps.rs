@@ -14,9 +14,9 @@
 
 use super::header::{BitmapsExt, MAX_BITMAP_DIRECTORY_BYTES, MAX_BITMAPS};
 use super::invalid;
-use super::storage::Storage;
 use crate::bitmap::RangeBuilder;
-use crate::{BitmapInfo, Dirty};
+use crate::bitmap::{BitmapInfo, Dirty};
+use crate::storage::Storage;
 use std::io;
 use std::ops::Range;
 
@@ -395,30 +395,7 @@ fn read_ranges(
     let granularity = entry.granularity();
     let bits = size.div_ceil(granularity);
     let per_cluster = cluster_size * 8;
-    let needed = bits.div_ceil(per_cluster);
-    if u64::from(entry.table_size) != needed {
-        return Err(bad(
-            name,
-            format!(
-                "its table of {} entries does not cover the image's size ({size} bytes at a granularity of {granularity} need {needed})",
-                entry.table_size
-            ),
-        ));
-    }
-    let table_bytes = u64::from(entry.table_size) * 8;
-    if entry
-        .table_offset
-        .checked_add(table_bytes)
-        .is_none_or(|e| e > file.len())
-    {
-        return Err(bad(
-            name,
-            format!(
-                "its table ({} entries at offset {:#x}) is beyond the end of the file",
-                entry.table_size, entry.table_offset
-            ),
-        ));
-    }
+    let needed = check_table(file, entry, per_cluster, size)?;
     let mut ranges = Ranges {
         granularity,
         size,
@@ -455,28 +432,13 @@ fn read_ranges(
                         format!("{} has both a data offset and the all-ones bit", what()),
                     ));
                 }
-                if host & (cluster_size - 1) != 0 {
-                    return Err(bad(
-                        name,
-                        format!("{}: data offset not aligned to the cluster size", what()),
-                    ));
-                }
-                if !seen.insert(host) {
-                    return Err(bad(
-                        name,
-                        format!("{}: data cluster shared with an earlier entry", what()),
-                    ));
-                }
-                // Only the bytes holding the bitmap's bits are needed (the
-                // last cluster's tail is unused).
-                let len = count.div_ceil(8);
-                if host.checked_add(len).is_none_or(|end| end > file.len()) {
-                    return Err(bad(
-                        name,
-                        format!("{}: data cluster beyond the end of the file", what()),
-                    ));
-                }
-                data.resize(len as usize, 0);
+                let cluster = DataCluster {
+                    host,
+                    cluster_size,
+                    count,
+                };
+                cluster.check(file, name, &what(), &mut seen)?;
+                data.resize(count.div_ceil(8) as usize, 0);
                 file.read_exact_at(&mut data, host)?;
                 ranges.add_bits(&data, first, count);
             }
@@ -484,6 +446,77 @@ fn read_ranges(
         }
     }
     Ok(ranges.out.finish())
+}
+
+/// The number of entries `entry`'s table must have for an image of
+/// `size` bytes (`per_cluster` bits in a data cluster), once the table is
+/// known to have exactly that many, inside the file.
+fn check_table(file: &dyn Storage, entry: &Entry, per_cluster: u64, size: u64) -> io::Result<u64> {
+    let name = entry.name.as_str();
+    let granularity = entry.granularity();
+    let needed = size.div_ceil(granularity).div_ceil(per_cluster);
+    if u64::from(entry.table_size) != needed {
+        return Err(bad(
+            name,
+            format!(
+                "its table of {} entries does not cover the image's size ({size} bytes at a granularity of {granularity} need {needed})",
+                entry.table_size
+            ),
+        ));
+    }
+    let table_bytes = u64::from(entry.table_size) * 8;
+    if entry
+        .table_offset
+        .checked_add(table_bytes)
+        .is_none_or(|e| e > file.len())
+    {
+        return Err(bad(
+            name,
+            format!(
+                "its table ({} entries at offset {:#x}) is beyond the end of the file",
+                entry.table_size, entry.table_offset
+            ),
+        ));
+    }
+    Ok(needed)
+}
+
+/// A bitmap data cluster a table entry points at, holding `count` bits.
+struct DataCluster {
+    host: u64,
+    cluster_size: u64,
+    count: u64,
+}
+
+impl DataCluster {
+    /// An error naming bitmap `name` and the entry (`what`) unless the
+    /// cluster is aligned, used by no earlier entry (`seen`), and holds
+    /// its bits inside the file (only the bytes holding the bits are
+    /// needed: the last cluster's tail is unused).
+    fn check(
+        &self,
+        file: &dyn Storage,
+        name: &str,
+        what: &str,
+        seen: &mut std::collections::HashSet<u64>,
+    ) -> io::Result<()> {
+        let fail = |why: &str| Err(bad(name, format!("{what}: {why}")));
+        if self.host & (self.cluster_size - 1) != 0 {
+            return fail("data offset not aligned to the cluster size");
+        }
+        if !seen.insert(self.host) {
+            return fail("data cluster shared with an earlier entry");
+        }
+        let len = self.count.div_ceil(8);
+        if self
+            .host
+            .checked_add(len)
+            .is_none_or(|end| end > file.len())
+        {
+            return fail("data cluster beyond the end of the file");
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -202,6 +202,7 @@ impl Version {
 
 /// What [`check_range`] finds wrong with a reply to a range request.
 #[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RangeError {
     /// The reply is of another version of the file (its length or
     /// validators differ): the run must stop.

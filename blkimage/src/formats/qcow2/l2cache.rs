@@ -1,7 +1,7 @@
 //! A bounded cache of L2 tables, shared by the reading threads.
 
 use super::invalid;
-use super::storage::Storage;
+use crate::storage::Storage;
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex};

@@ -306,35 +306,15 @@ pub fn negotiate<S: Read + Write + SetReadTimeout>(
     export: &str,
     want: Wanted,
 ) -> io::Result<Export> {
-    let (fixed, no_zeroes) = match greeting {
-        Greeting::Oldstyle { size, flags } => {
-            if let Some(name) = want.bitmap {
-                return Err(no_bitmap(
-                    name,
-                    "an oldstyle server, without options".into(),
-                ));
-            }
-            return Ok(oldstyle_export(size, flags));
-        }
-        Greeting::Newstyle { fixed, no_zeroes } => (fixed, no_zeroes),
+    let no_zeroes = match greeting {
+        Greeting::Newstyle {
+            fixed: true,
+            no_zeroes,
+        } => no_zeroes,
+        _ => return without_options(s, greeting, export, want.bitmap),
     };
-    if !fixed {
-        if let Some(name) = want.bitmap {
-            return Err(no_bitmap(
-                name,
-                "a newstyle server without fixed newstyle options".into(),
-            ));
-        }
-        return export_name(s, export, no_zeroes);
-    }
     // Structured replies, then base:allocation (and the bitmap).
-    s.stage("the server's reply to NBD_OPT_STRUCTURED_REPLY");
-    s.write_all(&option(OPT_STRUCTURED_REPLY, &[]))?;
-    let r = reply(s, OPT_STRUCTURED_REPLY)?;
-    let structured = r.kind == REP_ACK;
-    if !structured && !r.is_error() {
-        return Err(malformed("unexpected reply to NBD_OPT_STRUCTURED_REPLY"));
-    }
+    let structured = structured_replies(s)?;
     // Listed after structured replies, which some servers (nbdkit) want
     // first; a refusal only leaves the list empty.
     let listed = if want.list_bitmaps {
@@ -383,6 +363,43 @@ pub fn negotiate<S: Read + Write + SetReadTimeout>(
         preferred_block,
         max_payload,
     })
+}
+
+/// The export of a server that takes no options (oldstyle, or newstyle
+/// without the fixed extension): none can ask for a dirty bitmap.
+fn without_options<S: Read + Write + SetReadTimeout>(
+    s: &mut Timed<S>,
+    greeting: Greeting,
+    export: &str,
+    bitmap: Option<&str>,
+) -> io::Result<Export> {
+    let (why, newstyle) = match greeting {
+        Greeting::Oldstyle { .. } => ("an oldstyle server, without options", None),
+        Greeting::Newstyle { no_zeroes, .. } => (
+            "a newstyle server without fixed newstyle options",
+            Some(no_zeroes),
+        ),
+    };
+    if let Some(name) = bitmap {
+        return Err(no_bitmap(name, why.into()));
+    }
+    match (greeting, newstyle) {
+        (Greeting::Oldstyle { size, flags }, _) => Ok(oldstyle_export(size, flags)),
+        (_, no_zeroes) => export_name(s, export, no_zeroes.unwrap_or(false)),
+    }
+}
+
+/// NBD_OPT_STRUCTURED_REPLY: whether the server agreed (a refusal is no
+/// error; anything else is).
+fn structured_replies<S: Read + Write + SetReadTimeout>(s: &mut Timed<S>) -> io::Result<bool> {
+    s.stage("the server's reply to NBD_OPT_STRUCTURED_REPLY");
+    s.write_all(&option(OPT_STRUCTURED_REPLY, &[]))?;
+    let r = reply(s, OPT_STRUCTURED_REPLY)?;
+    let structured = r.kind == REP_ACK;
+    if !structured && !r.is_error() {
+        return Err(malformed("unexpected reply to NBD_OPT_STRUCTURED_REPLY"));
+    }
+    Ok(structured)
 }
 
 /// The block size constraints a server sent: minimum, preferred, maximum payload.

@@ -133,7 +133,7 @@ impl Connection {
                 })
                 .map_err(|e| {
                     let shown = format!("cannot start an NBD reader thread: {e}");
-                    crate::with_context(e, shown)
+                    crate::oserror::with_context(e, shown)
                 })?
         };
         Ok(Connection {

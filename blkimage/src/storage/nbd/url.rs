@@ -81,6 +81,30 @@ fn percent_decode(s: &str, url: &str) -> io::Result<String> {
     String::from_utf8(out).map_err(|_| bad(url, "not UTF-8"))
 }
 
+/// The address of a TCP URL from its authority (`HOST`, `HOST:PORT`,
+/// `[IPV6]:PORT`; no host is localhost, no port NBD's).
+fn tcp_address(authority: &str, url: &str) -> io::Result<Address> {
+    let (host, port) = if let Some(r) = authority.strip_prefix('[') {
+        let (h, p) = r.split_once(']').ok_or_else(|| bad(url, "bad IPv6 host"))?;
+        (h.to_string(), p.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (authority.to_string(), None),
+        }
+    };
+    let port = match port {
+        Some(p) => p.parse().map_err(|_| bad(url, "bad port"))?,
+        None => DEFAULT_PORT,
+    };
+    let host = if host.is_empty() {
+        "localhost".to_string()
+    } else {
+        host
+    };
+    Ok(Address::Tcp { host, port })
+}
+
 impl NbdUrl {
     /// Parse an NBD URL (`nbd://`, `nbd+unix://`, `nbds://`, `nbds+unix://`);
     /// an error names the URL and what is wrong with it.
@@ -138,25 +162,7 @@ impl NbdUrl {
             if socket.is_some() {
                 return Err(bad(url, "socket= needs nbd+unix://"));
             }
-            let (host, port) = if let Some(r) = authority.strip_prefix('[') {
-                let (h, p) = r.split_once(']').ok_or_else(|| bad(url, "bad IPv6 host"))?;
-                (h.to_string(), p.strip_prefix(':'))
-            } else {
-                match authority.rsplit_once(':') {
-                    Some((h, p)) => (h.to_string(), Some(p)),
-                    None => (authority.to_string(), None),
-                }
-            };
-            let port = match port {
-                Some(p) => p.parse().map_err(|_| bad(url, "bad port"))?,
-                None => DEFAULT_PORT,
-            };
-            let host = if host.is_empty() {
-                "localhost".to_string()
-            } else {
-                host
-            };
-            Address::Tcp { host, port }
+            tcp_address(authority, url)?
         };
         Ok(NbdUrl {
             address,

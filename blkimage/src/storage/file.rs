@@ -1,12 +1,14 @@
-//! Raw images: regular files and block devices, read with pread, or in
-//! place from memory maps when read through the page cache and asked to
-//! ([`crate::mapped`]).
+//! Regular files and block devices, read with pread (direct I/O where it
+//! was asked for), or in place from memory maps when read through the
+//! page cache and asked to ([`crate::mapped`]). Holes are found with
+//! SEEK_DATA/SEEK_HOLE and never read.
 //!
-//! Holes are found with SEEK_DATA/SEEK_HOLE and never read. The size is
-//! QEMU's: a file's length rounded up to a multiple of 512, the tail reading
-//! as zeros, so that a raw file and its conversion to any format agree.
+//! A [`RawFile`] is read as a raw image (`crate::formats::raw`: QEMU's
+//! size, the file's length rounded up to 512); an [`ImageFile`] is the
+//! same file as a format's [`Storage`], its exact length.
 
-use crate::source::{Extent, ExtentKind, Source};
+use super::{Storage, check_range};
+use crate::source::{Extent, ExtentKind, Origin, Role};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
@@ -16,13 +18,12 @@ use std::path::Path;
 /// A raw file or block device.
 pub struct RawFile {
     file: File,
-    /// The name it was opened by (for [`Source::files`]).
+    /// The name it was opened by (for [`crate::Source::origin`]).
     path: std::path::PathBuf,
     /// A second, buffered handle for reads direct I/O cannot do (unaligned
     /// ones, at the end of the file); `None` when `file` is buffered.
     buffered: Option<File>,
     file_size: u64,
-    size: u64,
     /// Block devices and file systems without SEEK_DATA are all data.
     seek_data: bool,
     is_block: bool,
@@ -139,31 +140,20 @@ impl RawFile {
             path: path.to_path_buf(),
             buffered,
             file_size,
-            size: file_size.next_multiple_of(512),
             seek_data: !is_block,
             is_block,
             mapped: false,
         })
     }
 
-    /// [`RawFile::open`] as `opts` ask: direct I/O unless `opts.cache`,
-    /// and read from memory maps if `opts.map` (see [`RawFile::map_reads`]).
-    pub fn open_with(path: &Path, opts: &crate::OpenOptions) -> io::Result<RawFile> {
-        let mut file = RawFile::open(path, !opts.cache)?;
-        if opts.map {
-            file.map_reads()?;
-        }
-        Ok(file)
-    }
-
-    /// Lend ranges in place from memory maps ([`Source::read_in_place`])
+    /// Lend ranges in place from memory maps ([`crate::Source::read_in_place`])
     /// if the file is read through the page cache (not with direct I/O):
     /// the digest workers read the cached pages without a copy. Installs
     /// the process's SIGBUS handler ([`crate::mapped::install`]), which
     /// turns a file that shrinks under a map into an error.
     pub fn map_reads(&mut self) -> io::Result<()> {
         if !self.is_direct() {
-            crate::mapped::install()?;
+            crate::storage::mapped::install()?;
             self.mapped = true;
         }
         Ok(())
@@ -269,7 +259,75 @@ impl RawFile {
         Ok(())
     }
 
-    fn next_extent(&self, offset: u64, end: u64) -> io::Result<Extent> {
+    /// The file's own length in bytes (a block device's size).
+    pub(crate) fn file_size(&self) -> u64 {
+        self.file_size
+    }
+
+    /// Fill `buf` from `offset`, every byte inside the file: with direct
+    /// I/O where it is aligned, else through the page cache.
+    pub(crate) fn read_bytes(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if let Some(buffered) = &self.buffered {
+            let aligned = |n: usize| n.is_multiple_of(crate::buffer::ALIGN);
+            if aligned(offset as usize) && aligned(buf.len()) && aligned(buf.as_ptr() as usize) {
+                match Self::pread_full(&self.file, buf, offset) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                    r => return r,
+                }
+            }
+            return Self::pread_full(buffered, buf, offset);
+        }
+        Self::pread_full(&self.file, buf, offset)
+    }
+
+    /// How many of the `len` bytes from `offset` are lent in place from a
+    /// memory map: all of them, or none (not mapped, too few to be worth
+    /// a map, or not all inside the file).
+    pub(crate) fn lendable_bytes(&self, offset: u64, len: usize) -> usize {
+        let in_file = offset
+            .checked_add(len as u64)
+            .is_some_and(|end| end <= self.file_size);
+        if self.mapped && len >= MIN_LEND && in_file {
+            len
+        } else {
+            0
+        }
+    }
+
+    /// Call `f` with the `len` bytes from `offset`, from a memory map if
+    /// reads are mapped, else copied.
+    pub(crate) fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+        if !self.mapped {
+            return crate::source::copy_to(len, |buf| self.read_bytes(buf, offset), f);
+        }
+        crate::storage::mapped::with_map(&self.file, offset, len, f)
+    }
+
+    /// An error if the file is shorter now than when it was opened.
+    pub(crate) fn check_shrunk(&self) -> io::Result<()> {
+        if self.is_block {
+            return Ok(());
+        }
+        let now = self.file.metadata()?.len();
+        if now < self.file_size {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "the file shrank while it was read (from {} to {now} bytes)",
+                    self.file_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The extent from `offset` (before `end`): a hole or data, as
+    /// SEEK_DATA and SEEK_HOLE say; past the file's end, the rounding's
+    /// zeros, a hole.
+    pub(crate) fn next_extent(&self, offset: u64, end: u64) -> io::Result<Extent> {
         let extent = |end: u64, kind| Extent {
             offset,
             len: end - offset,
@@ -302,89 +360,87 @@ impl RawFile {
     }
 }
 
-impl Source for RawFile {
-    fn format(&self) -> &str {
-        "raw"
+impl RawFile {
+    /// Where its bytes come from: the file, as the image's own.
+    pub(crate) fn origin(&self) -> Vec<Origin> {
+        vec![Origin::File {
+            path: self.path.clone(),
+            role: Role::Image,
+        }]
+    }
+}
+
+/// A raw file or block device (with direct I/O where it was asked for),
+/// with its exact length: reads past it are errors (a qcow2 file need not
+/// end on a 512-byte boundary, as a raw image's size rounds to).
+pub struct ImageFile {
+    raw: RawFile,
+    len: u64,
+    /// Fewer blocks allocated than its length: it has holes worth asking
+    /// for (a file with none answers every question with data: no call).
+    sparse: bool,
+}
+
+impl ImageFile {
+    /// `raw`, opened from `path`.
+    pub fn new(raw: RawFile, path: &std::path::Path) -> io::Result<ImageFile> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path)?;
+        // The size a raw image of it has (rounded up to 512), as QEMU sees it.
+        let size = raw.file_size().next_multiple_of(512);
+        let len = if meta.is_file() {
+            meta.len().min(size)
+        } else {
+            size
+        };
+        let sparse = meta.is_file() && meta.blocks().saturating_mul(512) < meta.len();
+        Ok(ImageFile { raw, len, sparse })
+    }
+}
+
+impl Storage for ImageFile {
+    fn len(&self) -> u64 {
+        self.len
     }
 
-    fn files(&self) -> Vec<std::path::PathBuf> {
-        vec![self.path.clone()]
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_range(offset, buf.len(), self.len)?;
+        self.raw.read_bytes(buf, offset)
+    }
+
+    fn finish(&self) -> io::Result<()> {
+        self.raw.check_shrunk()
     }
 
     fn is_direct(&self) -> bool {
-        RawFile::is_direct(self)
-    }
-
-    fn size(&self) -> u64 {
-        self.size
-    }
-
-    fn rounded(&self) -> Option<crate::Rounded> {
-        (self.size != self.file_size).then_some(crate::Rounded {
-            file_size: self.file_size,
-            size: self.size,
-        })
-    }
-
-    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
-        Ok(vec![self.next_extent(offset, offset + len)?])
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let in_file = (self.file_size.saturating_sub(offset) as usize).min(buf.len());
-        let (head, tail) = buf.split_at_mut(in_file);
-        tail.fill(0);
-        if head.is_empty() {
-            return Ok(());
-        }
-        if let Some(buffered) = &self.buffered {
-            let aligned = |n: usize| n.is_multiple_of(crate::buffer::ALIGN);
-            if aligned(offset as usize) && aligned(head.len()) && aligned(head.as_ptr() as usize) {
-                match Self::pread_full(&self.file, head, offset) {
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-                    r => return r,
-                }
-            }
-            return Self::pread_full(buffered, head, offset);
-        }
-        Self::pread_full(&self.file, head, offset)
+        self.raw.is_direct()
     }
 
     fn lendable(&self, offset: u64, len: usize) -> usize {
-        let in_file = offset
-            .checked_add(len as u64)
-            .is_some_and(|end| end <= self.file_size);
-        if self.mapped && len >= MIN_LEND && in_file {
-            len
-        } else {
-            0
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.len => self.raw.lendable_bytes(offset, len),
+            _ => 0,
         }
     }
 
     fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
-        if !self.mapped {
-            let mut buf = blkhash::try_zeroed(len, "a read")?;
-            self.read_at(&mut buf, offset)?;
-            f(&buf);
-            return Ok(());
-        }
-        crate::mapped::with_map(&self.file, offset, len, f)
+        check_range(offset, len, self.len)?;
+        self.raw.lend(offset, len, f)
     }
 
-    fn finish(&self) -> io::Result<()> {
-        if self.is_block {
-            return Ok(());
+    fn origin(&self) -> Vec<Origin> {
+        self.raw.origin()
+    }
+
+    fn data_at(&self, offset: u64, len: u64) -> io::Result<(bool, u64)> {
+        let len = len.min(self.len.saturating_sub(offset));
+        if !self.sparse || len == 0 {
+            return Ok((true, len.max(1)));
         }
-        let now = self.file.metadata()?.len();
-        if now < self.file_size {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "the file shrank while it was read (from {} to {now} bytes)",
-                    self.file_size
-                ),
-            ));
+        match self.raw.next_extent(offset, offset + len) {
+            Ok(e) if e.offset == offset && e.len > 0 => Ok((!e.kind.is_zero(), e.len)),
+            Ok(_) => Ok((true, len)),
+            Err(e) => Err(e),
         }
-        Ok(())
     }
 }

@@ -1,0 +1,77 @@
+//! Opening a URL: the first request, the format probed from the bytes it
+//! brought, and a qcow2 image's chain (`super::chain`) named relative to
+//! the URL.
+
+use super::chain;
+use super::{Format, Input, OpenOptions};
+use crate::formats::{qcow2, qemu};
+use crate::storage::http::{Http, HttpUrl, Opening, Whole, no_ranges, open_url};
+use std::io::{self, Read};
+
+/// Open the image at `url` as [`crate::open`] does.
+pub(crate) fn open(name: &str, opts: &OpenOptions) -> io::Result<Input> {
+    let url = HttpUrl::parse(name)?;
+    let http = match open_url(&url, &opts.http)? {
+        Opening::Ranges(h) => *h,
+        Opening::Whole(whole) => return open_whole(whole, opts.format),
+    };
+    let format = match opts.format {
+        Some(f) => f,
+        None => probe(&http)?,
+    };
+    match format {
+        Format::Raw => Ok(Input::Image(Box::new(http))),
+        Format::Qcow2 => {
+            let mut chain = vec![http.url().recorded()];
+            let image = chain::open_remote(std::sync::Arc::new(http), opts, &mut chain)?;
+            Ok(Input::Image(Box::new(image)))
+        }
+        Format::Qemu(f) => Err(other_format(f)),
+    }
+}
+
+/// A format read through QEMU (vmdk, vdi...), which is not read over HTTP.
+fn other_format(f: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "a {f} image: over HTTP(S) only raw and qcow2 images are read; download it \
+             (curl -o FILE URL) and hash FILE, or convert it to qcow2 where it is published"
+        ),
+    )
+}
+
+/// The format of a file with ranges, from its first bytes (and its last
+/// 512, for the formats QEMU tells by a trailer), as a file's is probed.
+fn probe(http: &Http) -> io::Result<Format> {
+    let head = &http.head()[..http.head().len().min(512)];
+    if qcow2::probe_bytes(head) {
+        return Ok(Format::Qcow2);
+    }
+    let len = http.version().len;
+    let tail = |at: u64, n: usize| {
+        let mut b = vec![0u8; n];
+        http.fetch(&mut b, at).ok().map(|()| b)
+    };
+    match qemu::probe_bytes(head, len, tail)? {
+        Some(f) => Ok(Format::Qemu(f)),
+        None => Ok(Format::Raw),
+    }
+}
+
+/// A whole-file reply as an input: raw bytes, as a stream; anything that
+/// needs ranges refused.
+fn open_whole(mut whole: Whole, format: Option<Format>) -> io::Result<Input> {
+    let mut head = Vec::with_capacity(512);
+    (&mut whole).take(512).read_to_end(&mut head)?;
+    let probed = if qcow2::probe_bytes(&head) {
+        Some(Format::Qcow2)
+    } else {
+        qemu::probe_bytes(&head, 0, |_, _| None)?.map(Format::Qemu)
+    };
+    match format.or(probed) {
+        Some(Format::Qcow2) => Err(no_ranges("the image")),
+        Some(Format::Qemu(f)) => Err(other_format(f)),
+        _ => Ok(Input::Stream(Box::new(io::Cursor::new(head).chain(whole)))),
+    }
+}
