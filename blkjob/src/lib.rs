@@ -252,7 +252,9 @@ pub fn map_range(
 }
 
 /// A saved map, if `name` is a regular file that starts with the map
-/// magic; `None` if it is something else (an image, a device, a URL).
+/// magic or is a Proxmox Backup Server fixed index (`.fidx`, read as the
+/// map of the disk it backed up: sha256, blocks of its chunk size);
+/// `None` if it is something else (an image, a device, a URL).
 pub fn try_load_map(name: impl AsRef<std::path::Path>) -> io::Result<Option<Map>> {
     let name = name.as_ref();
     let Ok(meta) = std::fs::metadata(name) else {
@@ -263,6 +265,9 @@ pub fn try_load_map(name: impl AsRef<std::path::Path>) -> io::Result<Option<Map>
     }
     let mut prefix = Vec::with_capacity(8);
     File::open(name)?.take(8).read_to_end(&mut prefix)?;
+    if blkmap::is_fidx(&prefix) {
+        return Ok(Some(blkmap::fidx_map(blkmap::open_fidx(name)?)?));
+    }
     if !blkmap::is_map(&prefix) {
         return Ok(None);
     }
@@ -276,6 +281,15 @@ pub fn map_stdin(job: &Job, detect_map: bool, progress: &mut dyn FnMut(u64)) -> 
     let mut prefix = Vec::with_capacity(8);
     (&mut stdin).take(8).read_to_end(&mut prefix)?;
     let rest = io::Cursor::new(prefix.clone()).chain(stdin);
+    if detect_map && blkmap::is_fidx(&prefix) {
+        let reader = blkmap::FidxReader::new(io::BufReader::with_capacity(1 << 20, rest))?;
+        return Ok(Mapped {
+            map: blkmap::fidx_map(reader)?,
+            format: "fidx".to_string(),
+            rounded: None,
+            stats: Stats::default(),
+        });
+    }
     if detect_map && blkmap::is_map(&prefix) {
         return Ok(Mapped {
             map: Map::read(io::BufReader::with_capacity(1 << 20, rest))?,

@@ -132,7 +132,8 @@ fn checkpoint(
 /// Hash every input, `--jobs` at a time, printing results in argument order.
 /// Ok(true) if every input was hashed.
 fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Result<bool, Stop> {
-    let (alg, bs) = (hashing.job.algorithm(), hashing.job.block_size());
+    let job = &hashing.job;
+    let params = (job.construction(), job.algorithm(), job.block_size());
     let mut all_ok = true;
     let mut json = Vec::new();
     let mut emit = |name: &OsStr, result: io::Result<Report>| -> Result<(), Stop> {
@@ -166,7 +167,7 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
                         )
                     });
                 }
-                let tag = args.tag.then_some((alg, bs));
+                let tag = args.tag.then_some(params);
                 let hex = r.checksum.to_hex();
                 let line = if args.zero {
                     let mut line = lines::format_line_zero(&hex, name, tag);
@@ -202,7 +203,7 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
     in_order(
         files,
         args.jobs.into(),
-        |name| hashing.checksum(name, alg, bs),
+        |name| hashing.checksum(name, params),
         &mut emit,
     )?;
     if args.json {
@@ -282,6 +283,7 @@ fn in_order<T: Send>(
 fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Result<bool, Stop> {
     let (algorithm, block_size) = (hashing.job.algorithm(), hashing.job.block_size());
     let opts = check::CheckOptions {
+        construction: hashing.job.construction(),
         algorithm,
         block_size,
         quiet: args.quiet,
@@ -307,8 +309,8 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
         };
         // The size note is no failure: --quiet (failures only) and
         // --status (nothing) leave it out.
-        let mut compute = |name: &OsStr, alg, bs| {
-            hashing.checksum(name, alg, bs).map(|r| {
+        let mut compute = |name: &OsStr, tag| {
+            hashing.checksum(name, tag).map(|r| {
                 if let Some(n) = r.rounded.filter(|_| !args.quiet && !args.status) {
                     let lossy = blkcli::shown_lossy(name);
                     hashing

@@ -78,6 +78,7 @@ fn command() -> clap::Command {
     let shown = [
         ("json", "One JSON document instead of the ranges"),
         ("quiet", "Print nothing; the exit status tells"),
+        CONSTRUCTION,
         DIGEST,
         BLOCK_SIZE,
         FORMAT,
@@ -262,7 +263,7 @@ fn compare(args: &Args, a: &Mapped, b: &Mapped, job: &Job) -> ExitCode {
     let printed = if args.quiet {
         Ok(())
     } else if args.json {
-        print_json(args, a, b, &d)
+        print_json(args, a, b, &d, job.construction())
     } else {
         print_text(&d)
     };
@@ -323,7 +324,13 @@ fn print_text(d: &Diff) -> io::Result<()> {
     out.flush()
 }
 
-fn print_json(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> io::Result<()> {
+fn print_json(
+    args: &Args,
+    a: &Mapped,
+    b: &Mapped,
+    d: &Diff,
+    construction: blkhash::Construction,
+) -> io::Result<()> {
     let input = |name: &str, m: &Mapped| {
         json!({
             "name": name,
@@ -331,7 +338,7 @@ fn print_json(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> io::Result<()> {
             "virtual-size": m.map.size(),
             // blkdiff's first spelling, kept while the schema is 1.
             "size": m.map.size(),
-            "checksum": m.map.checksum().to_hex(),
+            "checksum": m.map.checksum_in(construction).to_hex(),
         })
     };
     // Keys as blksum's --json spells them (qemu-img's style), in the order
@@ -340,6 +347,7 @@ fn print_json(args: &Args, a: &Mapped, b: &Mapped, d: &Diff) -> io::Result<()> {
         "schema": 1,
         "a": input(&args.a, a),
         "b": input(&args.b, b),
+        "construction": construction.name(),
         "digest": a.map.algorithm().name(),
         "block-size": a.map.block_size(),
         "same": d.is_same(),

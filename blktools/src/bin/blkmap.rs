@@ -132,6 +132,11 @@ enum Command {
     },
     /// Print the checksum of a map, or of parts that cover an image, as
     /// blksum prints it, checking the map on the way; nothing is written.
+    /// MAP may be a Proxmox Backup Server fixed index (.fidx, probed by
+    /// its magic: the map of the disk it backed up, sha256 digests of its
+    /// chunks), its length and index_csum checked against its digests:
+    /// with --construction pbs the line holds its index_csum, which
+    /// `blksum --construction pbs DISK` gives for the disk it backed up.
     Checksum {
         /// A map, or the parts of one.
         #[arg(value_name = "MAP", required = true)]
@@ -149,10 +154,16 @@ struct LineArgs {
     /// needs it: they are no one file to name the line after.
     #[arg(long, value_name = "NAME")]
     name: Option<OsString>,
-    /// Write a BSD-style line naming the digest and block size, as blksum
-    /// --tag.
+    /// Write a BSD-style line naming the construction, digest and block
+    /// size, as blksum --tag.
     #[arg(long)]
     tag: bool,
+    /// The checksum to print, computed from the block digests: blkhash
+    /// (blkhash 0.11's, the one a map holds), imageio (oVirt imageio's
+    /// checksum API), pbs (a Proxmox Backup Server index_csum: of a .fidx,
+    /// its own, checked) [default: blkhash].
+    #[arg(long, value_name = "NAME", value_parser = blkcli::args::construction_parser(), hide_possible_values = true)]
+    construction: Option<blkhash::Construction>,
 }
 
 const PAGE: Page = Page {
@@ -192,6 +203,10 @@ const PAGE: Page = Page {
             "The checksum a map holds, as blksum prints it:",
             "blkmap checksum --name disk.qcow2 disk.map",
         ),
+        (
+            "A Proxmox Backup Server index's index_csum, checked, to compare with a restored disk:",
+            "blkmap checksum --construction pbs drive-scsi0.img.fidx; blksum --construction pbs disk.raw",
+        ),
     ],
 };
 
@@ -227,6 +242,7 @@ fn command() -> clap::Command {
         ("dirty_bitmap", "The dirty bitmap that marks what changed"),
         ("verify", "With --base: read the clean blocks too, to check"),
         ("json", "One JSON object instead of the checksum line"),
+        CONSTRUCTION,
         DIGEST,
         BLOCK_SIZE,
         FORMAT,
@@ -422,8 +438,10 @@ const JSON_SCHEMA: u32 = 1;
 /// The checksum line, or with --json the object describing the run.
 fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
     let image = args.image.as_deref().expect("clap requires IMAGE");
+    let construction = args.input.construction.unwrap_or_default();
     if !args.json {
-        return print_line(&map.checksum().to_hex(), &blkcli::shown(image), None);
+        let sum = map.checksum_in(construction).to_hex();
+        return print_line(&sum, &blkcli::shown(image), None);
     }
     // Spelled as blksum's and blkdiff's JSON (qemu-img's `virtual-size`);
     // `size`, this document's first name for it, is kept while `schema`
@@ -431,7 +449,8 @@ fn print_result(args: &Args, map: &blkmap::Map, read: Read) -> ExitCode {
     let doc = serde_json::json!({
         "schema": JSON_SCHEMA,
         "image": blkcli::shown_lossy(image),
-        "checksum": map.checksum().to_hex(),
+        "checksum": map.checksum_in(construction).to_hex(),
+        "construction": construction.name(),
         "digest": map.algorithm().to_string(),
         "block-size": map.block_size(),
         "virtual-size": map.size(),
@@ -569,7 +588,8 @@ fn merge(out: &Path, parts: &[PathBuf], line: &LineArgs) -> ExitCode {
                 .map(blkhash::Checksum::to_hex)
                 .unwrap_or_default();
             let name = line.name.as_deref().unwrap_or(out.as_os_str());
-            print_line(&hex, name, line.tag.then_some((h.algorithm, h.block_size)))
+            let tag = (blkhash::Construction::Blkhash, h.algorithm, h.block_size);
+            print_line(&hex, name, line.tag.then_some(tag))
         }
         Err(e) => {
             say_merge_error(&out.display().to_string(), e);
@@ -597,14 +617,38 @@ fn checksum(maps: &[PathBuf], line: &LineArgs) -> ExitCode {
             .exit();
         }
     };
-    match blkmap::merge_files(maps, None) {
+    let c = line.construction.unwrap_or_default();
+    if let [path] = maps
+        && is_fidx_file(path)
+    {
+        let sum = blkmap::open_fidx(path).and_then(|mut r| {
+            let sum = r.checksum_in(c)?;
+            Ok((sum, r.header().chunk_size))
+        });
+        return match sum {
+            Ok((sum, bs)) => {
+                let tag = (c, sum.algorithm(), bs);
+                print_line(&sum.to_hex(), &name, line.tag.then_some(tag))
+            }
+            Err(e) => {
+                say_merge_error(&path.display().to_string(), e);
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let never = std::sync::atomic::AtomicBool::new(false);
+    match blkmap::checksum_files_until(maps, c, &never) {
         Ok(h) => {
             let hex = h
                 .checksum
                 .as_ref()
                 .map(blkhash::Checksum::to_hex)
                 .unwrap_or_default();
-            print_line(&hex, &name, line.tag.then_some((h.algorithm, h.block_size)))
+            print_line(
+                &hex,
+                &name,
+                line.tag.then_some((c, h.algorithm, h.block_size)),
+            )
         }
         Err(e) => {
             let parts: Vec<_> = maps.iter().map(|p| p.display().to_string()).collect();
@@ -630,8 +674,17 @@ fn say_merge_error(subject: &str, e: blkmap::MapError) {
     }
 }
 
+/// True if `path` starts with the magic of a Proxmox Backup Server fixed
+/// index (a `.fidx`, whatever its name).
+fn is_fidx_file(path: &Path) -> bool {
+    let mut prefix = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut f| io::Read::read_exact(&mut f, &mut prefix))
+        .is_ok_and(|()| blkmap::is_fidx(&prefix))
+}
+
 /// Print a checksum line as blksum does.
-fn print_line(hex: &str, name: &OsStr, tag: Option<(blkhash::Algorithm, usize)>) -> ExitCode {
+fn print_line(hex: &str, name: &OsStr, tag: Option<blkcli::lines::Tag>) -> ExitCode {
     let mut line = format_line_os(hex, name, tag);
     line.push(b'\n');
     output::print_code("blkmap", |out| out.write_all(&line))
