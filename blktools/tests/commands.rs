@@ -7,6 +7,7 @@ mod cli;
 mod closed_stdout;
 mod crash;
 mod dirty;
+mod fidx;
 mod guard;
 mod http;
 mod limits;
