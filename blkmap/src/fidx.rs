@@ -52,6 +52,15 @@ pub fn is_fidx(prefix: &[u8]) -> bool {
     prefix.starts_with(&FIDX_MAGIC)
 }
 
+/// True if the file `path` starts with the fixed index magic (a `.fidx`,
+/// whatever its name); false if it does not or cannot be read.
+pub fn is_fidx_file(path: &std::path::Path) -> bool {
+    let mut prefix = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut prefix))
+        .is_ok_and(|()| is_fidx(&prefix))
+}
+
 /// A fixed index's header.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FidxHeader {

@@ -51,7 +51,9 @@ mod part;
 
 pub use builder::{MapBuilder, Observed};
 pub use diff::{Diff, Mismatch, Range, diff};
-pub use fidx::{FIDX_HEADER_LEN, FIDX_MAGIC, FidxHeader, FidxReader, fidx_map, is_fidx, open_fidx};
+pub use fidx::{
+    FIDX_HEADER_LEN, FIDX_MAGIC, FidxHeader, FidxReader, fidx_map, is_fidx, is_fidx_file, open_fidx,
+};
 pub use format::{
     Header, MAGIC, MAX_IDENTITY, MapReader, Piece, VERSION, check_range, is_map,
     remove_stale_temps, write_atomic,

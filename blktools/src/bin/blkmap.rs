@@ -619,7 +619,7 @@ fn checksum(maps: &[PathBuf], line: &LineArgs) -> ExitCode {
     };
     let c = line.construction.unwrap_or_default();
     if let [path] = maps
-        && is_fidx_file(path)
+        && blkmap::is_fidx_file(path)
     {
         let sum = blkmap::open_fidx(path).and_then(|mut r| {
             let sum = r.checksum_in(c)?;
@@ -672,15 +672,6 @@ fn say_merge_error(subject: &str, e: blkmap::MapError) {
         blkmap::MapError::In(part, e) => eprintln!("blkmap: {part}: {}", said(&e)),
         e => eprintln!("blkmap: {subject}: {}", said(&e)),
     }
-}
-
-/// True if `path` starts with the magic of a Proxmox Backup Server fixed
-/// index (a `.fidx`, whatever its name).
-fn is_fidx_file(path: &Path) -> bool {
-    let mut prefix = [0u8; 8];
-    std::fs::File::open(path)
-        .and_then(|mut f| io::Read::read_exact(&mut f, &mut prefix))
-        .is_ok_and(|()| blkmap::is_fidx(&prefix))
 }
 
 /// Print a checksum line as blksum does.
