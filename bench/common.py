@@ -29,9 +29,10 @@ CHUNK = MiB
 CASES = ["speed", "random", "holes", "zero", "empty", "ranges", "qcow2", "compressed", "direct",
          "nbd", "remote", "http",
          "sync", "sync_nbd", "lib", "python"]
-# Run only when named (--only): dirty needs about 24 GiB of disk at its
+# Run only when named (--only): imageio needs the venv of ovirt-imageio
+# (blksum/tests/imageio.rs makes it); dirty needs about 24 GiB of disk at its
 # default size.
-ALL_CASES = CASES + ["dirty"]
+ALL_CASES = CASES + ["dirty", "imageio"]
 
 
 def parse_size(s):

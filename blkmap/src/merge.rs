@@ -82,6 +82,11 @@ pub fn checksum_files_until(
     construction: Construction,
     cancel: &AtomicBool,
 ) -> Result<Header, MapError> {
+    merge_in(open_parts(parts)?, None, None, false, construction, cancel)
+}
+
+/// The files `parts`, opened as maps to merge, each named by its path.
+fn open_parts(parts: &[impl AsRef<Path>]) -> Result<Vec<Named<'static>>, MapError> {
     let mut inputs: Vec<Named<'static>> = Vec::with_capacity(parts.len());
     for p in parts {
         let p = p.as_ref();
@@ -89,7 +94,7 @@ pub fn checksum_files_until(
         let f = crate::format::open_map_file(p).map_err(|e| MapError::Io(e).of(&name))?;
         inputs.push((name, Box::new(BufReader::new(f))));
     }
-    merge_in(inputs, None, None, false, construction, cancel)
+    Ok(inputs)
 }
 
 /// [`merge_until`], the checksum computed in `construction` (only
@@ -327,13 +332,7 @@ pub fn merge_files_until(
             .collect();
         crate::guard::check_outputs(&[crate::guard::Output::map(out)], &inputs)?;
     }
-    let mut inputs: Vec<Named<'static>> = Vec::with_capacity(parts.len());
-    for p in parts {
-        let p = p.as_ref();
-        let name = p.display().to_string();
-        let f = crate::format::open_map_file(p).map_err(|e| MapError::Io(e).of(&name))?;
-        inputs.push((name, Box::new(BufReader::new(f))));
-    }
+    let inputs = open_parts(parts)?;
     match out {
         Some(out) => merge_to_file_until(inputs, out, None, false, cancel),
         None => merge_until(inputs, None, None, false, cancel),

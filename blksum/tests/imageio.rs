@@ -192,19 +192,6 @@ fn exchange(s: &mut (impl Read + Write), req: &str) -> (u32, String) {
     )
 }
 
-/// Bytes of `len` from `seed`: random enough that no block repeats.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 #[test]
 fn checksums_equal_imageio_daemon() {
     if !require(&["qemu-img", "qemu-nbd", "python3"]) {
@@ -215,27 +202,17 @@ fn checksums_equal_imageio_daemon() {
     let d = dir.path();
     const MIB: u64 = 1 << 20;
 
-    // Raw files, served by imageio's file backend.
-    let sparse = d.join("sparse.raw");
-    let f = std::fs::File::create(&sparse).unwrap();
-    f.set_len(21 * MIB).unwrap();
-    use std::os::unix::fs::FileExt;
-    f.write_all_at(&noise(MIB as usize, 1), 3 * MIB).unwrap();
-    f.write_all_at(&noise(4096, 2), 17 * MIB + 8192).unwrap();
-    drop(f);
-    let zeros = d.join("zeros.raw");
-    std::fs::write(&zeros, vec![0u8; 9 * MIB as usize]).unwrap();
-    // Not a multiple of any block size (but of 512, which a raw file's
-    // size is rounded up to by QEMU and blksum alike).
-    let odd = d.join("odd.raw");
-    std::fs::write(&odd, noise(5 * MIB as usize + 3 * 512, 3)).unwrap();
+    // Raw files, served by imageio's file backend (testkit's recipes: "-"
+    // a hole, "0" written zeros, "r" pseudo-random bytes): sparse, all
+    // zeros written, and a size that is no multiple of any block size (but
+    // of 512, which a raw file's size is rounded up to by QEMU and blksum
+    // alike).
+    let sparse = image(d, "sparse.raw", "3m:- 1m:r 13m:- 8k:- 4k:r 4084k:-");
+    let zeros = image(d, "zeros.raw", "9m:0");
+    let odd = image(d, "odd.raw", "5m:r 1536:r");
 
     // qcow2 images, served to imageio by qemu-nbd.
-    let src = d.join("src.raw");
-    let mut bytes = noise(6 * MIB as usize, 4);
-    bytes.extend(vec![0u8; 4 * MIB as usize]);
-    bytes.extend(noise(MIB as usize + 4096, 5));
-    std::fs::write(&src, &bytes).unwrap();
+    let src = image(d, "src.raw", "6m:r 4m:0 1m:r 4k:r");
     let compressed = d.join("compressed.qcow2");
     qemu::qemu_img(&[
         "convert",
