@@ -178,7 +178,8 @@ impl FidxHeader {
 /// // An index_csum that lies is refused at the end.
 /// file[40] ^= 1;
 /// let mut r = FidxReader::new(&file[..]).unwrap();
-/// assert!(std::iter::from_fn(|| r.next_digests().transpose()).any(|d| d.is_err()));
+/// let err = r.checksum().unwrap_err();
+/// assert!(err.to_string().contains("index_csum is not the SHA-256 of its digests"));
 /// ```
 pub struct FidxReader<R> {
     r: R,
