@@ -122,8 +122,9 @@ def checksum(
     An HTTP(S) URL of a raw or qcow2 image is read by range requests (only
     what a qcow2 image holds); ``headers`` (a dict, for a bearer token) go to
     the URL's host, ``retries`` (None: 4) bound the tries of a request that
-    failed on the way, ``tls_certificates`` names a directory with
-    ``ca-cert.pem`` as for ``nbds://``. A file that changes while it is read
+    failed on the way, ``tls_certificates`` names the CAs to trust (a PEM
+    file, or a directory: with ``ca-cert.pem`` as for ``nbds://``, or of CA
+    certificates). The other functions on an image take the same keywords. A file that changes while it is read
     raises OSError ("changed while it was read"); a password in the URL is
     shown as ``***`` in every message.
 
@@ -195,6 +196,8 @@ def update_map(
     secret_file: Optional[Union[str, "os.PathLike[str]"]] = None,
     timeout: Optional[float] = None,
     tls_certificates: Optional[Union[str, "os.PathLike[str]"]] = None,
+    headers: Optional[Dict[str, str]] = None,
+    retries: Optional[int] = None,
 ) -> str:
     """Update ``base`` (the map when ``bitmap`` was created or cleared) to the map now, in ``out``; return the hex checksum.
 
@@ -218,6 +221,8 @@ def dirty_ranges(
     secret_file: Optional[Union[str, "os.PathLike[str]"]] = None,
     timeout: Optional[float] = None,
     tls_certificates: Optional[Union[str, "os.PathLike[str]"]] = None,
+    headers: Optional[Dict[str, str]] = None,
+    retries: Optional[int] = None,
 ) -> List[Tuple[int, int]]:
     """The ``(offset, length)`` byte ranges the dirty bitmap marks, in order, merged.
 
@@ -235,5 +240,7 @@ def bitmaps(
     secret_file: Optional[Union[str, "os.PathLike[str]"]] = None,
     timeout: Optional[float] = None,
     tls_certificates: Optional[Union[str, "os.PathLike[str]"]] = None,
+    headers: Optional[Dict[str, str]] = None,
+    retries: Optional[int] = None,
 ) -> List[Dict[str, Union[str, int, bool, None]]]:
     """The image's dirty bitmaps: ``name``, ``granularity``, ``in_use``, ``enabled`` (None where unknown)."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package as users get it: the release wheel (scripts/package.sh
-# --wheel: maturin, abi3, into dist/) installed into a throwaway venv with
-# pip --no-index and no cargo or rustc on PATH, then its pytest suite.
+# --wheel: maturin, abi3, into dist/) installed into a throwaway venv by
+# the README's own install line (pip --no-index --find-links dist), with no
+# cargo or rustc on PATH, then its pytest suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,12 +22,11 @@ open_to_all() {
 }
 tmp=${TMPDIR:-/tmp}
 open_to_all "$tmp" || tmp=/tmp
-venv=$(mktemp -d "$tmp/blkhash-venv.XXXXXX")
-trap 'rm -rf "$venv"' EXIT
-chmod 755 "$venv"
+top=$(mktemp -d "$tmp/blkhash-venv.XXXXXX")
+trap 'rm -rf "$top"' EXIT
+chmod 755 "$top"
 
 scripts/package.sh --wheel
-python3 -m venv "$venv"
 # PATH without the directories that hold cargo or rustc: the wheel must
 # install without building anything.
 no_rust=""
@@ -37,7 +37,14 @@ for d in "${dirs[@]}"; do
     fi
     no_rust=${no_rust:+$no_rust:}$d
 done
-PATH=$no_rust "$venv/bin/pip" install --quiet --disable-pip-version-check --no-index dist/blkhash-*-abi3-*.whl
+# The README's install line, as it is written there, run where dist/ is
+# this one's: the wheel of this machine picked by pip among dist/'s
+# (--release puts the aarch64 one there too), nothing built.
+line=$(grep -E '^python3 -m venv venv && venv/bin/pip install' README.md)
+[ "$(wc -l <<< "$line")" -eq 1 ] || { echo "test-python: no one install line in README.md" >&2; exit 1; }
+ln -s "$PWD/dist" "$top/dist"
+(cd "$top" && PATH=$no_rust PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_QUIET=1 bash -ec "$line")
+venv=$top/venv
 # blake3: the tests' model of the construction for that digest (not in hashlib).
 # distributed (dask): the fan-out test runs map_range on a local cluster.
 "$venv/bin/pip" install --quiet --disable-pip-version-check pytest blake3 distributed

@@ -98,10 +98,14 @@ pub struct InputArgs {
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
 
-    /// TLS (nbds://, nbds+unix://, https://): the directory with ca-cert.pem,
-    /// and client-cert.pem and client-key.pem for a client certificate, when
-    /// an NBD URL has no tls-certificates=DIR [default: the system's CAs].
-    #[arg(long, value_name = "DIR")]
+    /// TLS (https://, nbds://, nbds+unix://): the certificate authorities
+    /// to trust instead of the system's, as curl's --cacert or --capath: a
+    /// PEM file of CA certificates, or a directory, either with ca-cert.pem
+    /// (and client-cert.pem with client-key.pem for a client certificate,
+    /// as QEMU lays it out) or of CA certificates (/etc/ssl/certs). An NBD
+    /// URL's tls-certificates=DIR comes first [default: the system's CAs,
+    /// SSL_CERT_FILE or SSL_CERT_DIR where set].
+    #[arg(long, value_name = "FILE|DIR")]
     pub tls_certificates: Option<PathBuf>,
 
     /// HTTP(S) URLs: a header sent with every request to the URL's host

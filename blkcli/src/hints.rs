@@ -2,6 +2,7 @@
 //! images, digests and servers, not command lines: where their error calls
 //! for an option, the error is typed ([`blkimage::PassphraseNeeded`],
 //! [`blkimage::nbd::RawOnly`], [`blkimage::nbd::NoCaCertificates`],
+//! [`blkimage::nbd::UnknownIssuer`], [`blkimage::http::Unauthorized`],
 //! [`blkhash::UnknownAlgorithm`], an image in use) and the command names
 //! its option here, the same way in every command.
 
@@ -26,7 +27,15 @@ pub fn with_option(e: &io::Error, reason: String) -> String {
         return format!("{reason} (only -f raw applies)");
     }
     if is::<blkimage::nbd::NoCaCertificates>(e) {
-        return format!("{reason} (--tls-certificates DIR, or tls-certificates=DIR in the URL)");
+        return format!(
+            "{reason} (--tls-certificates FILE|DIR, or tls-certificates=DIR in the URL)"
+        );
+    }
+    if is::<blkimage::nbd::UnknownIssuer>(e) {
+        return format!("{reason} (--tls-certificates FILE|DIR)");
+    }
+    if is::<blkimage::http::Unauthorized>(e) {
+        return format!("{reason} (--header 'Authorization: ...')");
     }
     if e.kind() == io::ErrorKind::ResourceBusy && reason.starts_with("in use") {
         // The library knows the lock, the command its option.
@@ -35,9 +44,9 @@ pub fn with_option(e: &io::Error, reason: String) -> String {
     reason
 }
 
-/// True if `e` is the library's typed error `T`.
+/// True if `e` is the library's typed error `T`, under any context.
 fn is<T: std::error::Error + 'static>(e: &io::Error) -> bool {
-    e.get_ref().is_some_and(|inner| inner.is::<T>())
+    blkimage::caused_by::<T>(e)
 }
 
 /// An unknown digest's message, with the option that lists the known ones.

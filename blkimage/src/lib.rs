@@ -31,7 +31,7 @@ mod window;
 pub use bitmap::{BitmapInfo, Dirty, MAX_DIRTY_RANGES};
 pub use buffer::{ALIGN, AlignedBuf};
 pub use masked::Masked;
-pub use oserror::{errno, with_context};
+pub use oserror::{cause, caused_by, errno, with_context};
 pub use qcow2::Qcow2;
 /// The formats read through a private qemu-nbd (QEMU's driver names), for
 /// `--format` and its completions.

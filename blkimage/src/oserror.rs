@@ -72,6 +72,39 @@ pub fn errno(e: &io::Error) -> Option<i32> {
     None
 }
 
+/// True if `e` is, or has under contexts added with [`with_context`] (or
+/// any other error's source chain), the typed error `T`: a front end
+/// finds the library's typed errors (to name its own option) however deep
+/// the library put them.
+///
+/// ```
+/// use std::io;
+/// let e = io::Error::new(io::ErrorKind::InvalidInput, blkimage::nbd::RawOnly);
+/// let e = blkimage::with_context(e, "backing file b.img: an NBD export");
+/// assert!(blkimage::caused_by::<blkimage::nbd::RawOnly>(&e));
+/// assert!(!blkimage::caused_by::<blkimage::PassphraseNeeded>(&e));
+/// ```
+pub fn caused_by<T: Error + 'static>(e: &io::Error) -> bool {
+    cause::<T>(e).is_some()
+}
+
+/// The typed error `T` in `e` or under its contexts, as [`caused_by`]
+/// finds it.
+pub fn cause<T: Error + 'static>(e: &io::Error) -> Option<&T> {
+    let mut next = e.get_ref().map(|inner| inner as &(dyn Error + 'static));
+    while let Some(err) = next {
+        if let Some(t) = err.downcast_ref::<T>() {
+            return Some(t);
+        }
+        // An io::Error's source() skips its own inner error: step into it.
+        next = match err.downcast_ref::<io::Error>() {
+            Some(io) => io.get_ref().map(|i| i as &(dyn Error + 'static)),
+            None => err.source(),
+        };
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

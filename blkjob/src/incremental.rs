@@ -138,6 +138,45 @@ fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
+/// An update through a dirty bitmap refused because the bitmap cannot say
+/// what changed (the `io::Error`'s inner error, of kind
+/// [`io::ErrorKind::InvalidData`]): the image must be read whole. A front
+/// end recognizes it to say how its user does that (`blkmap` without
+/// `--base`, `blksync` without `--dirty-bitmap`, Python's `map_range()`),
+/// which the library cannot know.
+#[derive(Debug)]
+pub struct ReadWhole {
+    why: String,
+    verify_helps: bool,
+}
+
+impl ReadWhole {
+    /// Verifying the update (every clean block read too) would do
+    /// instead: the base records nothing of its image.
+    pub fn verify_helps(&self) -> bool {
+        self.verify_helps
+    }
+}
+
+impl std::fmt::Display for ReadWhole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: read the image whole", self.why)
+    }
+}
+
+impl std::error::Error for ReadWhole {}
+
+/// [`ReadWhole`] for `why`.
+fn read_whole(why: String) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        ReadWhole {
+            why,
+            verify_helps: false,
+        },
+    )
+}
+
 /// What bitmap `name` of `src` says changed since `base`, once the base is
 /// known to fit: same size, the files the image reads besides itself
 /// unchanged since the base recorded them (`now` is the image's record
@@ -180,24 +219,30 @@ fn check_record(now: &Record, base: &Base<'_>, verified: bool) -> io::Result<Opt
         if verified {
             return Ok(None);
         }
-        return Err(invalid(format!(
+        let why = format!(
             "{} records nothing of the image it was made from (an earlier version wrote \
-             it), so the files the image reads besides itself cannot be checked: make a \
-             full map, or verify the update (every block read)",
+             it), so the files the image reads besides itself cannot be checked",
             base.name
-        )));
+        );
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            ReadWhole {
+                why,
+                verify_helps: true,
+            },
+        ));
     };
     let then = Record::parse(recorded).map_err(|why| {
-        invalid(format!(
+        read_whole(format!(
             "{}: its record of the image it was made from is not one this version reads \
-             ({why}): make a full map",
+             ({why})",
             base.name
         ))
     })?;
     if let Some(why) = then.below_image_changed(now, base.name) {
-        return Err(invalid(format!(
+        return Err(read_whole(format!(
             "{why}; a dirty bitmap records writes to the image that holds it only, so the \
-             bitmap cannot say what changed: make a full map"
+             bitmap cannot say what changed"
         )));
     }
     Ok(match (&then.export, &now.export) {
@@ -427,19 +472,23 @@ fn refuse_unmarked(
             len: r.end - r.start,
         })
         .collect();
-    Err(unmarked(
+    Err(read_whole(unmarked_text(
         &ranges,
         base,
         bitmap,
         "their allocation is not what it was, and the bitmap does not mark them (written \
-         before the bitmap existed or was cleared, cut off by a shrink, or another image): \
-         make a full map",
-    ))
+         before the bitmap existed or was cleared, cut off by a shrink, or another image)",
+    )))
 }
 
 /// The error for `ranges` that changed since the base without `bitmap`
 /// marking them: the first 8 named, then `why`.
 fn unmarked(ranges: &[blkmap::Range], base: &Base<'_>, bitmap: &str, why: &str) -> io::Error {
+    invalid(unmarked_text(ranges, base, bitmap, why))
+}
+
+/// [`unmarked`]'s words.
+fn unmarked_text(ranges: &[blkmap::Range], base: &Base<'_>, bitmap: &str, why: &str) -> String {
     let shown: Vec<String> = (ranges.iter().take(8))
         .map(|r| format!("{}+{}", r.offset, r.len))
         .collect();
@@ -448,12 +497,12 @@ fn unmarked(ranges: &[blkmap::Range], base: &Base<'_>, bitmap: &str, why: &str) 
         1 => "1 range".to_string(),
         n => format!("{n} ranges"),
     };
-    invalid(format!(
+    format!(
         "{count} changed since {} without bitmap '{bitmap}' marking them: {}{more}; {why}; \
          nothing written",
         base.name,
         shown.join(", ")
-    ))
+    )
 }
 
 /// An incremental map, and what it took.

@@ -554,7 +554,12 @@ fn export_of(url: &str) -> io::Result<String> {
     let u = NbdUrl::parse(url)?;
     let at = match &u.address {
         Address::Tcp { host, port } => format!("tcp {}:{port}", escape(host.as_bytes())),
-        Address::Unix(p) => format!("unix {}", escape(p.as_os_str().as_bytes())),
+        // One socket however it is written: `socket=nbd.sock` from the
+        // socket's directory is the export `socket=/run/x/nbd.sock` was.
+        Address::Unix(p) => {
+            let p = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+            format!("unix {}", escape(p.as_os_str().as_bytes()))
+        }
     };
     let tls = if u.tls { "tls" } else { "plain" };
     Ok(format!("{at} {tls} {}", escape(u.export.as_bytes())))
@@ -887,6 +892,15 @@ mod tests {
             why.contains("export 'top' at unix /s, not 'other'"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn a_socket_is_one_export_however_it_is_named() {
+        let cwd = std::env::current_dir().unwrap();
+        let full = export_of(&format!("nbd+unix:///d?socket={}/nbd.sock", cwd.display())).unwrap();
+        assert_eq!(export_of("nbd+unix:///d?socket=nbd.sock").unwrap(), full);
+        assert_eq!(export_of("nbd+unix:///d?socket=./nbd.sock").unwrap(), full);
+        assert!(full.starts_with("unix /"), "{full}");
     }
 
     #[test]

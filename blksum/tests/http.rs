@@ -183,6 +183,82 @@ fn every_format_over_http_and_https_is_the_file_s_checksum() {
     assert!(err.contains("certificate verify failed"), "{err}");
 }
 
+/// A private CA as a curl user meets it (issue #50): no option, then the
+/// CA's file (curl's --cacert), a directory of CA certificates (--capath),
+/// QEMU's layout, and SSL_CERT_FILE. The refusal names the option and the
+/// variable.
+#[test]
+fn a_private_ca_is_a_file_or_a_directory() {
+    if !(ready() && require(&["certtool"])) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let raw = image(&www, "disk.raw", "1m:r 1m:- 100k:t");
+    let want = checksum(&[raw.to_str().unwrap()]);
+    let pki = testkit::nbd::make_pki(&dir.path().join("pki"));
+    let tls = tls_nginx(&www, &pki, None, "");
+    let url = format!("{}/disk.raw", tls.url);
+    // The system's CAs do not know the private CA.
+    let err = fails(&[&url]);
+    assert!(
+        err.contains(&url)
+            && err.contains("certificate verify failed")
+            && err.contains("--tls-certificates FILE|DIR")
+            && err.contains("SSL_CERT_FILE"),
+        "{err}"
+    );
+    let ca_file = pki.ca_only.join("ca-cert.pem");
+    let ca_file = ca_file.to_str().unwrap();
+    assert_eq!(checksum(&["--tls-certificates", ca_file, &url]), want);
+    // A directory of CA certificates as /etc/ssl/certs holds them: any
+    // names, files without certificates among them.
+    let capath = dir.path().join("capath");
+    std::fs::create_dir(&capath).unwrap();
+    std::fs::copy(ca_file, capath.join("private-ca.crt")).unwrap();
+    std::fs::copy(pki.wrong_ca.join("ca-cert.pem"), capath.join("other.pem")).unwrap();
+    std::fs::write(capath.join("README"), "not a certificate\n").unwrap();
+    let capath = capath.to_str().unwrap();
+    assert_eq!(checksum(&["--tls-certificates", capath, &url]), want);
+    // QEMU's layout, as before.
+    let layout = pki.ca_only.to_str().unwrap();
+    assert_eq!(checksum(&["--tls-certificates", layout, &url]), want);
+    // The variable the message names.
+    let out = run_env(&[&url], "SSL_CERT_FILE", ca_file);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).split_whitespace().next().unwrap(), want);
+    // A directory with no certificate, and a file that is not one.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let err = fails(&["--tls-certificates", empty.to_str().unwrap(), &url]);
+    assert!(err.contains("no PEM certificate"), "{err}");
+    let readme = dir.path().join("capath/README");
+    let err = fails(&["--tls-certificates", readme.to_str().unwrap(), &url]);
+    assert!(err.contains("no PEM certificate in it"), "{err}");
+    // --help and the manual page say so.
+    let help = sums(&["--help"])
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(help.contains("--tls-certificates <FILE|DIR>"), "{help}");
+    assert!(help.contains("as curl's --cacert or --capath"), "{help}");
+    let man = sums(&["--man"]);
+    assert!(
+        man.contains("FILE|DIR") && man.contains("SSL_CERT_FILE"),
+        "{man}"
+    );
+}
+
+/// blksum ARGS with the environment variable `name` set to `value`.
+fn run_env(args: &[&str], name: &str, value: &str) -> std::process::Output {
+    let mut cmd = blksum();
+    cmd.args(args)
+        .env(name, value)
+        .stdin(std::process::Stdio::null());
+    cmd.output().expect("blksum runs")
+}
+
 /// nginx serving `www` over TLS with the server certificate of `pki`,
 /// asking clients for one signed by `client_ca` if given.
 fn tls_nginx(
@@ -436,7 +512,14 @@ fn passwords_headers_and_redirects() {
         checksum(&["--header", "Authorization: Bearer t0k", &bearer]),
         want
     );
-    assert!(fails(&[&bearer]).contains("HTTP 401"));
+    // 401 names the ways to pass credentials (issue #50).
+    let err = fails(&[&bearer]);
+    assert!(
+        err.contains("HTTP 401 Unauthorized")
+            && err.contains("--header 'Authorization: ...'")
+            && err.contains("USER:PASSWORD@"),
+        "{err}"
+    );
     let err = run_timeout(&["--header", "Range: bytes=0-1", &bearer], None, LIMIT);
     assert_eq!(err.status.code(), Some(2), "{}", stderr(&err));
     // A redirect is followed, and ranges go to its target.

@@ -75,6 +75,12 @@ fn qemu_nbd_tls_over_tcp_and_unix_sockets() {
             "{}",
             v.recipe
         );
+        // The CA's file itself, as curl's --cacert takes it.
+        let ca_file = pki.ca_only.join("ca-cert.pem");
+        assert_eq!(
+            nbd_sum(&["--tls-certificates", ca_file.to_str().unwrap(), &srv.url]),
+            v.file
+        );
         // ... and for localhost, a name.
         let by_name = srv.url.replace("127.0.0.1", "localhost");
         assert_eq!(nbd_sum(&[&with_certs(&by_name, &pki.ca_only)]), v.file);

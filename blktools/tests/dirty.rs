@@ -715,17 +715,7 @@ fn blksync_with_a_dirty_bitmap() {
     ];
     for (i, (cmds, clear_after)) in rounds.iter().enumerate() {
         write(&src, "qcow2", cmds);
-        let o = run(
-            BLKSYNC,
-            &[
-                "--dirty-bitmap",
-                "b",
-                "--state",
-                s(&state),
-                s(&src),
-                s(&dst),
-            ],
-        );
+        let o = sync_through(&["--dirty-bitmap", "b"], &state, &src, &dst);
         assert_eq!(o.code, 0, "round {i}: {}", o.stderr);
         assert!(same(&src, &dst), "round {i}: DST is not SRC");
         assert_eq!(
@@ -862,4 +852,116 @@ fn live_writer_frozen_bitmap_read_only() {
         qsd.export_del("r");
         qsd.bitmap_remove("frozen");
     }
+}
+
+/// What a user of a running VM meets (issue #50): blksync on the image
+/// file a qemu-storage-daemon holds is refused (the bitmap is in use)
+/// and pointed to the recipe; the recipe (a frozen copy of the bitmap on
+/// a read-only export) then works, the socket named relative to the
+/// directory where the first copy named it absolute: one export.
+#[test]
+fn a_running_vm_s_bitmap_through_the_recipe() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    if !testkit::qsd::have_qsd() {
+        return;
+    }
+    let img = image(d, "vm.qcow2", "qcow2", 32 * MIB, &["write -P 0x11 0 24M"]);
+    bitmap(&img, &["--add"], "b");
+    let mut qsd = Qsd::start(&img, "qcow2", d);
+    qsd.nbd_start(&d.join("nbd.sock"));
+    let w = qsd.export("w", true, &[]);
+    // The image file, read anyway (-U): its copy, then an update refused.
+    let (file_dst, file_state) = (d.join("file.raw"), d.join("file.map"));
+    let o = sync_through(&["-U"], &file_state, &img, &file_dst);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    write_url(&w, CYCLES[0]);
+    let o = sync_through(&["-U", "--dirty-bitmap", "b"], &file_state, &img, &file_dst);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    for words in [
+        "in use",
+        "frozen copy of the bitmap",
+        "over NBD",
+        "incremental.md",
+    ] {
+        assert!(o.stderr.contains(words), "{words}: {}", o.stderr);
+    }
+    // The recipe: night 0 from a read-only export, its socket absolute.
+    let (dst, state) = (d.join("dst.raw"), d.join("dst.map"));
+    let url = qsd.export("r", false, &[]);
+    assert!(url.contains(&format!("socket={}", d.display())), "{url}");
+    let o = run(BLKSYNC, &["--state", s(&state), &url, s(&dst)]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    qsd.export_del("r");
+    write_url(&w, CYCLES[1]);
+    // The next night: frozen, exported, read by a relative socket path.
+    qsd.bitmap_freeze("b", "frozen", true);
+    qsd.export("r", false, &["frozen"]);
+    let relative = "nbd+unix:///r?socket=nbd.sock";
+    let o = std::process::Command::new(BLKSYNC)
+        .args([
+            "--dirty-bitmap",
+            "frozen",
+            "--state",
+            s(&state),
+            relative,
+            s(&dst),
+        ])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("(the dirty bitmap's)"), "{err}");
+    qsd.export_del("r");
+    qsd.bitmap_remove("frozen");
+    let copied = full(s(&dst), &d.join("dst.check.map"), &[]);
+    assert_eq!(copied, full(&w, &d.join("w.map"), &[]));
+}
+
+/// An update that must read the image whole says what each command's
+/// user runs (issue #50): blkmap a full map (or --verify, when only the
+/// base's record is missing), blksync a copy without --dirty-bitmap.
+#[test]
+fn refusals_name_what_each_command_runs() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let img = src_qcow2(d, 8 * MIB, &["write -P 0x11 0 4M"]);
+    bitmap(&img, &["--add"], "b");
+    let (dst, state) = (d.join("dst.raw"), d.join("dst.map"));
+    let o = run(BLKSYNC, &["--state", s(&state), s(&img), s(&dst)]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    write(&img, "qcow2", &["write -P 0x22 1M 4k"]);
+    // A base (and a state) written before maps recorded their image.
+    let bare = |p: &Path| {
+        let m = Map::load(p).unwrap().with_identity(None).unwrap();
+        m.save(p).unwrap();
+    };
+    let old = d.join("old.map");
+    full(s(&img), &old, &[]);
+    bare(&old);
+    let o = incremental(&old, "b", s(&img), &d.join("out.map"), &[]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("read the image whole")
+            && o.stderr.contains("blkmap IMAGE OUT, without --base")
+            && o.stderr.contains("--verify"),
+        "{}",
+        o.stderr
+    );
+    bare(&state);
+    let o = sync_through(&["--dirty-bitmap", "b"], &state, &img, &dst);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("blksync without --dirty-bitmap") && !o.stderr.contains("--base"),
+        "{}",
+        o.stderr
+    );
+}
+
+/// `blksync OPTS --state STATE SRC DST`.
+fn sync_through(opts: &[&str], state: &Path, src: &Path, dst: &Path) -> Out {
+    let mut args = opts.to_vec();
+    args.extend(["--state", s(state), s(src), s(dst)]);
+    run(BLKSYNC, &args)
 }

@@ -2,7 +2,7 @@
 //! `blkhash.bitmaps()`: QEMU dirty bitmaps, as `blkmap --base
 //! --dirty-bitmap` and `blkmap bitmaps` use them.
 
-use crate::image::{image_name, open_options, os_error, run_cancellable};
+use crate::image::{OpenArgs, image_name, os_error, run_cancellable};
 use crate::{check_threads, maps::refused};
 use blkjob::JobSpec;
 use blkjob::incremental::{self, Base};
@@ -10,35 +10,25 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
 
-/// The job for `image` with the keyword arguments every image function
-/// takes, the NBD options set by `nbd`.
-#[allow(clippy::too_many_arguments)]
+/// The job for `image` of `function` with the keyword arguments every
+/// image function takes, the NBD options set by `nbd`. `threads: None`:
+/// a function that reads only bitmaps, through the page cache (it takes
+/// neither `threads` nor `cache`).
 fn spec(
+    function: &str,
     name: &str,
-    format: Option<&str>,
-    cache: bool,
-    threads: Option<i64>,
-    no_backing: bool,
-    force_share: bool,
-    secret_file: Option<PathBuf>,
-    timeout: Option<f64>,
-    tls_certificates: Option<PathBuf>,
+    threads: Option<Option<i64>>,
+    options: Option<&Bound<'_, PyDict>>,
     nbd: impl FnOnce(&mut blkimage::nbd::NbdOptions),
 ) -> PyResult<JobSpec> {
-    let mut open = open_options(
-        name,
-        format,
-        cache,
-        no_backing,
-        force_share,
-        secret_file,
-        timeout,
-        tls_certificates,
-        crate::image::HttpArgs::default(),
-    )?;
+    let args = OpenArgs::new(function, options)?;
+    let mut open = match threads {
+        Some(_) => args.options(name, false)?,
+        None => args.without_cache(function)?.options(name, true)?,
+    };
     nbd(&mut open.nbd);
     Ok(JobSpec {
-        threads: Some(check_threads(threads)?),
+        threads: Some(check_threads(threads.flatten())?),
         open,
         ..Default::default()
     })
@@ -67,13 +57,9 @@ fn spec(
 #[pyo3(
     text_signature = "(image, base, bitmap, out, *, verify=False, format=None, cache=False, \
     threads=None, no_backing=False, force_share=False, secret_file=None, timeout=None, \
-    tls_certificates=None)"
+    tls_certificates=None, headers=None, retries=None)"
 )]
-#[pyo3(signature = (
-    image, base, bitmap, out, *, verify = false, format = None, cache = false, threads = None,
-    no_backing = false, force_share = false, secret_file = None, timeout = None,
-    tls_certificates = None
-))]
+#[pyo3(signature = (image, base, bitmap, out, *, verify = false, threads = None, **options))]
 #[allow(clippy::too_many_arguments)]
 pub fn update_map(
     py: Python<'_>,
@@ -82,28 +68,13 @@ pub fn update_map(
     bitmap: String,
     out: PathBuf,
     verify: bool,
-    format: Option<&str>,
-    cache: bool,
     threads: Option<i64>,
-    no_backing: bool,
-    force_share: bool,
-    secret_file: Option<PathBuf>,
-    timeout: Option<f64>,
-    tls_certificates: Option<PathBuf>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<String> {
     let name = image_name(&image)?;
-    let spec = spec(
-        &name,
-        format,
-        cache,
-        threads,
-        no_backing,
-        force_share,
-        secret_file,
-        timeout,
-        tls_certificates,
-        |nbd| nbd.dirty_bitmap = Some(bitmap.clone()),
-    )?;
+    let spec = spec("update_map", &name, Some(threads), options, |nbd| {
+        nbd.dirty_bitmap = Some(bitmap.clone())
+    })?;
     let base_name = base.display().to_string();
     let old = blkmap::Map::load(&base).map_err(|e| os_error(&base_name, &e.into()))?;
     let job = spec
@@ -148,37 +119,19 @@ pub fn update_map(
 #[pyfunction]
 #[pyo3(
     text_signature = "(image, bitmap, *, format=None, no_backing=False, force_share=False, \
-    secret_file=None, timeout=None, tls_certificates=None)"
+    secret_file=None, timeout=None, tls_certificates=None, headers=None, retries=None)"
 )]
-#[pyo3(signature = (
-    image, bitmap, *, format = None, no_backing = false, force_share = false,
-    secret_file = None, timeout = None, tls_certificates = None
-))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (image, bitmap, **options))]
 pub fn dirty_ranges(
     py: Python<'_>,
     image: PathBuf,
     bitmap: String,
-    format: Option<&str>,
-    no_backing: bool,
-    force_share: bool,
-    secret_file: Option<PathBuf>,
-    timeout: Option<f64>,
-    tls_certificates: Option<PathBuf>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Vec<(u64, u64)>> {
     let name = image_name(&image)?;
-    let spec = spec(
-        &name,
-        format,
-        true,
-        None,
-        no_backing,
-        force_share,
-        secret_file,
-        timeout,
-        tls_certificates,
-        |nbd| nbd.dirty_bitmap = Some(bitmap.clone()),
-    )?;
+    let spec = spec("dirty_ranges", &name, None, options, |nbd| {
+        nbd.dirty_bitmap = Some(bitmap.clone())
+    })?;
     let shown = name.clone();
     run_cancellable(py, &shown, move |_| {
         let src = blkjob::seekable(blkimage::open(&name, &spec.open)?, "dirty_ranges")?;
@@ -200,36 +153,18 @@ pub fn dirty_ranges(
 #[pyfunction]
 #[pyo3(
     text_signature = "(image, *, format=None, no_backing=False, force_share=False, \
-    secret_file=None, timeout=None, tls_certificates=None)"
+    secret_file=None, timeout=None, tls_certificates=None, headers=None, retries=None)"
 )]
-#[pyo3(signature = (
-    image, *, format = None, no_backing = false, force_share = false, secret_file = None,
-    timeout = None, tls_certificates = None
-))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (image, **options))]
 pub fn bitmaps(
     py: Python<'_>,
     image: PathBuf,
-    format: Option<&str>,
-    no_backing: bool,
-    force_share: bool,
-    secret_file: Option<PathBuf>,
-    timeout: Option<f64>,
-    tls_certificates: Option<PathBuf>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Vec<Py<PyDict>>> {
     let name = image_name(&image)?;
-    let spec = spec(
-        &name,
-        format,
-        true,
-        None,
-        no_backing,
-        force_share,
-        secret_file,
-        timeout,
-        tls_certificates,
-        |nbd| nbd.list_bitmaps = true,
-    )?;
+    let spec = spec("bitmaps", &name, None, options, |nbd| {
+        nbd.list_bitmaps = true
+    })?;
     let shown = name.clone();
     let list = run_cancellable(py, &shown, move |_| {
         let src = blkjob::seekable(blkimage::open(&name, &spec.open)?, "bitmaps")?;

@@ -1,10 +1,11 @@
 //! `blkhash.checksum()`: an image's checksum, as blksum computes it (on
 //! a thread of its own, cancelled by Ctrl-C: [`crate::image`]).
 
-use crate::image::{HttpArgs, image_name, open_options, run_cancellable, warn_rounded};
+use crate::image::{OpenArgs, image_name, run_cancellable, warn_rounded};
 use crate::{non_negative, params, parse_construction, value_error};
 use blkjob::{JobError, JobSpec};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use std::path::PathBuf;
 
 /// The blkhash checksum of ``image`` in hexadecimal, as ``blksum`` prints
@@ -78,9 +79,7 @@ use std::path::PathBuf;
 )]
 #[pyo3(signature = (
     image, *, digest = None, block_size = None, construction = "blkhash",
-    format = None, cache = false, threads = None, no_backing = false,
-    force_share = false, secret_file = None, timeout = None, tls_certificates = None,
-    read_size = 1 << 20, queue_depth = 16, headers = None, retries = None
+    threads = None, read_size = 1 << 20, queue_depth = 16, **options
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn checksum(
@@ -89,31 +88,13 @@ pub fn checksum(
     digest: Option<&str>,
     block_size: Option<i64>,
     construction: &str,
-    format: Option<&str>,
-    cache: bool,
     threads: Option<i64>,
-    no_backing: bool,
-    force_share: bool,
-    secret_file: Option<PathBuf>,
-    timeout: Option<f64>,
-    tls_certificates: Option<PathBuf>,
     read_size: i64,
     queue_depth: i64,
-    headers: Option<Bound<'_, PyAny>>,
-    retries: Option<i64>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<String> {
     let name = image_name(&image)?;
-    let open = open_options(
-        &name,
-        format,
-        cache,
-        no_backing,
-        force_share,
-        secret_file,
-        timeout,
-        tls_certificates,
-        HttpArgs::new(headers.as_ref(), retries)?,
-    )?;
+    let open = OpenArgs::new("checksum", options)?.options(&name, false)?;
     let construction = parse_construction(construction)?;
     let (alg, bs) = params(construction, digest, block_size)?;
     let spec = JobSpec {

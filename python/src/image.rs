@@ -10,8 +10,9 @@
 
 use blkimage::{Format, OpenOptions};
 use crossbeam_channel::RecvTimeoutError;
-use pyo3::exceptions::{PyOSError, PyRuntimeError, PyUserWarning, PyValueError};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,95 +46,167 @@ pub fn image_name(image: &std::path::Path) -> PyResult<String> {
         .ok_or_else(|| PyValueError::new_err(format!("{image:?}: image names must be UTF-8")))
 }
 
-/// The keywords of HTTP(S) URLs: headers (a mapping of names to values,
-/// each checked as `--header` checks it) and retries.
-#[derive(Default)]
-pub struct HttpArgs {
-    headers: Vec<(String, String)>,
-    retries: Option<u32>,
-}
-
-impl HttpArgs {
-    /// From the keywords `headers` (None or a mapping) and `retries`.
-    pub fn new(headers: Option<&Bound<'_, PyAny>>, retries: Option<i64>) -> PyResult<HttpArgs> {
-        let mut parsed = Vec::new();
-        if let Some(h) = headers {
-            let h = h.cast::<pyo3::types::PyMapping>().map_err(|_| {
-                PyValueError::new_err("headers is a mapping of names to values (a dict)")
-            })?;
-            for item in h.items()?.iter() {
-                let (name, value): (String, String) = item.extract()?;
-                parsed.push(
-                    blkimage::http::parse_header(&format!("{name}: {value}"))
-                        .map_err(PyValueError::new_err)?,
-                );
-            }
-        }
-        let retries = match retries {
-            None => None,
-            Some(n) => Some(u32::try_from(n).ok().filter(|&n| n <= 100).ok_or_else(|| {
-                PyValueError::new_err(format!("retries must be 0 to 100, not {n}"))
-            })?),
-        };
-        Ok(HttpArgs {
-            headers: parsed,
-            retries,
-        })
-    }
-}
-
-/// How to open `name`, from the keyword arguments every image function takes.
-#[allow(clippy::too_many_arguments)]
-pub fn open_options(
-    name: &str,
-    format: Option<&str>,
-    cache: bool,
+/// The keywords every function on an image takes, how to open it:
+/// `format`, `cache`, `no_backing`, `force_share`, `secret_file`,
+/// `timeout`, `tls_certificates`, `headers` and `retries`. Each function
+/// takes them as `**options` and reads them here, so that they are
+/// written (and checked) once: PyO3 has no way to share keyword
+/// parameters between signatures, so the few lines Python would do for
+/// `**kwargs` (an unknown keyword is a TypeError) are done by hand.
+pub struct OpenArgs {
+    format: Option<String>,
+    cache: Option<bool>,
     no_backing: bool,
     force_share: bool,
     secret_file: Option<PathBuf>,
     timeout: Option<f64>,
     tls_certificates: Option<PathBuf>,
-    http: HttpArgs,
-) -> PyResult<OpenOptions> {
-    let format: Option<Format> = format
-        .map(|f| f.parse().map_err(PyValueError::new_err))
-        .transpose()?;
-    if blkimage::nbd::is_url(name) && matches!(format, Some(f) if f != Format::Raw) {
-        return Err(PyValueError::new_err(
-            "an NBD export is read as raw bytes (only format='raw' applies)",
-        ));
-    }
-    let timeout = match timeout {
-        None => None,
-        Some(t) if t > 0.0 && t <= 1e6 => Some(Duration::from_secs_f64(t)),
-        Some(t) => {
-            return Err(PyValueError::new_err(format!(
-                "timeout is seconds, more than 0 and at most 1000000, not {t}"
-            )));
+    headers: Vec<(String, String)>,
+    retries: Option<u32>,
+}
+
+impl OpenArgs {
+    /// The keywords of `function` (named in a TypeError) from `options`.
+    pub fn new(function: &str, options: Option<&Bound<'_, PyDict>>) -> PyResult<OpenArgs> {
+        let mut args = OpenArgs {
+            format: None,
+            cache: None,
+            no_backing: false,
+            force_share: false,
+            secret_file: None,
+            timeout: None,
+            tls_certificates: None,
+            headers: Vec::new(),
+            retries: None,
+        };
+        for (key, value) in options.into_iter().flat_map(|d| d.iter()) {
+            let key: String = key.extract()?;
+            if value.is_none() {
+                // None is every keyword's default.
+                if !KEYWORDS.contains(&key.as_str()) {
+                    return Err(unexpected(function, &key));
+                }
+                continue;
+            }
+            let typed = |e: PyErr| {
+                PyTypeError::new_err(format!(
+                    "{function}() argument '{key}': {}",
+                    e.value(value.py())
+                ))
+            };
+            match key.as_str() {
+                "format" => args.format = Some(value.extract().map_err(typed)?),
+                "cache" => args.cache = Some(value.extract().map_err(typed)?),
+                "no_backing" => args.no_backing = value.extract().map_err(typed)?,
+                "force_share" => args.force_share = value.extract().map_err(typed)?,
+                "secret_file" => args.secret_file = Some(value.extract().map_err(typed)?),
+                "timeout" => args.timeout = Some(value.extract().map_err(typed)?),
+                "tls_certificates" => args.tls_certificates = Some(value.extract().map_err(typed)?),
+                "headers" => args.headers = headers(&value)?,
+                "retries" => args.retries = Some(retries(value.extract().map_err(typed)?)?),
+                _ => return Err(unexpected(function, &key)),
+            }
         }
-    };
-    Ok(OpenOptions {
-        cache,
-        // Copied, not mapped: a mapped file that shrinks raises SIGBUS,
-        // and the host interpreter owns that signal's handler
-        // (blkimage::mapped says why).
-        map: false,
-        format,
-        no_backing,
-        force_share,
-        secret_file,
-        nbd: blkimage::nbd::NbdOptions {
-            timeout,
-            tls_certificates: tls_certificates.clone(),
-            ..Default::default()
-        },
-        http: blkimage::http::HttpOptions {
-            timeout,
-            tls_certificates,
-            headers: http.headers,
-            retries: http.retries.unwrap_or(blkimage::http::DEFAULT_RETRIES),
-        },
-    })
+        Ok(args)
+    }
+
+    /// The keywords of a function that takes no `cache` (it reads through
+    /// the page cache): `cache` given is a TypeError.
+    pub fn without_cache(self, function: &str) -> PyResult<OpenArgs> {
+        match self.cache {
+            Some(_) => Err(unexpected(function, "cache")),
+            None => Ok(self),
+        }
+    }
+
+    /// How to open `name`; `cache` unless the caller said otherwise.
+    pub fn options(self, name: &str, cache: bool) -> PyResult<OpenOptions> {
+        let format: Option<Format> = self
+            .format
+            .map(|f| f.parse().map_err(PyValueError::new_err))
+            .transpose()?;
+        if blkimage::nbd::is_url(name) && matches!(format, Some(f) if f != Format::Raw) {
+            return Err(PyValueError::new_err(
+                "an NBD export is read as raw bytes (only format='raw' applies)",
+            ));
+        }
+        let timeout = match self.timeout {
+            None => None,
+            Some(t) if t > 0.0 && t <= 1e6 => Some(Duration::from_secs_f64(t)),
+            Some(t) => {
+                return Err(PyValueError::new_err(format!(
+                    "timeout is seconds, more than 0 and at most 1000000, not {t}"
+                )));
+            }
+        };
+        Ok(OpenOptions {
+            cache: self.cache.unwrap_or(cache),
+            // Copied, not mapped: a mapped file that shrinks raises SIGBUS,
+            // and the host interpreter owns that signal's handler
+            // (blkimage::mapped says why).
+            map: false,
+            format,
+            no_backing: self.no_backing,
+            force_share: self.force_share,
+            secret_file: self.secret_file,
+            nbd: blkimage::nbd::NbdOptions {
+                timeout,
+                tls_certificates: self.tls_certificates.clone(),
+                ..Default::default()
+            },
+            http: blkimage::http::HttpOptions {
+                timeout,
+                tls_certificates: self.tls_certificates,
+                headers: self.headers,
+                retries: self.retries.unwrap_or(blkimage::http::DEFAULT_RETRIES),
+            },
+        })
+    }
+}
+
+/// The keywords [`OpenArgs`] reads.
+const KEYWORDS: &[&str] = &[
+    "format",
+    "cache",
+    "no_backing",
+    "force_share",
+    "secret_file",
+    "timeout",
+    "tls_certificates",
+    "headers",
+    "retries",
+];
+
+/// Python's own words for a keyword a function does not take.
+fn unexpected(function: &str, key: &str) -> PyErr {
+    PyTypeError::new_err(format!(
+        "{function}() got an unexpected keyword argument '{key}'"
+    ))
+}
+
+/// `headers`: a mapping of names to values, each checked as `--header`
+/// checks it.
+fn headers(h: &Bound<'_, PyAny>) -> PyResult<Vec<(String, String)>> {
+    let h = h
+        .cast::<pyo3::types::PyMapping>()
+        .map_err(|_| PyValueError::new_err("headers is a mapping of names to values (a dict)"))?;
+    let mut parsed = Vec::new();
+    for item in h.items()?.iter() {
+        let (name, value): (String, String) = item.extract()?;
+        parsed.push(
+            blkimage::http::parse_header(&format!("{name}: {value}"))
+                .map_err(PyValueError::new_err)?,
+        );
+    }
+    Ok(parsed)
+}
+
+/// `retries`: 0 to 100.
+fn retries(n: i64) -> PyResult<u32> {
+    u32::try_from(n)
+        .ok()
+        .filter(|&n| n <= 100)
+        .ok_or_else(|| PyValueError::new_err(format!("retries must be 0 to 100, not {n}")))
 }
 
 /// Run `work` on a thread of its own while the caller waits in short
@@ -194,20 +267,33 @@ pub fn run_cancellable<T: Send + 'static>(
 pub fn os_error(name: &str, e: &io::Error) -> PyErr {
     // A URL's password is never shown (https://user:***@host/...).
     let name = &*blkimage::http::redact(name);
-    if e.get_ref()
-        .is_some_and(|inner| inner.is::<blkimage::PassphraseNeeded>())
-    {
+    // The library's typed errors, with the keyword that helps (as
+    // blkcli's hints add the commands' options).
+    use blkimage::caused_by;
+    if caused_by::<blkimage::PassphraseNeeded>(e) {
         return PyOSError::new_err(format!("{name}: {e}: give it with secret_file=PATH"));
     }
     if e.kind() == io::ErrorKind::ResourceBusy {
         return PyOSError::new_err(format!("{name}: {e}; force_share=True reads it anyway"));
     }
-    if e.get_ref()
-        .is_some_and(|inner| inner.is::<blkimage::nbd::NoCaCertificates>())
-    {
+    if caused_by::<blkimage::nbd::NoCaCertificates>(e) {
         return PyOSError::new_err(format!(
-            "{name}: {e} (tls_certificates=DIR, or tls-certificates=DIR in the URL)"
+            "{name}: {e} (tls_certificates=FILE or DIR, or tls-certificates=DIR in the URL)"
         ));
+    }
+    if caused_by::<blkimage::nbd::UnknownIssuer>(e) {
+        return PyOSError::new_err(format!("{name}: {e} (tls_certificates=FILE or DIR)"));
+    }
+    if let Some(w) = blkimage::cause::<blkjob::incremental::ReadWhole>(e) {
+        let or = if w.verify_helps() {
+            "; or verify=True: every block read"
+        } else {
+            ""
+        };
+        return PyOSError::new_err(format!("{name}: {e} (map_range() makes a full map{or})"));
+    }
+    if caused_by::<blkimage::http::Unauthorized>(e) {
+        return PyOSError::new_err(format!("{name}: {e} (headers={{'Authorization': ...}})"));
     }
     let reason = blkjob::reason(e);
     match blkimage::errno(e) {

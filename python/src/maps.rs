@@ -2,12 +2,13 @@
 //! (on several processes or hosts) and the parts merged into its map, as
 //! `blkmap --range` and `blkmap merge` do.
 
-use crate::image::{HttpArgs, image_name, open_options, os_error, run_cancellable, warn_rounded};
+use crate::image::{OpenArgs, image_name, os_error, run_cancellable, warn_rounded};
 use crate::{check_threads, params, parse_construction, value_error};
 use blkjob::{JobSpec, Span};
 use blkmap::MapError;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use std::path::PathBuf;
 
 /// Hash part of ``image`` into the part file ``out`` (written atomically)
@@ -31,9 +32,7 @@ use std::path::PathBuf;
 )]
 #[pyo3(signature = (
     image, out, *, offset = 0, length = None, part = None, digest = None,
-    block_size = None, construction = "blkhash", format = None, cache = false,
-    threads = None, no_backing = false, force_share = false, secret_file = None,
-    timeout = None, tls_certificates = None, headers = None, retries = None
+    block_size = None, construction = "blkhash", threads = None, **options
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn map_range(
@@ -46,16 +45,8 @@ pub fn map_range(
     digest: Option<&str>,
     block_size: Option<i64>,
     construction: &str,
-    format: Option<&str>,
-    cache: bool,
     threads: Option<i64>,
-    no_backing: bool,
-    force_share: bool,
-    secret_file: Option<PathBuf>,
-    timeout: Option<f64>,
-    tls_certificates: Option<PathBuf>,
-    headers: Option<Bound<'_, PyAny>>,
-    retries: Option<i64>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<(u64, u64)> {
     let name = image_name(&image)?;
     let span = match part {
@@ -84,17 +75,7 @@ pub fn map_range(
         digest: Some(alg),
         block_size: Some(bs),
         threads: Some(check_threads(threads)?),
-        open: open_options(
-            &name,
-            format,
-            cache,
-            no_backing,
-            force_share,
-            secret_file,
-            timeout,
-            tls_certificates,
-            HttpArgs::new(headers.as_ref(), retries)?,
-        )?,
+        open: OpenArgs::new("map_range", options)?.options(&name, false)?,
         ..Default::default()
     };
     let job = spec.build().map_err(value_error)?;

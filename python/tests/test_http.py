@@ -132,3 +132,47 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_bitmap_functions_take_headers_retries_and_a_ca_file(https, tmp_path):
+    """bitmaps(), dirty_ranges() and update_map() of a protected URL, as
+    checksum() reads it (issue #50): headers=, retries=, a CA's file."""
+    url, www, pki = https
+    img = www / "bearer" / "disk.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(img), "8M"], check=True)
+    subprocess.run(["qemu-io", "-c", "write -P 0x11 0 4M", str(img)], check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run(["qemu-img", "bitmap", "--add", str(img), "b"], check=True)
+    remote = f"{url}/bearer/disk.qcow2"
+    auth = {"headers": {"Authorization": "Bearer t0k"}, "retries": 1,
+            "tls_certificates": pki / "ca-cert.pem"}
+    part, base = tmp_path / "part", tmp_path / "base.map"
+    blkhash.map_range(remote, part, **auth)
+    blkhash.merge([part], base)
+    subprocess.run(["qemu-io", "-c", "write -P 0x22 1M 64k", str(img)], check=True,
+                   stdout=subprocess.DEVNULL)
+    assert [b["name"] for b in blkhash.bitmaps(remote, **auth)] == ["b"]
+    assert blkhash.dirty_ranges(remote, "b", **auth) == [(1024 * 1024, 65536)]
+    # A file changed on the server is another version: the bitmap cannot
+    # say what changed, and the way out is named.
+    out = tmp_path / "now.map"
+    with pytest.raises(OSError, match=r"another version.*map_range\(\) makes a full map"):
+        blkhash.update_map(remote, base, "b", out, **auth)
+    blkhash.map_range(remote, part, **auth)
+    blkhash.merge([part], base)
+    assert blkhash.update_map(remote, base, "b", out, **auth) == blkhash.checksum(img)
+    # Without the token: the keyword that passes it is named.
+    for call in (lambda: blkhash.bitmaps(remote, tls_certificates=pki),
+                 lambda: blkhash.dirty_ranges(remote, "b", tls_certificates=pki)):
+        with pytest.raises(OSError, match=r"HTTP 401 .*headers=\{'Authorization'"):
+            call()
+    # An unknown CA: the keyword and SSL_CERT_FILE are named.
+    with pytest.raises(OSError, match=r"SSL_CERT_FILE.*tls_certificates="):
+        blkhash.bitmaps(remote, **{**auth, "tls_certificates": None})
+    # The keywords are checked as in a signature.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'header'"):
+        blkhash.bitmaps(remote, header={})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'cache'"):
+        blkhash.dirty_ranges(remote, "b", cache=True)
+    with pytest.raises(TypeError, match="argument 'no_backing'"):
+        blkhash.checksum(remote, no_backing="yes")

@@ -25,9 +25,9 @@
 //! - **Servers without ranges** (a 200 with the whole body): a raw image
 //!   is read as one stream (padded to 512 as a file is); qcow2 is refused.
 //! - **Connections**: ureq's keep-alive pool, one connection per reading
-//!   thread; TLS with rustls, trusting `ca-cert.pem` of
-//!   [`HttpOptions::tls_certificates`] (with `client-cert.pem` and
-//!   `client-key.pem`) or the system's CAs; a proxy from `https_proxy`,
+//!   thread; TLS with rustls, trusting what
+//!   [`HttpOptions::tls_certificates`] names (a CA file, or a directory as
+//!   for `nbds://`) or the system's CAs; a proxy from `https_proxy`,
 //!   `http_proxy`, `all_proxy` and `no_proxy` as curl reads them.
 //!
 //! ```no_run
@@ -60,8 +60,9 @@ pub struct HttpOptions {
     /// a whole range (a trickle is a timeout): then the request fails (and
     /// is tried again). `None`: no limit.
     pub timeout: Option<Duration>,
-    /// A directory with `ca-cert.pem` to trust instead of the system's
-    /// CAs, and optionally `client-cert.pem` and `client-key.pem`.
+    /// The CAs to trust instead of the system's: a PEM file, a directory
+    /// with `ca-cert.pem` (and optionally `client-cert.pem` and
+    /// `client-key.pem`), or a directory of CA certificates.
     pub tls_certificates: Option<PathBuf>,
     /// Headers sent with every request to the URL's own host (a redirect
     /// elsewhere gets none): `Authorization: Bearer ...`. See
@@ -202,23 +203,49 @@ fn header<'a>(resp: &'a ureq::http::Response<ureq::Body>, name: &str) -> Option<
     resp.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
+/// The server refused the request for want of credentials, or refused the
+/// ones sent (401 or 403; the `io::Error`'s inner error, of kind
+/// [`io::ErrorKind::PermissionDenied`]): a program recognizes it to name
+/// its own way of passing them (the library names only the URL's).
+#[derive(Debug)]
+pub struct Unauthorized {
+    /// "HTTP 401 Unauthorized" or "HTTP 403 Forbidden".
+    status: String,
+}
+
+impl std::fmt::Display for Unauthorized {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: the server wants credentials, or refused those sent: pass them in a header \
+             (Authorization: Bearer TOKEN) or in the URL (https://USER:PASSWORD@HOST/...)",
+            self.status
+        )
+    }
+}
+
+impl std::error::Error for Unauthorized {}
+
 /// An error for a status that is neither a success nor worth a retry.
 fn status_error(status: ureq::http::StatusCode) -> Fail {
+    let said = format!(
+        "HTTP {} {}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    )
+    .trim_end()
+    .to_string();
+    if matches!(status.as_u16(), 401 | 403) {
+        return Fail::Final(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            Unauthorized { status: said },
+        ));
+    }
     let kind = match status.as_u16() {
-        401 | 403 => io::ErrorKind::PermissionDenied,
         404 | 410 => io::ErrorKind::NotFound,
         _ => io::ErrorKind::Other,
     };
-    Fail::final_with(
-        kind,
-        format!(
-            "HTTP {} {}",
-            status.as_u16(),
-            status.canonical_reason().unwrap_or("")
-        )
-        .trim_end()
-        .to_string(),
-    )
+    Fail::final_with(kind, said)
 }
 
 /// Statuses worth another try: the server or a gateway is busy or

@@ -31,7 +31,7 @@ pub use connection::fuzz_replies;
 #[doc(hidden)]
 pub use handshake::fuzz_handshake;
 pub use source::{Nbd, NbdOptions};
-pub use tls::NoCaCertificates;
+pub use tls::{NoCaCertificates, UnknownIssuer};
 pub use url::{Address, NbdUrl, is_url};
 
 use std::io;

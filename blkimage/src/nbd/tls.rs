@@ -137,24 +137,27 @@ fn read_certs(path: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
     Ok(certs)
 }
 
-/// The trust anchors and the client certificate, if any, in `dir`.
-fn load_dir(
-    dir: &Path,
-    roots: &mut RootCertStore,
-) -> io::Result<Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>> {
-    let ca = dir.join(CA_CERT);
-    for c in read_certs(&ca)? {
-        roots.add(c).map_err(|e| file_error(&ca, e))?;
-    }
+/// A client certificate chain and its key (DER, and the key's file as
+/// it is: PEM).
+type ClientCert = (
+    Vec<CertificateDer<'static>>,
+    PrivateKeyDer<'static>,
+    Vec<u8>,
+);
+
+/// The certificate authorities and the client certificate, if any, in a
+/// certificates directory laid out as QEMU's (`ca-cert.pem`...).
+fn load_dir(dir: &Path) -> io::Result<(Vec<CertificateDer<'static>>, Option<ClientCert>)> {
+    let ca = read_certs(&dir.join(CA_CERT))?;
     let cert = dir.join(CLIENT_CERT);
     let key = dir.join(CLIENT_KEY);
     match (cert.exists(), key.exists()) {
-        (false, false) => Ok(None),
+        (false, false) => Ok((ca, None)),
         (true, true) => {
             let chain = read_certs(&cert)?;
-            let key_der = PrivateKeyDer::from_pem_slice(&read_file(&key)?)
-                .map_err(|e| file_error(&key, e))?;
-            Ok(Some((chain, key_der)))
+            let pem = read_file(&key)?;
+            let key_der = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| file_error(&key, e))?;
+            Ok((ca, Some((chain, key_der, pem))))
         }
         (has_cert, _) => {
             let (there, missing): (&PathBuf, &PathBuf) = if has_cert {
@@ -174,6 +177,54 @@ fn load_dir(
     }
 }
 
+/// Every certificate of the PEM files in `dir`, a directory of CA
+/// certificates as curl's `--capath` and OpenSSL's `c_rehash` take it
+/// (`/etc/ssl/certs`): files without a PEM certificate are skipped, and a
+/// hash link (c_rehash makes them) only repeats a root.
+/// No crate reads such a directory: rustls-native-certs reads only the
+/// system's, from SSL_CERT_DIR.
+fn load_capath(dir: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("TLS certificates: cannot read {}: {e}", dir.display()),
+            )
+        })?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .collect();
+    names.sort();
+    let mut certs = Vec::new();
+    for name in names {
+        // Followed links (c_rehash makes them); a CA file is small: a
+        // file larger than CAPATH_FILE_MAX is not one.
+        let is_pem =
+            std::fs::metadata(&name).is_ok_and(|m| m.is_file() && m.len() <= CAPATH_FILE_MAX);
+        if !is_pem {
+            continue;
+        }
+        let pem = read_file(&name)?;
+        // What a trust store takes: another certificate in the directory
+        // (a server's, say) does not make the whole directory unusable.
+        certs.extend(
+            CertificateDer::pem_slice_iter(&pem)
+                .filter_map(Result::ok)
+                .filter(|c| RootCertStore::empty().add(c.clone()).is_ok()),
+        );
+    }
+    if certs.is_empty() {
+        return Err(file_error(
+            dir,
+            format!("no {CA_CERT} and no PEM certificate in this directory"),
+        ));
+    }
+    Ok(certs)
+}
+
+/// The largest file of a CA directory read (the system's whole bundle is
+/// about 200 KiB).
+const CAPATH_FILE_MAX: u64 = 16 << 20;
+
 /// No certificates directory named and no system CA certificates found
 /// (the `io::Error`'s inner error, [`io::ErrorKind::NotFound`]): a program
 /// recognizes it to say how its user names a directory with `ca-cert.pem`
@@ -190,11 +241,37 @@ impl std::fmt::Display for NoCaCertificates {
         if let Some(why) = &self.why {
             write!(f, " ({why})")?;
         }
-        write!(f, ": name a directory with {CA_CERT}")
+        write!(
+            f,
+            ": name the CAs to trust (a PEM file, or a directory with {CA_CERT})"
+        )
     }
 }
 
 impl std::error::Error for NoCaCertificates {}
+
+/// The server's certificate chains to no certificate authority trusted
+/// (a private CA, most often): a program recognizes it to say how its user
+/// names the CA's certificate (an option of its own; the library names
+/// only `SSL_CERT_FILE`, which every program honours).
+#[derive(Debug)]
+pub struct UnknownIssuer {
+    reason: String,
+}
+
+impl std::fmt::Display for UnknownIssuer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TLS: certificate verify failed: {}: the server's certificate authority is not \
+             trusted: name its certificate (a PEM file, or a directory of them), or set \
+             SSL_CERT_FILE=FILE",
+            self.reason
+        )
+    }
+}
+
+impl std::error::Error for UnknownIssuer {}
 
 /// What a TLS client trusts and shows: the certificate authorities (a
 /// directory's `ca-cert.pem`, or the system's), and the client certificate
@@ -209,23 +286,31 @@ pub(crate) struct Trust {
     pub key_pem: Option<Vec<u8>>,
 }
 
-/// The certificates in `dir` (or the system's CAs), checked: a client
-/// certificate that does not go with its key is an error here.
-pub(crate) fn trust(dir: Option<&Path>) -> io::Result<Trust> {
-    let mut roots = RootCertStore::empty();
-    let (roots, client, key_pem) = match dir {
-        Some(dir) => {
-            let client = load_dir(dir, &mut roots)?;
-            let ca = read_certs(&dir.join(CA_CERT))?;
-            let key = match client {
-                Some(_) => Some(read_file(&dir.join(CLIENT_KEY))?),
-                None => None,
-            };
-            (ca, client, key)
+/// What `path` names, checked: a PEM file of CA certificates (curl's
+/// `--cacert`), a directory laid out as QEMU's (`ca-cert.pem`, with
+/// `client-cert.pem` and `client-key.pem` for a client certificate), or
+/// a directory of CA certificates (curl's `--capath`); `None`: the
+/// system's CAs. A client certificate that does not go with its key is
+/// an error here.
+pub(crate) fn trust(path: Option<&Path>) -> io::Result<Trust> {
+    let (roots, client) = match path {
+        Some(dir) if dir.join(CA_CERT).exists() => load_dir(dir)?,
+        Some(dir) if dir.is_dir() => (load_capath(dir)?, None),
+        Some(missing) if !missing.exists() => {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "TLS certificates: {}: no such file or directory (a PEM file of CA \
+                     certificates, or a directory with {CA_CERT} or of CA certificates)",
+                    missing.display()
+                ),
+            ));
         }
+        Some(file) => (read_certs(file)?, None),
         None => {
             let found = rustls_native_certs::load_native_certs();
-            let (added, _) = roots.add_parsable_certificates(found.certs.iter().cloned());
+            let mut store = RootCertStore::empty();
+            let (added, _) = store.add_parsable_certificates(found.certs.iter().cloned());
             if added == 0 {
                 let why = found.errors.first().map(|e| e.to_string());
                 return Err(io::Error::new(
@@ -233,8 +318,18 @@ pub(crate) fn trust(dir: Option<&Path>) -> io::Result<Trust> {
                     NoCaCertificates { why },
                 ));
             }
-            (found.certs, None, None)
+            (found.certs, None)
         }
+    };
+    if let Some(p) = path {
+        let mut store = RootCertStore::empty();
+        for c in &roots {
+            store.add(c.clone()).map_err(|e| file_error(p, e))?;
+        }
+    }
+    let (client, key_pem) = match client {
+        Some((chain, key, pem)) => (Some((chain, key)), Some(pem)),
+        None => (None, None),
     };
     let trust = Trust {
         roots,
@@ -291,8 +386,16 @@ fn explain(e: io::Error, timeout: Option<Duration>) -> io::Error {
 }
 
 pub(crate) fn tls_error(t: &rustls::Error) -> io::Error {
-    use rustls::{AlertDescription as A, Error};
+    use rustls::{AlertDescription as A, CertificateError, Error};
     let msg = match t {
+        Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
+            return io::Error::new(
+                io::ErrorKind::InvalidData,
+                UnknownIssuer {
+                    reason: t.to_string(),
+                },
+            );
+        }
         Error::InvalidCertificate(_) => format!("TLS: certificate verify failed: {t}"),
         Error::AlertReceived(
             A::BadCertificate

@@ -318,7 +318,10 @@ pub(super) fn dirty(
             format!(
                 "dirty bitmap '{name}' is in use: QEMU has the image open for writing, or \
                  did not close it cleanly after opening it so, and the bitmap may miss \
-                 writes (QEMU calls it inconsistent)"
+                 writes (QEMU calls it inconsistent). While a VM or qemu-storage-daemon \
+                 runs, read a frozen copy of the bitmap from it over NBD instead: the \
+                 running-VM recipe of blkhash's guide (incremental.md; with libvirt, \
+                 libvirt.md)"
             ),
         ));
     }

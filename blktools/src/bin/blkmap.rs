@@ -391,7 +391,17 @@ fn update(
     spec.open.nbd.dirty_bitmap = Some(bitmap.to_string());
     let job = InputArgs::resolve(spec, Some((old.algorithm(), old.block_size())))
         .with_cancel(signals.cancel.clone());
-    let failed = |e: io::Error| (None, reason(&e));
+    let failed = |e: io::Error| {
+        let mut msg = reason(&e);
+        if let Some(w) = blkimage::cause::<blkjob::incremental::ReadWhole>(&e) {
+            msg += if w.verify_helps() {
+                " (a full map: blkmap IMAGE OUT, without --base; or --verify: every block read)"
+            } else {
+                " (a full map: blkmap IMAGE OUT, without --base)"
+            };
+        }
+        (None, msg)
+    };
     let src = job
         .open(image_os)
         .and_then(|i| blkjob::seekable(i, "--dirty-bitmap"))

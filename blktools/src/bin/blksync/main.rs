@@ -219,6 +219,15 @@ fn main() -> ExitCode {
 /// that helps where there is one.
 fn message(e: &Error) -> String {
     match e {
+        Error::Io { name, source }
+            if blkimage::caused_by::<blkjob::incremental::ReadWhole>(source) =>
+        {
+            format!(
+                "{name}: {} (blksync without --dirty-bitmap reads SRC whole and compares it \
+                 with the state; then clear the bitmap)",
+                blkcli::units::reason(source)
+            )
+        }
         Error::Io { name, source } => format!("{name}: {}", blkcli::units::reason(source)),
         Error::StateRefused { .. } => {
             format!("{e} (--force-rescan ignores it: DST is then read and compared)")
