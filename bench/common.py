@@ -30,8 +30,9 @@ CASES = ["speed", "random", "holes", "zero", "empty", "ranges", "qcow2", "compre
          "nbd", "remote", "http",
          "sync", "sync_nbd", "lib", "python"]
 # Run only when named (--only): dirty needs about 24 GiB of disk at its
-# default size; mapsize hashes 10.5 GiB over NBD and writes 1.3 GiB of maps.
-ALL_CASES = CASES + ["dirty", "mapsize"]
+# default size; mapsize hashes 10.5 GiB over NBD and writes 1.3 GiB of maps;
+# imageio needs the venv of ovirt-imageio (blksum/tests/imageio.rs makes it).
+ALL_CASES = CASES + ["dirty", "mapsize", "imageio"]
 
 
 def parse_size(s):

@@ -4,7 +4,7 @@
 //! `blkdiff` and `blksync`.
 
 use crate::units::{parse_block_size, parse_size, parse_timeout};
-use blkhash::{Algorithm, MAX_THREADS};
+use blkhash::{Algorithm, Construction, MAX_THREADS};
 use blkimage::http::HttpOptions;
 use blkimage::nbd::NbdOptions;
 use blkimage::{Format, OpenOptions};
@@ -17,13 +17,24 @@ pub use blkjob::{DEFAULT_QUEUE_DEPTH, DEFAULT_READ_SIZE};
 /// How the commands read and hash their inputs.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct InputArgs {
-    /// Digest, by its OpenSSL name (blksum --list-digests lists them)
-    /// [default: sha256, or a saved map's where one is read].
+    /// How block digests become the checksum: blkhash (blkhash 0.11's,
+    /// ending with the image's length), imageio (oVirt imageio's checksum
+    /// API: no length; BLAKE2b-256 and 4m blocks unless -d and --block-size
+    /// say otherwise), pbs (a Proxmox Backup Server fixed index's
+    /// index_csum: imageio's with sha256 and 4m blocks) [default: blkhash].
+    #[arg(long, value_name = "NAME", value_parser = construction_parser(), hide_possible_values = true)]
+    pub construction: Option<Construction>,
+
+    /// Digest, by its OpenSSL name (blksum --list-digests lists them) or
+    /// oVirt imageio's (sha3_256, and blake2b for blake2b-256) [default:
+    /// sha256 (blake2b-256 with --construction imageio), or a saved map's
+    /// where one is read].
     #[arg(short, long, value_name = "NAME", value_parser = digest_parser(), hide_possible_values = true)]
     pub digest: Option<Algorithm>,
 
     /// Block size: a multiple of 512 from 512 to 64m (suffixes k, m)
-    /// [default: 64k, or a saved map's where one is read].
+    /// [default: 64k (4m with --construction imageio or pbs), or a saved
+    /// map's where one is read].
     #[arg(long, value_name = "SIZE", value_parser = parse_block_size)]
     pub block_size: Option<usize>,
 
@@ -140,6 +151,7 @@ impl InputArgs {
     /// library's default ([`blkjob::JobSpec`]).
     pub fn spec(&self) -> JobSpec {
         JobSpec {
+            construction: self.construction.unwrap_or_default(),
             digest: self.digest,
             block_size: self.block_size,
             threads: self.threads.map(usize::from),
@@ -227,6 +239,7 @@ pub fn parse_map_args<A: clap::Parser>(cmd: clap::Command, input: impl Fn(&A) ->
 /// bitmaps`), which hides them ([`only_open_options`]) and refuses them
 /// ([`InputArgs::refuse_hashing`]).
 const HASHING: &[(&str, &str)] = &[
+    ("construction", "--construction"),
     ("digest", "--digest"),
     ("block_size", "--block-size"),
     ("threads", "--threads"),
@@ -249,6 +262,7 @@ impl InputArgs {
     /// command that only opens an image ([`only_open_options`]).
     pub fn refuse_hashing(&self, cmd: &mut clap::Command, what: &str) {
         let given = [
+            self.construction.is_some(),
             self.digest.is_some(),
             self.block_size.is_some(),
             self.threads.is_some(),
@@ -316,6 +330,17 @@ pub fn format_parser() -> Named<Format> {
     }
 }
 
+/// `--construction`'s parser, completing the construction names.
+pub fn construction_parser() -> Named<Construction> {
+    Named {
+        parse: |s| {
+            s.parse()
+                .map_err(|e: blkhash::UnknownConstruction| e.to_string())
+        },
+        names: || blkhash::CONSTRUCTIONS.iter().map(|c| c.name()).collect(),
+    }
+}
+
 /// `--digest`'s parser: [`parse_digest`], completing the digest names.
 pub fn digest_parser() -> Named<Algorithm> {
     Named {
@@ -372,6 +397,11 @@ mod tests {
             (Algorithm::Blake3, 1 << 20)
         );
         assert_eq!(a.job(None).threads(), 3);
+        let a = Cmd::parse_from(["cmd", "--construction", "imageio"]).input;
+        assert_eq!(params(a.job(None)), (Algorithm::Blake2b256, 4 << 20));
+        let a = Cmd::parse_from(["cmd", "--construction", "pbs", "-d", "sha3_256"]).input;
+        assert_eq!(params(a.job(None)), (Algorithm::Sha3_256, 4 << 20));
+        assert_eq!(a.job(None).construction(), Construction::Pbs);
     }
 
     #[test]
@@ -383,6 +413,7 @@ mod tests {
             &["cmd", "--read-size", "100"],
             &["cmd", "--queue-depth", "0"],
             &["cmd", "-f", "iso"],
+            &["cmd", "--construction", "vdsm"],
         ] {
             assert!(Cmd::try_parse_from(bad).is_err(), "{bad:?}");
         }

@@ -12,6 +12,11 @@ use clap::{Command, FromArgMatches};
 /// One line of `-h`: an argument's id (its field's name) and its text.
 pub type Short = (&'static str, &'static str);
 
+/// `--construction`.
+pub const CONSTRUCTION: Short = (
+    "construction",
+    "blkhash, imageio (oVirt's checksum API) or pbs (a PBS index_csum)",
+);
 /// `-d, --digest`.
 pub const DIGEST: Short = ("digest", "Digest [default: sha256] (blksum -l lists them)");
 /// `--block-size`.

@@ -3,23 +3,26 @@
 //! Two forms, both one line per image:
 //!
 //! ```text
-//! HEX  NAME                          what sha256sum writes
-//! blkhash/DIGEST[/BLOCK] (NAME) = HEX  --tag: self-describing
+//! HEX  NAME                                 what sha256sum writes
+//! CONSTRUCTION/DIGEST[/BLOCK] (NAME) = HEX    --tag: self-describing
 //! ```
 //!
-//! The tag names the digest, and the block size when it is not the default
-//! 64k (written as `4k`, `1m`...), so a tagged file is checked with no
-//! options. The `blkhash/` prefix keeps these lines apart from
-//! `sha256sum --tag` lines, whose checksums are of another construction. A
+//! The tag names the construction (`blkhash`, `imageio`, `pbs`), the
+//! digest, and the block size when it is not the construction's default
+//! (64k for blkhash, 4m for the others; written as `4k`, `1m`...), so a
+//! tagged file is checked with no options. The construction prefix keeps
+//! these lines apart from `sha256sum --tag` lines, whose checksums are of
+//! another construction. A
 //! name with a backslash, newline or carriage return is escaped (`\\`, `\n`,
 //! `\r`) and the line starts with a backslash, as GNU coreutils does.
 
-use blkhash::{Algorithm, DEFAULT_BLOCK_SIZE};
+use blkhash::{Algorithm, CONSTRUCTIONS, Construction};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
-/// The tag prefix of `--tag` lines.
-const TAG: &str = "blkhash/";
+/// What a `--tag` line says of its checksum: the construction, the digest
+/// and the block size.
+pub type Tag = (Construction, Algorithm, usize);
 
 /// Longest line accepted: room for a 4 KiB path escaped twice over and the
 /// longest digest. Anything longer is not a checksum file.
@@ -32,6 +35,8 @@ pub struct Entry {
     pub name: OsString,
     /// Lowercase hex.
     pub hex: String,
+    /// From the tag; `None` for an untagged line (use the command line's).
+    pub construction: Option<Construction>,
     /// From the tag; `None` for an untagged line (use the command line's).
     pub algorithm: Option<Algorithm>,
     /// From the tag; `None` for an untagged line.
@@ -154,16 +159,17 @@ pub fn size_word(n: usize) -> String {
 ///
 /// ```text
 /// format_line("ab12", "disk.img", None)                          "ab12  disk.img"
-/// format_line("ab12", "disk.img", Some((Blake3, 4096)))          "blkhash/blake3/4k (disk.img) = ab12"
+/// format_line("ab12", "disk.img", Some((Blkhash, Blake3, 4096)))  "blkhash/blake3/4k (disk.img) = ab12"
+/// format_line("ab12", "disk.img", Some((Pbs, Sha256, 4 << 20)))   "pbs/sha256 (disk.img) = ab12"
 /// ```
-pub fn format_line(hex: &str, name: &str, tag: Option<(Algorithm, usize)>) -> String {
+pub fn format_line(hex: &str, name: &str, tag: Option<Tag>) -> String {
     String::from_utf8(format_line_os(hex, OsStr::new(name), tag))
         .expect("a UTF-8 name makes a UTF-8 line")
 }
 
 /// [`format_line`] for a name of any bytes (not UTF-8, as file names may
 /// be): the line's bytes.
-pub fn format_line_os(hex: &str, name: &OsStr, tag: Option<(Algorithm, usize)>) -> Vec<u8> {
+pub fn format_line_os(hex: &str, name: &OsStr, tag: Option<Tag>) -> Vec<u8> {
     let (name, escaped) = escape(name.as_bytes());
     let mut line = Vec::with_capacity(name.len() + hex.len() + 32);
     if escaped {
@@ -176,23 +182,23 @@ pub fn format_line_os(hex: &str, name: &OsStr, tag: Option<(Algorithm, usize)>) 
 /// A line for `--zero` output, as `sha256sum --zero` writes it: the name as
 /// it is, never escaped (the caller ends the line with a NUL, which no file
 /// name holds).
-pub fn format_line_zero(hex: &str, name: &OsStr, tag: Option<(Algorithm, usize)>) -> Vec<u8> {
+pub fn format_line_zero(hex: &str, name: &OsStr, tag: Option<Tag>) -> Vec<u8> {
     let mut line = Vec::with_capacity(name.len() + hex.len() + 32);
     push_line(&mut line, hex, name.as_bytes(), tag);
     line
 }
 
-fn push_line(line: &mut Vec<u8>, hex: &str, name: &[u8], tag: Option<(Algorithm, usize)>) {
+fn push_line(line: &mut Vec<u8>, hex: &str, name: &[u8], tag: Option<Tag>) {
     match tag {
         None => {
             line.extend_from_slice(hex.as_bytes());
             line.extend_from_slice(b"  ");
             line.extend_from_slice(name);
         }
-        Some((alg, bs)) => {
-            let tag = match bs == DEFAULT_BLOCK_SIZE {
-                true => format!("{TAG}{alg} ("),
-                false => format!("{TAG}{alg}/{} (", size_word(bs)),
+        Some((c, alg, bs)) => {
+            let tag = match bs == c.default_block_size() {
+                true => format!("{c}/{alg} ("),
+                false => format!("{c}/{alg}/{} (", size_word(bs)),
             };
             line.extend_from_slice(tag.as_bytes());
             line.extend_from_slice(name);
@@ -235,7 +241,11 @@ pub fn parse_line_bytes(line: &[u8]) -> Option<Entry> {
         Some(OsString::from_vec(bytes))
     };
     let hex_of = |h: &[u8]| String::from_utf8(h.to_ascii_lowercase()).ok();
-    if let Some(rest) = line.strip_prefix(TAG.as_bytes()) {
+    let tagged = CONSTRUCTIONS.iter().find_map(|c| {
+        let rest = line.strip_prefix(c.name().as_bytes())?.strip_prefix(b"/")?;
+        Some((*c, rest))
+    });
+    if let Some((construction, rest)) = tagged {
         let open = find(rest, b" (")?;
         let (tag, rest) = (&rest[..open], &rest[open + 2..]);
         let close = rfind(rest, b") = ")?;
@@ -252,8 +262,9 @@ pub fn parse_line_bytes(line: &[u8]) -> Option<Entry> {
         return Some(Entry {
             name: name(file)?,
             hex: hex_of(hex)?,
+            construction: Some(construction),
             algorithm: Some(algorithm),
-            block_size: Some(bs.unwrap_or(DEFAULT_BLOCK_SIZE)),
+            block_size: Some(bs.unwrap_or(construction.default_block_size())),
         });
     }
     // HEX, two characters (space and space, or space and '*' for sha256sum's
@@ -269,6 +280,7 @@ pub fn parse_line_bytes(line: &[u8]) -> Option<Entry> {
     Some(Entry {
         name: name(file)?,
         hex: hex_of(hex)?,
+        construction: None,
         algorithm: None,
         block_size: None,
     })
@@ -310,35 +322,55 @@ mod tests {
     #[test]
     fn tagged_round_trip() {
         let hex32 = "ab".repeat(32);
-        for (alg, bs) in [
-            (Algorithm::Sha256, 65536),
-            (Algorithm::Blake3, 4096),
-            (Algorithm::Sha512_256, 1 << 20),
-            (Algorithm::Sha256, 1536),
+        use Construction::*;
+        for (c, alg, bs) in [
+            (Blkhash, Algorithm::Sha256, 65536),
+            (Blkhash, Algorithm::Blake3, 4096),
+            (Blkhash, Algorithm::Sha512_256, 1 << 20),
+            (Blkhash, Algorithm::Sha256, 1536),
+            (Imageio, Algorithm::Blake2b256, 4 << 20),
+            (Imageio, Algorithm::Sha256, 65536),
+            (Pbs, Algorithm::Sha256, 4 << 20),
         ] {
             for name in ["disk.img", "x (1) = y", "new\nline"] {
-                let line = format_line(&hex32, name, Some((alg, bs)));
+                let line = format_line(&hex32, name, Some((c, alg, bs)));
                 let e = parse_line(&line).unwrap_or_else(|| panic!("{line}"));
                 assert_eq!(
-                    (e.name.to_str().unwrap(), e.algorithm, e.block_size),
-                    (name, Some(alg), Some(bs))
+                    (
+                        e.name.to_str().unwrap(),
+                        e.construction,
+                        e.algorithm,
+                        e.block_size
+                    ),
+                    (name, Some(c), Some(alg), Some(bs))
                 );
             }
         }
         assert_eq!(
-            format_line(&hex32, "d", Some((Algorithm::Blake3, 4096))),
+            format_line(&hex32, "d", Some((Blkhash, Algorithm::Blake3, 4096))),
             format!("blkhash/blake3/4k (d) = {hex32}")
         );
         assert_eq!(
-            format_line(&hex32, "d", Some((Algorithm::Sha256, 65536))),
+            format_line(&hex32, "d", Some((Blkhash, Algorithm::Sha256, 65536))),
             format!("blkhash/sha256 (d) = {hex32}")
         );
+        assert_eq!(
+            format_line(&hex32, "d", Some((Imageio, Algorithm::Blake2b256, 4 << 20))),
+            format!("imageio/blake2b-256 (d) = {hex32}")
+        );
+        assert_eq!(
+            format_line(&hex32, "d", Some((Pbs, Algorithm::Sha256, 1 << 20))),
+            format!("pbs/sha256/1m (d) = {hex32}")
+        );
+        // imageio's own digest names are taken in a tag too.
+        let e = parse_line(&format!("imageio/blake2b (d) = {hex32}")).unwrap();
+        assert_eq!(e.algorithm, Some(Algorithm::Blake2b256));
     }
 
     #[test]
     fn names_that_are_not_utf8() {
         let name = OsStr::from_bytes(b"disk\xff\xfe\n.img");
-        for tag in [None, Some((Algorithm::Blake3, 4096))] {
+        for tag in [None, Some((Construction::Blkhash, Algorithm::Blake3, 4096))] {
             let line = format_line_os(&"ab".repeat(32), name, tag);
             assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 0);
             let e = parse_line_bytes(&line).unwrap();
@@ -373,6 +405,8 @@ mod tests {
             &format!("blkhash/sha256/1000 (x) = {hex32}"),
             &format!("blkhash/sha256 x = {hex32}"),
             &format!("SHA256 (x) = {hex32}"),
+            &format!("ovirt/sha256 (x) = {hex32}"),
+            &format!("imageio (x) = {hex32}"),
             "\u{0}\u{1}\u{2}",
         ] {
             assert_eq!(parse_line(line), None, "{line:?}");

@@ -16,7 +16,7 @@
 //! module only writes it.
 
 use crate::progress::Progress;
-use blkhash::Algorithm;
+use blkhash::{Algorithm, Construction};
 use std::ffi::OsStr;
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -68,22 +68,24 @@ pub struct LineStyle {
 }
 
 impl LineStyle {
-    /// The line of `hex`, the checksum of `name` with `algorithm` and
-    /// `block_size` (named only by a tagged line), ended.
+    /// The line of `hex`, the checksum of `name` with `params` (the
+    /// construction, digest and block size, named only by a tagged line),
+    /// ended.
     ///
     /// ```
     /// use blkcli::output::LineStyle;
-    /// use blkhash::Algorithm;
+    /// use blkhash::{Algorithm, Construction};
     /// use std::ffi::OsStr;
     /// let name = OsStr::new("a\nb");
-    /// let line = |tag, zero| LineStyle { tag, zero }.line("ab12", name, Algorithm::Blake3, 4096);
+    /// let params = (Construction::Blkhash, Algorithm::Blake3, 4096);
+    /// let line = |tag, zero| LineStyle { tag, zero }.line("ab12", name, params);
     /// assert_eq!(line(false, false), b"\\ab12  a\\nb\n");
     /// assert_eq!(line(true, false), b"\\blkhash/blake3/4k (a\\nb) = ab12\n");
     /// assert_eq!(line(false, true), b"ab12  a\nb\0");
     /// assert_eq!(line(true, true), b"blkhash/blake3/4k (a\nb) = ab12\0");
     /// ```
-    pub fn line(self, hex: &str, name: &OsStr, algorithm: Algorithm, block_size: usize) -> Vec<u8> {
-        let tag = self.tag.then_some((algorithm, block_size));
+    pub fn line(self, hex: &str, name: &OsStr, params: (Construction, Algorithm, usize)) -> Vec<u8> {
+        let tag = self.tag.then_some(params);
         let mut line = match self.zero {
             true => crate::lines::format_line_zero(hex, name, tag),
             false => crate::lines::format_line_os(hex, name, tag),
@@ -148,10 +150,9 @@ impl<'a> Stdout<'a> {
         style: LineStyle,
         hex: &str,
         name: &OsStr,
-        algorithm: Algorithm,
-        block_size: usize,
+        params: (Construction, Algorithm, usize),
     ) -> Result<(), Failed> {
-        let line = style.line(hex, name, algorithm, block_size);
+        let line = style.line(hex, name, params);
         self.write(|out| out.write_all(&line))
     }
 

@@ -45,6 +45,9 @@ pub enum Algorithm {
     Sha3_512,
     /// BLAKE2b-512.
     Blake2b512,
+    /// BLAKE2b with a 32-byte output (Python's `hashlib.blake2b(digest_size=32)`,
+    /// oVirt imageio's default): a digest of its own, not BLAKE2b-512 cut short.
+    Blake2b256,
     /// BLAKE2s-256.
     Blake2s256,
     /// SM3.
@@ -78,6 +81,7 @@ pub const ALGORITHMS: &[Algorithm] = &[
     Algorithm::Sha3_384,
     Algorithm::Sha3_512,
     Algorithm::Blake2b512,
+    Algorithm::Blake2b256,
     Algorithm::Blake2s256,
     Algorithm::Sm3,
     Algorithm::Ripemd160,
@@ -124,6 +128,7 @@ impl Algorithm {
             Sha3_384 => "sha3-384",
             Sha3_512 => "sha3-512",
             Blake2b512 => "blake2b512",
+            Blake2b256 => "blake2b-256",
             Blake2s256 => "blake2s256",
             Sm3 => "sm3",
             Ripemd160 => "ripemd160",
@@ -142,7 +147,7 @@ impl Algorithm {
             Md5 => 16,
             Sha1 | Ripemd160 => 20,
             Sha224 | Sha512_224 | Sha3_224 => 28,
-            Sha256 | Sha512_256 | Sha3_256 | Blake2s256 | Sm3 | Blake3 => 32,
+            Sha256 | Sha512_256 | Sha3_256 | Blake2b256 | Blake2s256 | Sm3 | Blake3 => 32,
             Sha384 | Sha3_384 => 48,
             Sha512 | Sha3_512 | Blake2b512 => 64,
             Md5Sha1 => 36,
@@ -172,6 +177,7 @@ impl Algorithm {
             Sha3_384 => fixed::<sha3::Sha3_384>(data, out),
             Sha3_512 => fixed::<sha3::Sha3_512>(data, out),
             Blake2b512 => fixed::<blake2::Blake2b512>(data, out),
+            Blake2b256 => fixed::<blake2::Blake2b256>(data, out),
             Blake2s256 => fixed::<blake2::Blake2s256>(data, out),
             Sm3 => fixed::<sm3::Sm3>(data, out),
             Ripemd160 => fixed::<ripemd::Ripemd160>(data, out),
@@ -253,6 +259,7 @@ impl Algorithm {
             Sha3_384 => Box::new(Fixed(sha3::Sha3_384::new())),
             Sha3_512 => Box::new(Fixed(sha3::Sha3_512::new())),
             Blake2b512 => Box::new(Fixed(blake2::Blake2b512::new())),
+            Blake2b256 => Box::new(Fixed(blake2::Blake2b256::new())),
             Blake2s256 => Box::new(Fixed(blake2::Blake2s256::new())),
             Sm3 => Box::new(Fixed(sm3::Sm3::new())),
             Ripemd160 => Box::new(Fixed(ripemd::Ripemd160::new())),
@@ -265,6 +272,50 @@ impl Algorithm {
     }
 }
 
+impl Algorithm {
+    /// Its name in oVirt imageio's checksum API (Python's `hashlib` names,
+    /// `blake2b` and `blake2s` with imageio's 32-byte output), if imageio
+    /// computes it: imageio lists `shake_128` and `shake_256` too, but
+    /// fails on them (hashlib's SHAKE needs a length it does not give).
+    ///
+    /// ```
+    /// use blkhash::Algorithm;
+    /// assert_eq!(Algorithm::Blake2b256.imageio_name(), Some("blake2b"));
+    /// assert_eq!(Algorithm::Sha3_256.imageio_name(), Some("sha3_256"));
+    /// assert_eq!(Algorithm::Blake3.imageio_name(), None);
+    /// assert_eq!("sha512_224".parse(), Ok(Algorithm::Sha512_224));
+    /// ```
+    pub fn imageio_name(self) -> Option<&'static str> {
+        IMAGEIO_NAMES
+            .iter()
+            .find(|(_, a)| *a == self)
+            .map(|(n, _)| *n)
+    }
+}
+
+/// imageio's names (`hashlib.algorithms_available` but for SHAKE) of the
+/// digests it computes, and ours for them. Parsing takes them as well as
+/// ours: none of them names another digest of ours.
+const IMAGEIO_NAMES: &[(&str, Algorithm)] = &[
+    ("blake2b", Algorithm::Blake2b256),
+    ("blake2s", Algorithm::Blake2s256),
+    ("md5", Algorithm::Md5),
+    ("md5-sha1", Algorithm::Md5Sha1),
+    ("ripemd160", Algorithm::Ripemd160),
+    ("sha1", Algorithm::Sha1),
+    ("sha224", Algorithm::Sha224),
+    ("sha256", Algorithm::Sha256),
+    ("sha384", Algorithm::Sha384),
+    ("sha3_224", Algorithm::Sha3_224),
+    ("sha3_256", Algorithm::Sha3_256),
+    ("sha3_384", Algorithm::Sha3_384),
+    ("sha3_512", Algorithm::Sha3_512),
+    ("sha512", Algorithm::Sha512),
+    ("sha512_224", Algorithm::Sha512_224),
+    ("sha512_256", Algorithm::Sha512_256),
+    ("sm3", Algorithm::Sm3),
+];
+
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -274,12 +325,19 @@ impl fmt::Display for Algorithm {
 impl FromStr for Algorithm {
     type Err = UnknownAlgorithm;
 
-    /// Names are matched without regard to case, as OpenSSL does.
+    /// Names are matched without regard to case, as OpenSSL does; oVirt
+    /// imageio's names ([`Algorithm::imageio_name`]) are taken too.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         ALGORITHMS
             .iter()
             .copied()
             .find(|a| a.name().eq_ignore_ascii_case(s))
+            .or_else(|| {
+                IMAGEIO_NAMES
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(s))
+                    .map(|(_, a)| *a)
+            })
             .ok_or_else(|| UnknownAlgorithm(s.to_string()))
     }
 }
@@ -366,6 +424,10 @@ mod tests {
             assert_eq!(a.name().to_uppercase().parse::<Algorithm>().unwrap(), a);
         }
         assert!("sha257".parse::<Algorithm>().is_err());
+        for (name, a) in IMAGEIO_NAMES {
+            assert_eq!(name.parse::<Algorithm>().unwrap(), *a);
+            assert_eq!(a.imageio_name(), Some(*name));
+        }
     }
 
     #[test]
@@ -438,6 +500,12 @@ mod tests {
                 "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
             ),
             ("shake128", "5881092dd818bf5cf8a3ddb793fbcba7"),
+            // RFC 7693's BLAKE2b with a 32-byte output (hashlib.blake2b(b"abc",
+            // digest_size=32)): not the first half of BLAKE2b-512's.
+            (
+                "blake2b-256",
+                "bddd813c634239723171ef3fee98579b94964e3bb1cb3e427262c8c068d52319",
+            ),
             (
                 "blake3",
                 "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85",

@@ -1,13 +1,14 @@
 //! A finished checksum.
 
 use crate::algorithm::Algorithm;
+use crate::construction::Construction;
 use std::fmt;
 
 /// The checksum of an image: the outer digest's bytes, and the algorithm
-/// that made them. Displays as lowercase hex (`{}` or `{:x}`); parses back
+/// and [`Construction`] that made them. Displays as lowercase hex (`{}` or `{:x}`); parses back
 /// from hex with [`Checksum::from_hex`] or, for the default SHA-256,
-/// `str::parse`. Two checksums are equal when their algorithms and bytes
-/// are, and the bytes are compared in constant time (as `blake3::Hash`
+/// `str::parse`. Two checksums are equal when their constructions,
+/// algorithms and bytes are, and the bytes are compared in constant time (as `blake3::Hash`
 /// does), so comparing with an expected checksum leaks nothing.
 ///
 /// ```
@@ -24,13 +25,40 @@ use std::fmt;
 /// ```
 #[derive(Clone, Debug, Eq)]
 pub struct Checksum {
+    construction: Construction,
     algorithm: Algorithm,
     bytes: Vec<u8>,
 }
 
 impl Checksum {
     pub(crate) fn new(algorithm: Algorithm, bytes: Vec<u8>) -> Self {
-        Checksum { algorithm, bytes }
+        Checksum {
+            construction: Construction::Blkhash,
+            algorithm,
+            bytes,
+        }
+    }
+
+    /// The construction that made it ([`Construction::Blkhash`] for one
+    /// parsed with [`from_hex`](Checksum::from_hex) or
+    /// [`from_bytes`](Checksum::from_bytes)).
+    pub fn construction(&self) -> Construction {
+        self.construction
+    }
+
+    /// The same bytes, said to be of construction `c` (a checksum read
+    /// from a line or a file that names its construction).
+    ///
+    /// ```
+    /// use blkhash::{Algorithm, Checksum, Construction};
+    /// let c = Checksum::from_bytes(Algorithm::Sha256, &[7; 32]).unwrap();
+    /// let pbs = c.clone().with_construction(Construction::Pbs);
+    /// assert_eq!(pbs.construction(), Construction::Pbs);
+    /// assert_ne!(c, pbs);
+    /// ```
+    pub fn with_construction(mut self, c: Construction) -> Checksum {
+        self.construction = c;
+        self
     }
 
     /// The algorithm of the outer and block digests.
@@ -104,12 +132,14 @@ impl std::error::Error for ParseChecksumError {}
 impl PartialEq for Checksum {
     fn eq(&self, other: &Checksum) -> bool {
         self.algorithm == other.algorithm
+            && self.construction == other.construction
             && constant_time_eq::constant_time_eq(&self.bytes, &other.bytes)
     }
 }
 
 impl std::hash::Hash for Checksum {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.construction.hash(state);
         self.algorithm.hash(state);
         self.bytes.hash(state);
     }

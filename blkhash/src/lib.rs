@@ -7,7 +7,9 @@
 //! H( H(block 0) || H(block 1) || ... || H(block n-1) || le64(L) )
 //! ```
 //!
-//! where the blocks are `B` bytes but for a possibly shorter last one. A full
+//! where the blocks are `B` bytes but for a possibly shorter last one.
+//! Two other systems keep checksums of the same shape without the length,
+//! oVirt imageio and Proxmox Backup Server ([`Construction`]). A full
 //! block of zeros always has the same digest, so ranges known to read as
 //! zeros cost no reading and no block digests; the others are digested in
 //! parallel by a worker pool and combined in block order. Checksums equal
@@ -45,6 +47,11 @@ macro_rules! engine_methods {
         /// The digest.
         pub fn algorithm(&self) -> Algorithm {
             self.0.algorithm()
+        }
+
+        /// How the block digests become the checksum.
+        pub fn construction(&self) -> Construction {
+            self.0.construction()
         }
 
         /// Bytes per block.
@@ -121,6 +128,7 @@ macro_rules! engine_methods {
 
 mod algorithm;
 mod checksum;
+mod construction;
 mod hasher;
 mod memory;
 mod options;
@@ -131,6 +139,7 @@ mod zero;
 
 pub use algorithm::{ALGORITHMS, Algorithm, Streaming, UnknownAlgorithm};
 pub use checksum::{Checksum, ParseChecksumError, to_hex};
+pub use construction::{CONSTRUCTIONS, Construction, UnknownConstruction};
 pub use hasher::Hasher;
 pub use memory::{out_of_memory, room_for_thread, try_zeroed};
 pub use options::{
@@ -168,12 +177,34 @@ pub fn hash(data: impl AsRef<[u8]>) -> Checksum {
 /// assert_eq!(h.finalize(), checksum_of(Algorithm::Sha256, 4096, &data));
 /// ```
 pub fn checksum_of(alg: Algorithm, block_size: usize, data: &[u8]) -> Checksum {
+    checksum_with(Construction::Blkhash, alg, block_size, data)
+}
+
+/// [`checksum_of`] in any [`Construction`]: the model of each, from its
+/// definition.
+///
+/// ```
+/// use blkhash::{checksum_of, checksum_with, Algorithm, Construction};
+/// let data = vec![3u8; 5 << 20];
+/// let ours = checksum_with(Construction::Blkhash, Algorithm::Sha256, 4 << 20, &data);
+/// assert_eq!(ours, checksum_of(Algorithm::Sha256, 4 << 20, &data));
+/// let pbs = checksum_with(Construction::Pbs, Algorithm::Sha256, 4 << 20, &data);
+/// assert_ne!(pbs.as_bytes(), ours.as_bytes()); // no length at the end
+/// ```
+pub fn checksum_with(
+    construction: Construction,
+    alg: Algorithm,
+    block_size: usize,
+    data: &[u8],
+) -> Checksum {
     let mut outer = alg.streaming();
     let mut d = vec![0u8; alg.output_len()];
     for block in data.chunks(block_size) {
         alg.digest_into(block, &mut d);
         outer.update(&d);
     }
-    outer.update(&(data.len() as u64).to_le_bytes());
-    Checksum::new(alg, outer.finalize())
+    if construction.appends_length() {
+        outer.update(&(data.len() as u64).to_le_bytes());
+    }
+    Checksum::new(alg, outer.finalize()).with_construction(construction)
 }

@@ -1,6 +1,7 @@
 //! How to hash: the digest, the block size, the worker threads, and their limits.
 
 use crate::algorithm::Algorithm;
+use crate::construction::Construction;
 use std::fmt;
 use std::io;
 use std::sync::Arc;
@@ -119,6 +120,7 @@ impl From<OptionsError> for io::Error {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Options {
+    pub(crate) construction: Construction,
     pub(crate) algorithm: Algorithm,
     pub(crate) block_size: usize,
     pub(crate) threads: usize,
@@ -136,12 +138,33 @@ impl Options {
     /// SHA-256, 64 KiB blocks, one worker per available core.
     pub fn new() -> Self {
         Options {
+            construction: Construction::Blkhash,
             algorithm: Algorithm::Sha256,
             block_size: DEFAULT_BLOCK_SIZE,
             threads: default_threads(),
             queue_depth: None,
             job_done: None,
         }
+    }
+    /// How block digests become the checksum (default blkhash 0.11's).
+    /// It changes nothing else: set the digest and block size too (a
+    /// construction's defaults are [`Construction::default_algorithm`] and
+    /// [`Construction::default_block_size`]).
+    ///
+    /// ```
+    /// use blkhash::{checksum_with, Algorithm, Construction, Hasher, Options};
+    /// let c = Construction::Imageio;
+    /// let opts = Options::new().construction(c).algorithm(Algorithm::Blake2b256).block_size(4 << 20);
+    /// let mut h = Hasher::with_options(opts).unwrap();
+    /// h.update(b"data");
+    /// h.update_zeros(8 << 20);
+    /// let mut data = b"data".to_vec();
+    /// data.resize(4 + (8 << 20), 0);
+    /// assert_eq!(h.finalize(), checksum_with(c, Algorithm::Blake2b256, 4 << 20, &data));
+    /// ```
+    pub fn construction(mut self, c: Construction) -> Self {
+        self.construction = c;
+        self
     }
     /// The digest of blocks and of the checksum (default SHA-256).
     pub fn algorithm(mut self, a: Algorithm) -> Self {

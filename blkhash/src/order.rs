@@ -3,6 +3,7 @@
 
 use crate::algorithm::{Algorithm, Streaming};
 use crate::checksum::Checksum;
+use crate::construction::Construction;
 use crate::options::{DEFAULT_QUEUE_DEPTH, Options, OptionsError, depth_within_budget};
 use crate::pool::{Done, Fill, Job, JobBuf, Lend, Pool};
 use crate::zero::is_zero;
@@ -50,6 +51,7 @@ enum Pending {
 /// join the checksum in, the outer digest. [`Hasher`](crate::Hasher) and
 /// [`Pipeline`](crate::Pipeline) are the public faces of it.
 pub(crate) struct Engine<B> {
+    construction: Construction,
     alg: Algorithm,
     block_size: usize,
     out_len: usize,
@@ -86,6 +88,7 @@ impl<B> Engine<B> {
     /// `Debug` for the public types, under their own name.
     pub(crate) fn fmt_as(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(name)
+            .field("construction", &self.construction)
             .field("algorithm", &self.alg)
             .field("block_size", &self.block_size)
             .field("threads", &self.threads)
@@ -114,6 +117,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
                 }
             })?;
         Ok(Engine {
+            construction: opts.construction,
             alg,
             threads: opts.threads,
             zero_run_blocks: zero_run_blocks as u64,
@@ -141,6 +145,10 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
 
     pub(crate) fn algorithm(&self) -> Algorithm {
         self.alg
+    }
+
+    pub(crate) fn construction(&self) -> Construction {
+        self.construction
     }
 
     pub(crate) fn block_size(&self) -> usize {
@@ -432,8 +440,10 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
     /// The checksum of everything fed; call [`drain`](Engine::drain) first.
     pub(crate) fn checksum(mut self) -> Checksum {
         debug_assert!(self.in_flight == 0 && self.order.is_empty());
-        self.outer.update(&self.total_len.to_le_bytes());
-        Checksum::new(self.alg, self.outer.finalize())
+        if self.construction.appends_length() {
+            self.outer.update(&self.total_len.to_le_bytes());
+        }
+        Checksum::new(self.alg, self.outer.finalize()).with_construction(self.construction)
     }
 
     fn check_failure(&mut self) -> io::Result<()> {

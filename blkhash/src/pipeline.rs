@@ -3,6 +3,7 @@
 
 use crate::algorithm::Algorithm;
 use crate::checksum::Checksum;
+use crate::construction::Construction;
 use crate::options::{Options, OptionsError};
 use crate::order::{BlockEvent, Engine};
 use crate::pool::{Fill, Lend};

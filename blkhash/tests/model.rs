@@ -2,7 +2,7 @@
 //! `submit_with`, `submit_lent` and `update_zeros` calls, the checksum
 //! equals the plain model's.
 
-use blkhash::{Algorithm, BlockEvent, Hasher, Options, Pipeline, checksum_of};
+use blkhash::{Algorithm, BlockEvent, CONSTRUCTIONS, Hasher, Options, Pipeline, checksum_with};
 use proptest::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -48,6 +48,7 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
         Algorithm::Blake3,
         Algorithm::Md5,
         Algorithm::Shake128,
+        Algorithm::Blake2b256,
         // No digest at all: every path must cope with empty block digests.
         Algorithm::Null,
     ])
@@ -63,9 +64,10 @@ proptest! {
         bs in prop::sample::select(vec![512usize, 1024, 4096]),
         threads in 1usize..4,
         depth in 1usize..5,
+        construction in prop::sample::select(CONSTRUCTIONS),
     ) {
         let mut h = Pipeline::new(
-            Options::new().algorithm(alg).block_size(bs).threads(threads).queue_depth(depth),
+            Options::new().construction(construction).algorithm(alg).block_size(bs).threads(threads).queue_depth(depth),
         ).unwrap();
         let mut all = Vec::new();
         for p in &pieces {
@@ -89,7 +91,7 @@ proptest! {
             while let Some(b) = h.reclaim() { drop(b); }
         }
         prop_assert_eq!(h.len(), all.len() as u64);
-        prop_assert_eq!(h.finalize().unwrap(), checksum_of(alg, bs, &all));
+        prop_assert_eq!(h.finalize().unwrap(), checksum_with(construction, alg, bs, &all));
     }
 
     #[test]

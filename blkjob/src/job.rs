@@ -2,7 +2,7 @@
 //! command line, Python keywords or blksync's plan), checked once into a
 //! [`Job`] that every operation of this crate takes.
 
-use blkhash::{Algorithm, MAX_THREADS, Options};
+use blkhash::{Algorithm, Construction, MAX_THREADS, Options};
 use blkimage::OpenOptions;
 use std::fmt;
 use std::io;
@@ -24,7 +24,8 @@ pub const MAX_READ_SIZE: usize = 256 << 20;
 
 /// A hashing job as asked for: every field optional but the open options,
 /// each `None` taking the default (the digest and block size: a saved map's
-/// where [`JobSpec::resolve`] is given one, else sha256 and 64 KiB).
+/// where [`JobSpec::resolve`] is given one, else the construction's:
+/// sha256 and 64 KiB for blkhash 0.11's).
 ///
 /// ```
 /// use blkjob::{JobError, JobSpec};
@@ -33,9 +34,17 @@ pub const MAX_READ_SIZE: usize = 256 << 20;
 /// assert_eq!(job.read_size(), 1 << 20);
 /// let bad = JobSpec { block_size: Some(1000), ..Default::default() }.build();
 /// assert_eq!(bad.unwrap_err(), JobError::BlockSize(1000));
+///
+/// // oVirt imageio's checksum: BLAKE2b-256 and 4 MiB blocks unless asked otherwise.
+/// use blkhash::{Algorithm, Construction};
+/// let job = JobSpec { construction: Construction::Imageio, ..Default::default() }.build().unwrap();
+/// assert_eq!((job.algorithm(), job.block_size()), (Algorithm::Blake2b256, 4 << 20));
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct JobSpec {
+    /// How block digests become the checksum; its defaults are the
+    /// digest's and block size's.
+    pub construction: Construction,
     /// The digest of the blocks and of the checksum.
     pub digest: Option<Algorithm>,
     /// Bytes per block.
@@ -69,11 +78,11 @@ impl JobSpec {
         let algorithm = self
             .digest
             .or(saved.map(|s| s.0))
-            .unwrap_or(Algorithm::Sha256);
+            .unwrap_or(self.construction.default_algorithm());
         let block_size = self
             .block_size
             .or(saved.map(|s| s.1))
-            .unwrap_or(blkhash::DEFAULT_BLOCK_SIZE);
+            .unwrap_or(self.construction.default_block_size());
         let threads = self.threads.unwrap_or_else(blkhash::default_threads);
         let queue_depth = self.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH);
         let read_size = self.read_size.unwrap_or(DEFAULT_READ_SIZE);
@@ -89,6 +98,7 @@ impl JobSpec {
             return Err(JobError::IoDepth(d));
         }
         Ok(Job {
+            construction: self.construction,
             algorithm,
             block_size,
             threads,
@@ -168,6 +178,7 @@ impl From<JobError> for io::Error {
 /// as a spec to change and check again.
 #[derive(Clone, Debug)]
 pub struct Job {
+    construction: Construction,
     algorithm: Algorithm,
     block_size: usize,
     threads: usize,
@@ -186,6 +197,11 @@ impl Default for Job {
 }
 
 impl Job {
+    /// How block digests become the checksum.
+    pub fn construction(&self) -> Construction {
+        self.construction
+    }
+
     /// The digest of the blocks and of the checksum.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
@@ -230,6 +246,7 @@ impl Job {
     /// The job as a spec, every value filled in: change it and build again.
     pub fn spec(&self) -> JobSpec {
         JobSpec {
+            construction: self.construction,
             digest: Some(self.algorithm),
             block_size: Some(self.block_size),
             threads: Some(self.threads),
@@ -250,6 +267,7 @@ impl Job {
     /// The hasher's options for this job.
     pub fn hasher_options(&self) -> Options {
         Options::new()
+            .construction(self.construction)
             .algorithm(self.algorithm)
             .block_size(self.block_size)
             .threads(self.threads)

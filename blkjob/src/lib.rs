@@ -399,37 +399,42 @@ pub fn map_range_to(
 }
 
 /// A saved map, if `name` is a regular file that starts with the map
-/// magic; `None` if it is something else (an image, a device, a URL).
+/// magic or is a Proxmox Backup Server fixed index (`.fidx`, read as the
+/// map of the disk it backed up: sha256, blocks of its chunk size);
+/// `None` if it is something else (an image, a device, a URL).
 pub fn try_load_map(name: impl AsRef<std::path::Path>) -> io::Result<Option<Map>> {
     let name = name.as_ref();
-    if !is_map_file(name)? {
-        return Ok(None);
+    match prefix_of(name)? {
+        Some(p) if blkmap::is_fidx(&p) => Ok(Some(blkmap::fidx_map(blkmap::open_fidx(name)?)?)),
+        Some(p) if blkmap::is_map(&p) => Ok(Some(Map::load(name)?)),
+        _ => Ok(None),
     }
-    Ok(Some(Map::load(name)?))
 }
 
-/// [`try_load_map`] opened where it lies ([`blkmap::MapFile`]): its
-/// header and runs read, its digests left in the file, for a reader that
-/// streams it (a diff) or looks up a few blocks (an update).
+/// A saved map opened where it lies ([`blkmap::MapFile`]), if `name` is
+/// a regular file that starts with the map magic: its header and runs
+/// read, its digests left in the file, for a reader that streams it (a
+/// diff) or looks up a few blocks (an update).
 pub fn try_open_map(name: impl AsRef<std::path::Path>) -> io::Result<Option<blkmap::MapFile>> {
     let name = name.as_ref();
-    if !is_map_file(name)? {
-        return Ok(None);
+    match prefix_of(name)? {
+        Some(p) if blkmap::is_map(&p) => Ok(Some(blkmap::MapFile::open(name)?)),
+        _ => Ok(None),
     }
-    Ok(Some(blkmap::MapFile::open(name)?))
 }
 
-/// Whether `name` is a regular file that starts with the map magic.
-fn is_map_file(name: &std::path::Path) -> io::Result<bool> {
+/// The first 8 bytes of `name` if it is a regular file (never a FIFO or a
+/// device, which reading would consume or block on).
+fn prefix_of(name: &std::path::Path) -> io::Result<Option<Vec<u8>>> {
     let Ok(meta) = std::fs::metadata(name) else {
-        return Ok(false);
+        return Ok(None);
     };
     if !meta.is_file() {
-        return Ok(false);
+        return Ok(None);
     }
     let mut prefix = Vec::with_capacity(8);
     File::open(name)?.take(8).read_to_end(&mut prefix)?;
-    Ok(blkmap::is_map(&prefix))
+    Ok(Some(prefix))
 }
 
 /// Standard input: a saved map if `detect_map` and it starts with the map
@@ -439,6 +444,15 @@ pub fn map_stdin(job: &Job, detect_map: bool, progress: &mut dyn FnMut(u64)) -> 
     let mut prefix = Vec::with_capacity(8);
     (&mut stdin).take(8).read_to_end(&mut prefix)?;
     let rest = io::Cursor::new(prefix.clone()).chain(stdin);
+    if detect_map && blkmap::is_fidx(&prefix) {
+        let reader = blkmap::FidxReader::new(io::BufReader::with_capacity(1 << 20, rest))?;
+        return Ok(Mapped {
+            map: blkmap::fidx_map(reader)?,
+            format: "fidx".to_string(),
+            rounded: None,
+            stats: Stats::default(),
+        });
+    }
     if detect_map && blkmap::is_map(&prefix) {
         return Ok(Mapped {
             map: Map::read(io::BufReader::with_capacity(1 << 20, rest))?,

@@ -43,6 +43,7 @@
 
 mod builder;
 mod diff;
+mod fidx;
 mod file;
 mod format;
 pub mod guard;
@@ -54,21 +55,24 @@ mod writer;
 
 pub use builder::{MapBuilder, Observed, Summary};
 pub use diff::{Diff, Mismatch, Range, diff, diff_pieces};
+pub use fidx::{
+    FIDX_HEADER_LEN, FIDX_MAGIC, FidxHeader, FidxReader, fidx_map, is_fidx, is_fidx_file, open_fidx,
+};
 pub use file::{MapFile, MapLike};
 pub use format::{
     Header, MAGIC, MAX_IDENTITY, MapReader, Piece, VERSION, check_range, is_map,
     remove_stale_temps, write_atomic,
 };
 pub use merge::{
-    Input, Named, merge, merge_files, merge_files_until, merge_to_file, merge_to_file_until,
-    merge_until,
+    Input, Named, checksum_files_until, merge, merge_files, merge_files_until, merge_to_file,
+    merge_to_file_until, merge_until,
 };
 pub use part::Part;
 pub use splice::{Splice, Spliced, splice};
 pub use stream::{Checked, MapPieces, Pieces};
 pub use writer::{Output, OutputError, RecordWriter, save_with};
 
-use blkhash::{Algorithm, Checksum, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
+use blkhash::{Algorithm, Checksum, Construction, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 use std::fmt;
 use std::io;
 
@@ -120,6 +124,9 @@ pub enum MapError {
     },
     /// Parts that do not make a map: they disagree, overlap or leave a gap.
     Merge(String),
+    /// A Proxmox Backup Server fixed index (`.fidx`) that is not one, or
+    /// lies: why.
+    Fidx(String),
     /// An error in one of several inputs, named.
     In(String, Box<MapError>),
     /// Maps that cannot be compared.
@@ -144,6 +151,7 @@ impl fmt::Display for MapError {
                 "block map format version {v} is not supported (this build reads version {VERSION})"
             ),
             MapError::Truncated => f.write_str("truncated block map"),
+            MapError::Fidx(why) => write!(f, "invalid PBS fixed index: {why}"),
             MapError::Invalid(why) => write!(f, "invalid block map: {why}"),
             MapError::Damaged => f.write_str(
                 "damaged block map: the digest of its contents does not match its trailer",
@@ -385,12 +393,53 @@ impl Outer {
         Ok(())
     }
 
-    /// The checksum of an image of `size` bytes.
-    pub(crate) fn checksum(mut self, size: u64) -> Checksum {
-        self.digest.update(&size.to_le_bytes());
-        let bytes = self.digest.finalize();
-        Checksum::from_bytes(self.algorithm, &bytes).expect("a digest of the algorithm's length")
+    /// The checksum of an image of `size` bytes (blkhash 0.11's, what a
+    /// map holds).
+    pub(crate) fn checksum(self, size: u64) -> Checksum {
+        self.checksum_with(Construction::Blkhash, size)
     }
+
+    /// The checksum of an image of `size` bytes in `construction`.
+    pub(crate) fn checksum_with(mut self, construction: Construction, size: u64) -> Checksum {
+        if construction.appends_length() {
+            self.digest.update(&size.to_le_bytes());
+        }
+        let bytes = self.digest.finalize();
+        Checksum::from_bytes(self.algorithm, &bytes)
+            .expect("a digest of the algorithm's length")
+            .with_construction(construction)
+    }
+}
+
+/// The image checksum of the map `pieces` reads, in `construction`: the
+/// one its header holds for blkhash 0.11's (`None` for a part), else
+/// derived from the block digests as they stream by (no map in memory).
+///
+/// ```
+/// use blkhash::{checksum_with, Algorithm, Construction, Options};
+/// use blkmap::Map;
+/// let data = vec![5u8; 10_000];
+/// let map = Map::compute(Options::new().block_size(4096), &data).unwrap();
+/// let c = Construction::Imageio;
+/// let got = blkmap::checksum_in(map.pieces(), c).unwrap();
+/// assert_eq!(got, Some(checksum_with(c, Algorithm::Sha256, 4096, &data)));
+/// ```
+pub fn checksum_in(
+    mut pieces: impl Pieces,
+    construction: Construction,
+) -> Result<Option<Checksum>, MapError> {
+    let h = pieces.header().clone();
+    if construction == Construction::Blkhash {
+        return Ok(h.checksum);
+    }
+    let mut outer = Outer::new(h.algorithm, &zero_digest(h.algorithm, h.block_size));
+    while let Some(p) = pieces.next_piece()? {
+        match p {
+            Piece::Zeros(n) => outer.zeros(n),
+            Piece::Data(d) => outer.data(d),
+        }
+    }
+    Ok(Some(outer.checksum_with(construction, h.size)))
 }
 
 pub(crate) fn zero_digest(algorithm: Algorithm, block_size: usize) -> Vec<u8> {
@@ -428,7 +477,8 @@ impl Map {
         if checksum.algorithm() != algorithm {
             return Err(MapError::Invalid("a checksum of another digest".into()));
         }
-        let map = Map {
+        let construction = checksum.construction();
+        let mut map = Map {
             algorithm,
             block_size,
             size,
@@ -437,8 +487,13 @@ impl Map {
             body,
             identity: None,
         };
-        if map.derive_checksum() != map.checksum {
+        if map.derive_checksum_with(construction) != map.checksum {
             return Err(MapError::Checksum);
+        }
+        // A map keeps blkhash 0.11's checksum, whatever the hasher's
+        // construction: the others follow from the same block digests.
+        if construction != Construction::Blkhash {
+            map.checksum = map.derive_checksum();
         }
         Ok(map)
     }
@@ -719,6 +774,22 @@ impl Map {
     /// The cost is the outer digest's: about `size / block_size` digests
     /// hashed, zero blocks included, with no block read.
     pub fn derive_checksum(&self) -> Checksum {
+        self.derive_checksum_with(Construction::Blkhash)
+    }
+
+    /// The image checksum in `construction`, from the map alone (a map
+    /// keeps blkhash 0.11's; oVirt imageio's and PBS's `index_csum` are the
+    /// same outer digest without the size).
+    ///
+    /// ```
+    /// use blkhash::{checksum_with, Algorithm, Construction, Options};
+    /// use blkmap::Map;
+    /// let data = vec![5u8; 10_000];
+    /// let map = Map::compute(Options::new().block_size(4096), &data).unwrap();
+    /// let c = Construction::Imageio;
+    /// assert_eq!(map.derive_checksum_with(c), checksum_with(c, Algorithm::Sha256, 4096, &data));
+    /// ```
+    pub fn derive_checksum_with(&self, construction: Construction) -> Checksum {
         let mut outer = Outer::new(self.algorithm, &self.zero_digest);
         for run in self.runs() {
             match run.digests {
@@ -726,6 +797,15 @@ impl Map {
                 None => outer.zeros(run.count),
             }
         }
-        outer.checksum(self.size)
+        outer.checksum_with(construction, self.size)
+    }
+
+    /// The image checksum in `construction`: the saved one for blkhash
+    /// 0.11's, else derived from the block digests.
+    pub fn checksum_in(&self, construction: Construction) -> Checksum {
+        match construction {
+            Construction::Blkhash => self.checksum.clone(),
+            c => self.derive_checksum_with(c),
+        }
     }
 }

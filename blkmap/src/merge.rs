@@ -5,7 +5,7 @@
 use crate::format::{Header, MapReader, Piece, write_atomic};
 use crate::writer::{Output, RecordWriter};
 use crate::{MapError, Outer, Range, zero_digest};
-use blkhash::{Algorithm, Checksum};
+use blkhash::{Algorithm, Checksum, Construction};
 use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -60,6 +60,50 @@ pub fn merge_until(
     allow_partial: bool,
     cancel: &AtomicBool,
 ) -> Result<Header, MapError> {
+    merge_in(
+        inputs,
+        out,
+        identity,
+        allow_partial,
+        Construction::Blkhash,
+        cancel,
+    )
+}
+
+/// The checksum in `construction` of the map or parts `parts` (files, as
+/// [`merge_files`] reads them), nothing written: a map keeps blkhash
+/// 0.11's checksum, and the others follow from its block digests.
+pub fn checksum_files_until(
+    parts: &[impl AsRef<Path>],
+    construction: Construction,
+    cancel: &AtomicBool,
+) -> Result<Header, MapError> {
+    merge_in(open_parts(parts)?, None, None, false, construction, cancel)
+}
+
+/// The files `parts`, opened as maps to merge, each named by its path.
+fn open_parts(parts: &[impl AsRef<Path>]) -> Result<Vec<Named<'static>>, MapError> {
+    let mut inputs: Vec<Named<'static>> = Vec::with_capacity(parts.len());
+    for p in parts {
+        let p = p.as_ref();
+        let name = p.display().to_string();
+        let f = crate::format::open_map_file(p).map_err(|e| MapError::Io(e).of(&name))?;
+        inputs.push((name, Box::new(BufReader::new(f))));
+    }
+    Ok(inputs)
+}
+
+/// [`merge_until`], the checksum computed in `construction` (only
+/// blkhash 0.11's is written to a map: give no `out` with another).
+fn merge_in(
+    inputs: Vec<Named<'_>>,
+    out: Option<&mut dyn Output>,
+    identity: Option<Vec<u8>>,
+    allow_partial: bool,
+    construction: Construction,
+    cancel: &AtomicBool,
+) -> Result<Header, MapError> {
+    debug_assert!(out.is_none() || construction == Construction::Blkhash);
     let mut parts = read_parts(inputs)?;
     let identity = identity.or_else(|| common_identity(&parts));
     let want = parts[0].1.header().clone();
@@ -90,8 +134,11 @@ pub fn merge_until(
     };
     copy_pieces(&mut parts, outer.as_mut(), writer.as_mut(), cancel)?;
     if let Some(outer) = outer {
-        let checksum = outer.checksum(want.size);
-        if alone && claimed.as_ref().is_some_and(|c| *c != checksum) {
+        let checksum = outer.checksum_with(construction, want.size);
+        // A map holds blkhash 0.11's checksum: only that one can be
+        // compared (its trailer's SHA-256 guards the rest either way).
+        let ours = construction == Construction::Blkhash;
+        if ours && alone && claimed.as_ref().is_some_and(|c| *c != checksum) {
             return Err(MapError::Checksum.of(&parts[0].0));
         }
         header.checksum = Some(checksum);
@@ -279,13 +326,7 @@ pub fn merge_files_until(
             .collect();
         crate::guard::check_outputs(&[crate::guard::Output::map(out)], &inputs)?;
     }
-    let mut inputs: Vec<Named<'static>> = Vec::with_capacity(parts.len());
-    for p in parts {
-        let p = p.as_ref();
-        let name = p.display().to_string();
-        let f = crate::format::open_map_file(p).map_err(|e| MapError::Io(e).of(&name))?;
-        inputs.push((name, Box::new(BufReader::new(f))));
-    }
+    let inputs = open_parts(parts)?;
     match out {
         Some(out) => merge_to_file_until(inputs, out, None, false, cancel),
         None => merge_until(inputs, None, None, false, cancel),

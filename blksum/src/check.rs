@@ -6,8 +6,8 @@
 //! (binary data, an image passed by mistake) is refused at its first
 //! offending line, without reading the rest.
 
-use blkcli::lines::{self, Entry, MAX_LINE};
-use blkhash::{ALGORITHMS, Algorithm, Checksum, DEFAULT_BLOCK_SIZE};
+use blkcli::lines::{self, Entry, MAX_LINE, Tag};
+use blkhash::{ALGORITHMS, Algorithm, Checksum, Construction, DEFAULT_BLOCK_SIZE};
 use std::ffi::OsStr;
 use std::io::{self, BufRead, Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -15,7 +15,9 @@ use std::os::unix::ffi::OsStrExt;
 /// How to check.
 #[derive(Clone, Debug, Default)]
 pub struct CheckOptions {
-    /// Digest and block size for untagged lines.
+    /// Construction for untagged lines.
+    pub construction: Construction,
+    /// Digest for untagged lines.
     pub algorithm: Algorithm,
     /// Block size for untagged lines.
     pub block_size: usize,
@@ -213,13 +215,13 @@ fn next_line(input: &mut dyn BufRead, buf: &mut Vec<u8>) -> io::Result<Option<()
 }
 
 /// Check every line of the checksum file `list` (named `list_name`),
-/// computing each image's checksum with `compute(name, digest, block size)`.
-/// Returns true if everything listed verified.
+/// computing each image's checksum with `compute(name, (construction,
+/// digest, block size))`. Returns true if everything listed verified.
 pub fn check_file(
     list_name: &str,
     list: &mut dyn BufRead,
     opts: &CheckOptions,
-    compute: &mut dyn FnMut(&OsStr, Algorithm, usize) -> io::Result<Checksum>,
+    compute: &mut dyn FnMut(&OsStr, Tag) -> io::Result<Checksum>,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> io::Result<bool> {
@@ -261,7 +263,7 @@ impl Line<'_> {
         &self,
         buf: &[u8],
         tally: &mut Tally,
-        compute: &mut dyn FnMut(&OsStr, Algorithm, usize) -> io::Result<Checksum>,
+        compute: &mut dyn FnMut(&OsStr, Tag) -> io::Result<Checksum>,
         out: &mut dyn Write,
         err: &mut dyn Write,
     ) -> io::Result<()> {
@@ -269,6 +271,7 @@ impl Line<'_> {
         let Some(Entry {
             name,
             hex,
+            construction,
             algorithm,
             block_size,
         }) = lines::parse_line_bytes(buf)
@@ -301,8 +304,12 @@ impl Line<'_> {
         {
             tally.tags.push((a, b));
         }
-        match compute(&name, alg, bs) {
-            Ok(sum) if Checksum::from_hex(alg, &hex).is_ok_and(|want| want == sum) => {
+        let c = construction.unwrap_or(opts.construction);
+        match compute(&name, (c, alg, bs)) {
+            Ok(sum)
+                if Checksum::from_hex(alg, &hex)
+                    .is_ok_and(|want| want.with_construction(c) == sum) =>
+            {
                 tally.verified += 1;
                 tally.untagged_verified += usize::from(algorithm.is_none());
                 if !opts.quiet && !opts.status {
@@ -424,18 +431,44 @@ mod tests {
     use blkhash::{Hasher, Options};
 
     /// "Images" are names whose content is the name itself; "missing" does not exist.
-    fn compute(name: &OsStr, alg: Algorithm, bs: usize) -> io::Result<Checksum> {
+    fn compute(name: &OsStr, (c, alg, bs): Tag) -> io::Result<Checksum> {
         if name.as_bytes().starts_with(b"missing") {
             return Err(io::Error::from(io::ErrorKind::NotFound));
         }
-        let mut h =
-            Hasher::with_options(Options::new().algorithm(alg).block_size(bs).threads(1)).unwrap();
+        let opts = Options::new().construction(c).algorithm(alg).block_size(bs);
+        let mut h = Hasher::with_options(opts.threads(1)).unwrap();
         h.update(name.as_bytes());
         Ok(h.finalize())
     }
 
     fn sum(name: &str, alg: Algorithm, bs: usize) -> String {
-        compute(OsStr::new(name), alg, bs).unwrap().to_hex()
+        sum_in(Construction::Blkhash, name, alg, bs)
+    }
+
+    fn sum_in(c: Construction, name: &str, alg: Algorithm, bs: usize) -> String {
+        compute(OsStr::new(name), (c, alg, bs)).unwrap().to_hex()
+    }
+
+    #[test]
+    fn tags_name_the_construction() {
+        let c = Construction::Imageio;
+        let (alg, bs) = (Algorithm::Blake2b256, 4 << 20);
+        let good = sum_in(c, "a.img", alg, bs);
+        let list = lines::format_line(&good, "a.img", Some((c, alg, bs)));
+        let (ok, out, _) = run(&list, &opts());
+        assert!(ok, "{out}");
+        // The same digest in blkhash 0.11's construction is another checksum.
+        let other = sum("a.img", alg, bs);
+        let list = lines::format_line(&other, "a.img", Some((c, alg, bs)));
+        assert!(!run(&list, &opts()).0);
+        // Untagged lines take the command line's construction.
+        let plain = CheckOptions {
+            construction: c,
+            algorithm: alg,
+            block_size: bs,
+            ..Default::default()
+        };
+        assert!(run(&format!("{good}  a.img\n"), &plain).0);
     }
 
     fn run(list: &str, opts: &CheckOptions) -> (bool, String, String) {
@@ -528,7 +561,8 @@ mod tests {
         assert!(
             err.contains(
                 "sums: no listed image matched: the checksums are 64 hex digits, as sha256, \
-                 sha512-256, sha3-256, blake2s256, sm3, shake256 and blake3 write them, made \
+                 sha512-256, sha3-256, blake2b-256, blake2s256, sm3, shake256 and blake3 write \
+                 them, made \
                  with another --digest or --block-size? (`blksum -c -d blake3 --block-size 1m \
                  sums` checks them if they were made so) Or checksums of another construction"
             ),
@@ -538,7 +572,11 @@ mod tests {
         let good = sum("a.img", Algorithm::Sha256, 65536);
         let (_, _, err) = run(&format!("{good}  a.img\n{list}"), &opts());
         assert!(!err.contains("another construction"), "{err}");
-        let tagged = lines::format_line(&"0".repeat(64), "a.img", Some((Algorithm::Sha256, 65536)));
+        let tagged = lines::format_line(
+            &"0".repeat(64),
+            "a.img",
+            Some((Construction::Blkhash, Algorithm::Sha256, 65536)),
+        );
         let (_, _, err) = run(&format!("{tagged}\n"), &opts());
         assert!(!err.contains("another construction"), "{err}");
     }
@@ -616,7 +654,11 @@ mod tests {
     #[test]
     fn a_tagged_line_gives_the_exact_options_for_the_plain_ones() {
         let (alg, bs) = (Algorithm::Blake3, 1 << 20);
-        let tagged = lines::format_line(&sum("a.img", alg, bs), "a.img", Some((alg, bs)));
+        let tagged = lines::format_line(
+            &sum("a.img", alg, bs),
+            "a.img",
+            Some((Construction::Blkhash, alg, bs)),
+        );
         let list = format!("{tagged}\n{}", plain_list(&["b.img"], alg, bs));
         let (ok, out, err) = run(&list, &opts());
         assert!(!ok);
@@ -659,7 +701,11 @@ mod tests {
     #[test]
     fn tagged_lines_need_no_options() {
         let alg = Algorithm::Blake3;
-        let line = lines::format_line(&sum("x", alg, 4096), "x", Some((alg, 4096)));
+        let line = lines::format_line(
+            &sum("x", alg, 4096),
+            "x",
+            Some((Construction::Blkhash, alg, 4096)),
+        );
         let (ok, out, _) = run(&format!("{line}\n"), &opts());
         assert!(ok, "{out}");
         assert_eq!(out, "x: OK\n");
@@ -713,7 +759,7 @@ mod tests {
             "disk.qcow2",
             &mut image.as_slice(),
             &opts(),
-            &mut |_, _, _| {
+            &mut |_, _| {
                 calls += 1;
                 Err(io::Error::other("never"))
             },

@@ -37,9 +37,11 @@ pub struct Args {
     #[arg(short, long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub jobs: u16,
 
-    /// Write BSD-style lines that name the digest and block size:
-    /// "blkhash/DIGEST[/BLOCK] (NAME) = HEX". --check of such a file needs
-    /// no options.
+    /// Write BSD-style lines that name the construction, digest and block
+    /// size: "CONSTRUCTION/DIGEST[/BLOCK] (NAME) = HEX", as
+    /// "blkhash/sha256 (disk.img) = ..." or "imageio/blake2b-256 (disk.img)
+    /// = ..." (BLOCK when not the construction's default). --check of such
+    /// a file needs no options.
     #[arg(long, conflicts_with_all = ["check", "json"])]
     pub tag: bool,
 
@@ -119,6 +121,7 @@ pub fn command() -> clap::Command {
     use blkcli::help::*;
     let shown = [
         ("list_digests", "List the digests"),
+        CONSTRUCTION,
         DIGEST,
         BLOCK_SIZE,
         ("check", "Verify the checksums listed in the FILEs"),

@@ -1,7 +1,7 @@
 //! Hashing one input: open it, hash it as the job asks, show progress.
 
+use blkcli::lines::Tag;
 use blkcli::progress::Progress;
-use blkhash::Algorithm;
 use blkjob::checkpoint::Checkpoint;
 use blkjob::{Hashed, Job, JobSpec};
 use std::ffi::OsStr;
@@ -19,9 +19,10 @@ pub struct Hashing {
 }
 
 impl Hashing {
-    /// The checksum of `name` with `alg` and `block_size`.
-    pub fn checksum(&self, name: &OsStr, alg: Algorithm, block_size: usize) -> io::Result<Hashed> {
+    /// The checksum of `name` in construction `c` with `alg` and `block_size`.
+    pub fn checksum(&self, name: &OsStr, (c, alg, block_size): Tag) -> io::Result<Hashed> {
         let spec = JobSpec {
+            construction: c,
             digest: Some(alg),
             block_size: Some(block_size),
             ..self.job.spec()

@@ -131,7 +131,8 @@ fn checkpoint(
 /// Hash every input, `--jobs` at a time, printing results in argument order.
 /// Ok(true) if every input was hashed.
 fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Result<bool, Stop> {
-    let (alg, bs) = (hashing.job.algorithm(), hashing.job.block_size());
+    let job = &hashing.job;
+    let params = (job.construction(), job.algorithm(), job.block_size());
     let mut results = Results {
         args,
         hashing,
@@ -143,7 +144,7 @@ fn hash_inputs(args: &cli::Args, hashing: &Hashing, files: &[OsString]) -> Resul
     in_order(
         files,
         args.jobs.into(),
-        |name| hashing.checksum(name, alg, bs),
+        |name| hashing.checksum(name, params),
         &mut |name, result| results.emit(name, result),
     )?;
     results.finish()
@@ -185,9 +186,10 @@ impl Results<'_> {
                     tag: self.args.tag,
                     zero: self.args.zero,
                 };
-                let (alg, bs) = (self.hashing.job.algorithm(), self.hashing.job.block_size());
+                let job = &self.hashing.job;
+                let params = (job.construction(), job.algorithm(), job.block_size());
                 (self.out)
-                    .checksum(style, &r.checksum.to_hex(), name, alg, bs)
+                    .checksum(style, &r.checksum.to_hex(), name, params)
                     .map_err(|_| Stop::Output)
             }
             Ok(_) => Ok(()),
@@ -299,6 +301,7 @@ fn in_order<T: Send>(
 fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Result<bool, Stop> {
     let (algorithm, block_size) = (hashing.job.algorithm(), hashing.job.block_size());
     let opts = check::CheckOptions {
+        construction: hashing.job.construction(),
         algorithm,
         block_size,
         quiet: args.quiet,
@@ -324,8 +327,8 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
         };
         // The size note is no failure: --quiet (failures only) and
         // --status (nothing) leave it out.
-        let mut compute = |name: &OsStr, alg, bs| {
-            hashing.checksum(name, alg, bs).map(|r| {
+        let mut compute = |name: &OsStr, tag| {
+            hashing.checksum(name, tag).map(|r| {
                 if let Some(n) = r.rounded.filter(|_| !args.quiet && !args.status) {
                     let lossy = blkcli::shown_lossy(name);
                     hashing

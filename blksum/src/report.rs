@@ -6,7 +6,8 @@
 //!   "version": "0.1.0",
 //!   "inputs": [
 //!     {"name": "disk.qcow2", "format": "qcow2", "virtual-size": 1073741824,
-//!      "digest": "sha256", "block-size": 65536, "checksum": "9f2c…",
+//!      "construction": "blkhash", "digest": "sha256", "block-size": 65536,
+//!      "checksum": "9f2c…",
 //!      "data-bytes": 1048576, "zero-bytes": 0, "unallocated-bytes": 1072693248},
 //!     {"name": "missing.img", "error": "No such file or directory"}
 //!   ]
@@ -17,9 +18,11 @@
 //! (`virtual-size`). `schema` changes only when a key changes meaning or
 //! goes away (new keys may appear); `version` is blksum's. `format` is
 //! `raw`, `qcow2`, another QEMU format name, or `stream` (a pipe or standard
-//! input, whose bytes are all data). Inputs are in argument order. A name
-//! that is not UTF-8 has U+FFFD in `name` for the bytes that are not, and
-//! the whole name, escaped, in `name-escaped` (after the other keys).
+//! input, whose bytes are all data). `construction` is `blkhash` (blkhash
+//! 0.11's), `imageio` or `pbs` (`--construction`). Inputs are in argument
+//! order. A name that is not UTF-8 has U+FFFD in `name` for the bytes that
+//! are not, and the whole name, escaped, in `name-escaped` (after the
+//! other keys).
 
 use blkjob::Hashed as Report;
 use serde_json::{Value, json};
@@ -45,6 +48,7 @@ fn object(name: &str, result: &io::Result<Report>) -> Value {
             "name": name,
             "format": r.format,
             "virtual-size": r.size,
+            "construction": r.checksum.construction().name(),
             "digest": r.checksum.algorithm().name(),
             "block-size": r.block_size,
             "checksum": r.checksum.to_hex(),

@@ -8,6 +8,7 @@ mod checkpoint;
 mod checkpoint_record;
 mod cli;
 mod http;
+mod imageio;
 mod limits;
 mod locks;
 mod nbd;

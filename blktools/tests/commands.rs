@@ -8,6 +8,7 @@ mod cli;
 mod closed_stdout;
 mod crash;
 mod dirty;
+mod fidx;
 mod guard;
 mod http;
 mod libvirt;

@@ -4,8 +4,8 @@
 //! Errors and FAILED lines are fine; a panic, a hang, or a run that reads
 //! a line longer than the limit without refusing the file is not.
 
-use blkcli::lines::{MAX_LINE, format_line_os, parse_line_bytes};
-use blkhash::{Algorithm, Checksum, Options, checksum_of};
+use blkcli::lines::{MAX_LINE, Tag, format_line_os, parse_line_bytes};
+use blkhash::{Algorithm, Checksum, Options, checksum_with};
 use blksum::check::{CheckOptions, check_file};
 use std::ffi::OsStr;
 use std::io;
@@ -13,7 +13,7 @@ use std::os::unix::ffi::OsStrExt;
 
 /// An "image" named NAME holds NAME's bytes; names starting with "m" are
 /// missing, with "e" unreadable.
-fn compute(name: &OsStr, alg: Algorithm, bs: usize) -> io::Result<Checksum> {
+fn compute(name: &OsStr, (c, alg, bs): Tag) -> io::Result<Checksum> {
     match name.as_bytes().first() {
         Some(b'm') => return Err(io::ErrorKind::NotFound.into()),
         Some(b'e') => return Err(io::Error::other("unreadable")),
@@ -26,7 +26,7 @@ fn compute(name: &OsStr, alg: Algorithm, bs: usize) -> io::Result<Checksum> {
         .block_size(bs)
         .validate()
         .map_err(io::Error::other)?;
-    Ok(checksum_of(alg, bs, name.as_bytes()))
+    Ok(checksum_with(c, alg, bs, name.as_bytes()))
 }
 
 /// The target's check of one input.
@@ -35,6 +35,7 @@ pub fn check(data: &[u8]) {
         return;
     };
     let opts = CheckOptions {
+        construction: Default::default(),
         algorithm: Algorithm::Sha256,
         block_size: 4096,
         quiet: flags & 1 != 0,
@@ -66,12 +67,17 @@ pub fn check(data: &[u8]) {
         let Some(e) = parse_line_bytes(line) else {
             continue;
         };
-        let tag = e.algorithm.zip(e.block_size);
+        let tag = e
+            .construction
+            .zip(e.algorithm)
+            .zip(e.block_size)
+            .map(|((c, a), b)| (c, a, b));
         let again =
             parse_line_bytes(&format_line_os(&e.hex, &e.name, tag)).expect("a written line parses");
         assert_eq!(again.name, e.name);
         assert_eq!(again.hex, e.hex);
         if tag.is_some() {
+            assert_eq!(again.construction, e.construction);
             assert_eq!(again.algorithm, e.algorithm);
             assert_eq!(again.block_size, e.block_size);
         }

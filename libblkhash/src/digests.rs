@@ -30,7 +30,7 @@ pub(crate) fn algorithm(name: &str) -> Option<Algorithm> {
     alias.parse().ok()
 }
 /// Our digest names as C strings, in `ALGORITHMS` order (a test checks).
-static DIGEST_NAMES: [&CStr; 21] = [
+static DIGEST_NAMES: [&CStr; 22] = [
     c"md5",
     c"sha1",
     c"sha224",
@@ -44,6 +44,7 @@ static DIGEST_NAMES: [&CStr; 21] = [
     c"sha3-384",
     c"sha3-512",
     c"blake2b512",
+    c"blake2b-256",
     c"blake2s256",
     c"sm3",
     c"ripemd160",

@@ -2,7 +2,7 @@
 //! a thread of its own, cancelled by Ctrl-C: [`crate::image`]).
 
 use crate::image::{OpenArgs, image_name, run_cancellable, warn_rounded};
-use crate::{non_negative, parse_digest, value_error};
+use crate::{non_negative, params, parse_construction, value_error};
 use blkjob::{JobError, JobSpec};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -28,8 +28,15 @@ use std::path::PathBuf;
 ///
 /// The options are blksum's:
 ///
-/// - ``digest``: one of ``algorithms_available``;
-/// - ``block_size``: a multiple of 512 from 512 to 64 MiB;
+/// - ``digest``: one of ``algorithms_available`` (or oVirt imageio's
+///   name of one: ``"blake2b"`` is blake2b-256) [default: sha256, or
+///   blake2b-256 with ``construction="imageio"``];
+/// - ``block_size``: a multiple of 512 from 512 to 64 MiB [default: 64
+///   KiB, or 4 MiB with ``construction="imageio"`` or ``"pbs"``];
+/// - ``construction``: how block digests become the checksum:
+///   ``"blkhash"`` (blkhash 0.11's, blksum's default), ``"imageio"`` (oVirt
+///   imageio's checksum API) or ``"pbs"`` (a Proxmox Backup Server
+///   index_csum), as ``blksum --construction``;
 /// - ``format``: "raw", "qcow2", or another QEMU format name (vmdk, vdi,
 ///   vhdx, vpc, qed, parallels, dmg, qcow, bochs, cloop, luks); None probes;
 /// - ``cache``: read through the page cache (else direct I/O);
@@ -65,21 +72,22 @@ use std::path::PathBuf;
 /// its own).
 #[pyfunction]
 #[pyo3(
-    text_signature = "(image, *, digest='sha256', block_size=65536, format=None, \
+    text_signature = "(image, *, digest=None, block_size=None, construction='blkhash', format=None, \
     cache=False, threads=None, no_backing=False, force_share=False, secret_file=None, \
     timeout=None, tls_certificates=None, read_size=1048576, queue_depth=16, headers=None, \
     retries=None)"
 )]
 #[pyo3(signature = (
-    image, *, digest = "sha256", block_size = blkhash::DEFAULT_BLOCK_SIZE as i64,
+    image, *, digest = None, block_size = None, construction = "blkhash",
     threads = None, read_size = 1 << 20, queue_depth = 16, **options
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn checksum(
     py: Python<'_>,
     image: PathBuf,
-    digest: &str,
-    block_size: i64,
+    digest: Option<&str>,
+    block_size: Option<i64>,
+    construction: &str,
     threads: Option<i64>,
     read_size: i64,
     queue_depth: i64,
@@ -87,9 +95,12 @@ pub fn checksum(
 ) -> PyResult<String> {
     let name = image_name(&image)?;
     let open = OpenArgs::new("checksum", options)?.options(&name, false)?;
+    let construction = parse_construction(construction)?;
+    let (alg, bs) = params(construction, digest, block_size)?;
     let spec = JobSpec {
-        digest: Some(parse_digest(digest)?),
-        block_size: Some(non_negative(block_size, JobError::BlockSize)?),
+        construction,
+        digest: Some(alg),
+        block_size: Some(bs),
         threads: threads
             .map(|n| non_negative(n, |v| JobError::Threads(v as usize)))
             .transpose()?,

@@ -1,7 +1,7 @@
 //! `blkhash.Hasher`: the blkhash construction as a hashlib-like object.
 
 use crate::buffer::{Exported, RawSlice};
-use crate::{check_block_size, check_threads, parse_digest};
+use crate::{check_threads, params, parse_construction};
 use blkhash::{Algorithm, Options, OptionsError, Pipeline};
 use pyo3::exceptions::{
     PyNotImplementedError, PyOSError, PyOverflowError, PyRuntimeError, PyValueError,
@@ -65,6 +65,7 @@ enum State {
 /// hashers in several threads run in parallel.
 #[pyclass(frozen, module = "blkhash", name = "Hasher")]
 pub struct PyHasher {
+    construction: blkhash::Construction,
     alg: Algorithm,
     block_size: usize,
     threads: usize,
@@ -75,24 +76,29 @@ pub struct PyHasher {
 impl PyHasher {
     /// The same as ``blkhash.new()``.
     #[new]
-    #[pyo3(text_signature = "(name='sha256', data=None, *, block_size=65536, threads=None)")]
-    #[pyo3(signature = (name = "sha256", data = None, *, block_size = blkhash::DEFAULT_BLOCK_SIZE as i64, threads = None))]
+    #[pyo3(
+        text_signature = "(name=None, data=None, *, block_size=None, threads=None, construction='blkhash')"
+    )]
+    #[pyo3(signature = (name = None, data = None, *, block_size = None, threads = None, construction = "blkhash"))]
     pub(crate) fn py_new(
         py: Python<'_>,
-        name: &str,
+        name: Option<&str>,
         data: Option<&Bound<'_, PyAny>>,
-        block_size: i64,
+        block_size: Option<i64>,
         threads: Option<i64>,
+        construction: &str,
     ) -> PyResult<PyHasher> {
-        let alg = parse_digest(name)?;
-        let block_size = check_block_size(block_size)?;
+        let construction = parse_construction(construction)?;
+        let (alg, block_size) = params(construction, name, block_size)?;
         let threads = check_threads(threads)?;
         let opts = Options::new()
+            .construction(construction)
             .algorithm(alg)
             .block_size(block_size)
             .threads(threads);
         let hasher = Pipeline::new(opts).map_err(options_error)?;
         let h = PyHasher {
+            construction,
             alg,
             block_size,
             threads,
@@ -225,6 +231,12 @@ impl PyHasher {
     #[getter]
     fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// How block digests become the checksum: "blkhash", "imageio" or "pbs".
+    #[getter]
+    fn construction(&self) -> &'static str {
+        self.construction.name()
     }
 
     fn __repr__(&self) -> String {

@@ -13,7 +13,7 @@ mod hasher;
 mod image;
 mod maps;
 
-use blkhash::{ALGORITHMS, Algorithm};
+use blkhash::{ALGORITHMS, Algorithm, Construction};
 use blkjob::JobError;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -26,6 +26,30 @@ fn parse_digest(name: &str) -> PyResult<Algorithm> {
             "unknown digest '{name}' (see blkhash.algorithms_available)"
         ))
     })
+}
+
+/// A construction by name: blkhash (blkhash 0.11's), imageio (oVirt
+/// imageio's checksum API) or pbs (a Proxmox Backup Server index_csum).
+fn parse_construction(name: &str) -> PyResult<Construction> {
+    name.parse()
+        .map_err(|e: blkhash::UnknownConstruction| PyValueError::new_err(e.to_string()))
+}
+
+/// The digest and block size asked for, else the construction's defaults.
+fn params(
+    construction: Construction,
+    digest: Option<&str>,
+    block_size: Option<i64>,
+) -> PyResult<(Algorithm, usize)> {
+    let alg = match digest {
+        Some(d) => parse_digest(d)?,
+        None => construction.default_algorithm(),
+    };
+    let bs = match block_size {
+        Some(n) => check_block_size(n)?,
+        None => construction.default_block_size(),
+    };
+    Ok((alg, bs))
 }
 
 /// `n` where the library's rule `bad` wants a count or a size: a negative
@@ -66,20 +90,28 @@ fn check_threads(n: Option<i64>) -> PyResult<usize> {
 /// ``algorithms_available``), cutting data into blocks of ``block_size``
 /// bytes (a multiple of 512 from 512 to 64 MiB) digested by ``threads``
 /// worker threads (default: one per core). ``data``, if given, is added
-/// first. Raises ValueError for an unknown digest or a bad size or count,
-/// OSError (BlockingIOError, EAGAIN) if the system will not start the
-/// worker threads (its limit on threads).
+/// first. ``construction`` says how block digests become the checksum:
+/// ``"blkhash"`` (blkhash 0.11's, the default), ``"imageio"`` (oVirt
+/// imageio's checksum API: no length at the end; blake2b-256 and 4 MiB
+/// blocks unless ``name`` and ``block_size`` are given) or ``"pbs"`` (a
+/// Proxmox Backup Server index_csum: imageio's with sha256 and 4 MiB).
+/// Raises ValueError for an unknown digest or construction or a bad size
+/// or count, OSError (BlockingIOError, EAGAIN) if the system will not
+/// start the worker threads (its limit on threads).
 #[pyfunction]
-#[pyo3(text_signature = "(name='sha256', data=None, *, block_size=65536, threads=None)")]
-#[pyo3(signature = (name = "sha256", data = None, *, block_size = blkhash::DEFAULT_BLOCK_SIZE as i64, threads = None))]
+#[pyo3(
+    text_signature = "(name=None, data=None, *, block_size=None, threads=None, construction='blkhash')"
+)]
+#[pyo3(signature = (name = None, data = None, *, block_size = None, threads = None, construction = "blkhash"))]
 fn new(
     py: Python<'_>,
-    name: &str,
+    name: Option<&str>,
     data: Option<&Bound<'_, PyAny>>,
-    block_size: i64,
+    block_size: Option<i64>,
     threads: Option<i64>,
+    construction: &str,
 ) -> PyResult<hasher::PyHasher> {
-    hasher::PyHasher::py_new(py, name, data, block_size, threads)
+    hasher::PyHasher::py_new(py, name, data, block_size, threads, construction)
 }
 
 /// Fast checksums of disk images, byte-identical to blkhash 0.11 (blksum).

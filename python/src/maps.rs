@@ -3,7 +3,7 @@
 //! `blkmap --range` and `blkmap merge` do.
 
 use crate::image::{OpenArgs, image_name, os_error, run_cancellable, warn_rounded};
-use crate::{check_block_size, check_threads, parse_digest, value_error};
+use crate::{check_threads, params, parse_construction, value_error};
 use blkjob::{JobSpec, Span};
 use blkmap::MapError;
 use pyo3::exceptions::PyValueError;
@@ -25,14 +25,14 @@ use std::path::PathBuf;
 /// OSError if the image cannot be read or ``out`` written.
 #[pyfunction]
 #[pyo3(
-    text_signature = "(image, out, *, offset=0, length=None, part=None, digest='sha256', \
-    block_size=65536, format=None, cache=False, threads=None, no_backing=False, \
+    text_signature = "(image, out, *, offset=0, length=None, part=None, digest=None, \
+    block_size=None, construction='blkhash', format=None, cache=False, threads=None, no_backing=False, \
     force_share=False, secret_file=None, timeout=None, tls_certificates=None, headers=None, \
     retries=None)"
 )]
 #[pyo3(signature = (
-    image, out, *, offset = 0, length = None, part = None, digest = "sha256",
-    block_size = blkhash::DEFAULT_BLOCK_SIZE as i64, threads = None, **options
+    image, out, *, offset = 0, length = None, part = None, digest = None,
+    block_size = None, construction = "blkhash", threads = None, **options
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn map_range(
@@ -42,16 +42,22 @@ pub fn map_range(
     offset: u64,
     length: Option<u64>,
     part: Option<(u64, u64)>,
-    digest: &str,
-    block_size: i64,
+    digest: Option<&str>,
+    block_size: Option<i64>,
+    construction: &str,
     threads: Option<i64>,
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<(u64, u64)> {
     let name = image_name(&image)?;
     let span = span_of(offset, length, part)?;
+    // The construction gives the defaults; a part keeps block digests,
+    // whatever construction its checksum is later computed in.
+    let construction = parse_construction(construction)?;
+    let (alg, bs) = params(construction, digest, block_size)?;
     let spec = JobSpec {
-        digest: Some(parse_digest(digest)?),
-        block_size: Some(check_block_size(block_size)?),
+        construction,
+        digest: Some(alg),
+        block_size: Some(bs),
         threads: Some(check_threads(threads)?),
         open: OpenArgs::new("map_range", options)?.options(&name, false)?,
         ..Default::default()
@@ -145,15 +151,27 @@ fn span_of(offset: u64, length: Option<u64>, part: Option<(u64, u64)>) -> PyResu
 /// Merge the part files ``parts`` (from ``map_range()`` or ``blkmap
 /// --range``, in any order) into the image's map, written atomically to
 /// ``out`` if given, and return the image's checksum in hexadecimal, as
-/// ``checksum()`` gives it for the whole image. The parts must cover the
+/// ``checksum()`` gives it for the whole image, in ``construction``
+/// (``"blkhash"``, ``"imageio"`` or ``"pbs"``: the map keeps the block
+/// digests, any construction follows from them). The parts must cover the
 /// image exactly once and agree on its size, the digest and the block size.
 /// They are read as streams: memory stays about 1 MiB per part whatever
-/// the image's size. Raises ValueError naming the parts and offsets for a
-/// gap, an overlap, a mismatch or a damaged part; OSError if a part cannot
-/// be read or ``out`` written.
+/// the image's size. A single Proxmox Backup Server fixed index (a
+/// ``.fidx``, probed by its magic) is read as the map of the disk it backed
+/// up, its length and index_csum checked (with ``construction="pbs"`` the
+/// result is its index_csum), when no ``out`` is given. Raises ValueError
+/// naming the parts and offsets for a gap, an overlap, a mismatch or a
+/// damaged part or index; OSError if a part cannot be read or ``out``
+/// written.
 #[pyfunction]
-#[pyo3(signature = (parts, out = None))]
-pub fn merge(py: Python<'_>, parts: Vec<PathBuf>, out: Option<PathBuf>) -> PyResult<String> {
+#[pyo3(signature = (parts, out = None, *, construction = "blkhash"))]
+pub fn merge(
+    py: Python<'_>,
+    parts: Vec<PathBuf>,
+    out: Option<PathBuf>,
+    construction: &str,
+) -> PyResult<String> {
+    let construction = parse_construction(construction)?;
     let shown = out
         .as_ref()
         .map(|o| o.display().to_string())
@@ -172,14 +190,40 @@ pub fn merge(py: Python<'_>, parts: Vec<PathBuf>, out: Option<PathBuf>) -> PyRes
     // On a thread of its own, so that Ctrl-C stops a merge of parts that
     // claim a huge image of zeros (one digest per block to compute).
     let result = run_cancellable(py, &shown, move |cancel| {
-        Ok(blkmap::merge_files_until(&parts, out.as_deref(), &cancel))
+        if let ([fidx], None) = (&parts[..], &out)
+            && blkmap::is_fidx_file(fidx)
+        {
+            let name = fidx.display().to_string();
+            let sum = blkmap::open_fidx(fidx).and_then(|mut r| r.checksum_in(construction));
+            return Ok(sum.map(|s| s.to_hex()).map_err(|e| e.of(&name)));
+        }
+        let merged = blkmap::merge_files_until(&parts, out.as_deref(), &cancel);
+        Ok(match (merged, &out) {
+            (Ok(h), _) if construction == blkhash::Construction::Blkhash => Ok(h
+                .checksum
+                .as_ref()
+                .map(blkhash::Checksum::to_hex)
+                .unwrap_or_default()),
+            // Another construction: from the merged map's digests, or the parts'.
+            (Ok(_), Some(out)) => {
+                blkmap::checksum_files_until(&[out], construction, &cancel).map(|h| {
+                    h.checksum
+                        .as_ref()
+                        .map(blkhash::Checksum::to_hex)
+                        .unwrap_or_default()
+                })
+            }
+            (Ok(_), None) => blkmap::checksum_files_until(&parts, construction, &cancel).map(|h| {
+                h.checksum
+                    .as_ref()
+                    .map(blkhash::Checksum::to_hex)
+                    .unwrap_or_default()
+            }),
+            (Err(e), _) => Err(e),
+        })
     })?;
     match result {
-        Ok(h) => Ok(h
-            .checksum
-            .as_ref()
-            .map(blkhash::Checksum::to_hex)
-            .unwrap_or_default()),
+        Ok(hex) => Ok(hex),
         Err(MapError::Io(e)) => Err(os_error(&shown, &e)),
         Err(MapError::In(name, e)) if matches!(*e, MapError::Io(_)) => {
             let MapError::Io(e) = *e else { unreachable!() };

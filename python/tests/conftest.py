@@ -33,6 +33,7 @@ HASHLIB = {
     "sha3-384": lambda: hashlib.new("sha3_384"),
     "sha3-512": lambda: hashlib.new("sha3_512"),
     "blake2b512": lambda: hashlib.new("blake2b"),
+    "blake2b-256": lambda: hashlib.blake2b(digest_size=32),
     "blake2s256": lambda: hashlib.new("blake2s"),
     "sm3": lambda: hashlib.new("sm3"),
     "ripemd160": lambda: hashlib.new("ripemd160"),

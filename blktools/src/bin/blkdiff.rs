@@ -83,6 +83,7 @@ fn command() -> clap::Command {
     let shown = [
         ("json", "One JSON document instead of the ranges"),
         ("quiet", "Print nothing; the exit status tells"),
+        CONSTRUCTION,
         DIGEST,
         BLOCK_SIZE,
         FORMAT,
@@ -181,7 +182,7 @@ fn main() -> ExitCode {
 /// never loaded whole), or the map of an input hashed now.
 enum Side {
     Saved(blkmap::MapFile),
-    /// A map read from standard input, in memory.
+    /// A map read from standard input, or a PBS fixed index, in memory.
     Hashed(Mapped),
     /// An image's map, written to an unnamed temporary file as it was
     /// made.
@@ -227,6 +228,23 @@ fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Side>; 2], Strin
         .zip(detect)
     {
         if !detect || path == "-" {
+            continue;
+        }
+        // A PBS fixed index is read whole: 32 bytes a chunk (16 MiB for a
+        // 2 TiB disk in 4 MiB chunks), checked against its index_csum.
+        if blkmap::is_fidx_file(path.as_ref()) {
+            match blkjob::try_load_map(path) {
+                Ok(Some(map)) => {
+                    *slot = Some(Side::Hashed(Mapped {
+                        map,
+                        format: "fidx".to_string(),
+                        rounded: None,
+                        stats: Default::default(),
+                    }))
+                }
+                Ok(None) => {}
+                Err(e) => return Err(format!("{name}: {}", reason(&e))),
+            }
             continue;
         }
         match blkjob::try_open_map(path) {
@@ -318,7 +336,10 @@ fn compare(args: &Args, a: &Side, b: &Side, job: &Job) -> ExitCode {
     let out = Stdout::new("blkdiff");
     let printed = match args.form {
         _ if args.quiet => Ok(()),
-        Form::Json => out.json(&document(args, a, b, &d)),
+        Form::Json => match document(args, a, b, &d, job.construction()) {
+            Ok(doc) => out.json(&doc),
+            Err(e) => return trouble(e),
+        },
         Form::Lines => out.write(|out| print_text(out, &d)),
     };
     // Trouble (2), said unless the reader went away.
@@ -389,30 +410,42 @@ fn print_text(out: &mut dyn Write, d: &Diff) -> io::Result<()> {
     out.flush()
 }
 
-/// The JSON document of the comparison.
-fn document(args: &Args, a: &Side, b: &Side, d: &Diff) -> serde_json::Value {
-    let input = |name: &str, path: &OsStr, m: &Side| {
+/// The JSON document of the comparison (each side's checksum in
+/// `construction`: derived from its digests, read again, unless it is
+/// blkhash 0.11's, which a map holds).
+fn document(
+    args: &Args,
+    a: &Side,
+    b: &Side,
+    d: &Diff,
+    construction: blkhash::Construction,
+) -> Result<serde_json::Value, String> {
+    let input = |name: &str, path: &OsStr, m: &Side| -> Result<serde_json::Value, String> {
         let h = m.header();
+        let checksum = (m.map().pieces())
+            .and_then(|p| blkmap::checksum_in(p, construction))
+            .map_err(|e| format!("{name}: {e}"))?;
         let mut obj = json!({
             "name": name,
             "format": m.format(),
             "virtual-size": h.size,
             // blkdiff's first spelling, kept while the schema is 1.
             "size": h.size,
-            "checksum": h.checksum.as_ref().map(|c| c.to_hex()),
+            "checksum": checksum.map(|c| c.to_hex()),
         });
         // A name that is not UTF-8, in full (`name` has U+FFFD).
         if let Some(escaped) = blkcli::lines::json_escaped(&blkcli::shown(path)) {
             obj["name-escaped"] = escaped.into();
         }
-        obj
+        Ok(obj)
     };
     // Keys as blksum's --json spells them (qemu-img's style), in the order
     // written here (serde_json's preserve_order); schema as its.
-    json!({
+    Ok(json!({
         "schema": 1,
-        "a": input(&args.a, &args.a_path, a),
-        "b": input(&args.b, &args.b_path, b),
+        "a": input(&args.a, &args.a_path, a)?,
+        "b": input(&args.b, &args.b_path, b)?,
+        "construction": construction.name(),
         "digest": a.header().algorithm.name(),
         "block-size": a.header().block_size,
         "same": d.is_same(),
@@ -423,5 +456,5 @@ fn document(args: &Args, a: &Side, b: &Side, d: &Diff) -> serde_json::Value {
             "only-in": only_in(d).to_ascii_lowercase(),
         })),
         "differing-bytes": d.differing_bytes(),
-    })
+    }))
 }

@@ -131,6 +131,11 @@ enum Command {
     },
     /// Print the checksum of a map, or of parts that cover an image, as
     /// blksum prints it, checking the map on the way; nothing is written.
+    /// MAP may be a Proxmox Backup Server fixed index (.fidx, probed by
+    /// its magic: the map of the disk it backed up, sha256 digests of its
+    /// chunks), its length and index_csum checked against its digests:
+    /// with --construction pbs the line holds its index_csum, which
+    /// `blksum --construction pbs DISK` gives for the disk it backed up.
     Checksum {
         /// A map, or the parts of one.
         #[arg(value_name = "MAP", required = true)]
@@ -148,10 +153,16 @@ struct LineArgs {
     /// needs it: they are no one file to name the line after.
     #[arg(long, value_name = "NAME")]
     name: Option<OsString>,
-    /// Write a BSD-style line naming the digest and block size, as blksum
-    /// --tag.
+    /// Write a BSD-style line naming the construction, digest and block
+    /// size, as blksum --tag.
     #[arg(long)]
     tag: bool,
+    /// The checksum to print, computed from the block digests: blkhash
+    /// (blkhash 0.11's, the one a map holds), imageio (oVirt imageio's
+    /// checksum API), pbs (a Proxmox Backup Server index_csum: of a .fidx,
+    /// its own, checked) [default: blkhash].
+    #[arg(long, value_name = "NAME", value_parser = blkcli::args::construction_parser(), hide_possible_values = true)]
+    construction: Option<blkhash::Construction>,
 }
 
 const PAGE: Page = Page {
@@ -191,6 +202,10 @@ const PAGE: Page = Page {
             "The checksum a map holds, as blksum prints it:",
             "blkmap checksum --name disk.qcow2 disk.map",
         ),
+        (
+            "A Proxmox Backup Server index's index_csum, checked, to compare with a restored disk:",
+            "blkmap checksum --construction pbs drive-scsi0.img.fidx; blksum --construction pbs disk.raw",
+        ),
     ],
 };
 
@@ -226,6 +241,7 @@ fn command() -> clap::Command {
         ("dirty_bitmap", "The dirty bitmap that marks what changed"),
         ("verify", "With --base: read the clean blocks too, to check"),
         ("json", "One JSON object instead of the checksum line"),
+        CONSTRUCTION,
         DIGEST,
         BLOCK_SIZE,
         FORMAT,
@@ -441,13 +457,17 @@ const JSON_SCHEMA: u32 = 1;
 /// The checksum line, or with --json the object describing the run.
 fn print_result(args: &Args, map: &blkmap::Header, read: Read) -> ExitCode {
     let image = args.image.as_deref().expect("clap requires IMAGE");
-    let checksum = map
-        .checksum
-        .as_ref()
-        .map(|c| c.to_hex())
-        .unwrap_or_default();
+    let construction = args.input.construction.unwrap_or_default();
+    let out = args.out.as_deref().expect("clap requires OUT");
+    let checksum = match checksum_in(out, map, construction) {
+        Ok(sum) => sum,
+        Err(e) => {
+            eprintln!("blkmap: {}: {}", out.display(), reason(&e));
+            return ExitCode::FAILURE;
+        }
+    };
     if !args.json {
-        let params = (map.algorithm, map.block_size);
+        let params = (construction, map.algorithm, map.block_size);
         return print_line(&checksum, &blkcli::shown(image), params, false);
     }
     // Spelled as blksum's and blkdiff's JSON (qemu-img's `virtual-size`);
@@ -457,6 +477,7 @@ fn print_result(args: &Args, map: &blkmap::Header, read: Read) -> ExitCode {
         "schema": JSON_SCHEMA,
         "image": blkcli::shown_lossy(image),
         "checksum": checksum,
+        "construction": construction.name(),
         "digest": map.algorithm.to_string(),
         "block-size": map.block_size,
         "virtual-size": map.size,
@@ -472,6 +493,24 @@ fn print_result(args: &Args, map: &blkmap::Header, read: Read) -> ExitCode {
         doc["image-escaped"] = escaped.into();
     }
     output::code(Stdout::new("blkmap").json(&doc))
+}
+
+/// The checksum of the map just written to `out` (its header `map`) in
+/// `construction`: the header's for blkhash 0.11's, else derived from the
+/// digests, read again from the file (a map holds blkhash 0.11's).
+fn checksum_in(
+    out: &Path,
+    map: &blkmap::Header,
+    construction: blkhash::Construction,
+) -> io::Result<String> {
+    let sum = match construction {
+        blkhash::Construction::Blkhash => map.checksum.clone(),
+        c => {
+            let file = io::BufReader::with_capacity(1 << 20, std::fs::File::open(out)?);
+            blkmap::checksum_in(blkmap::MapReader::new(file)?, c)?
+        }
+    };
+    Ok(sum.map(|c| c.to_hex()).unwrap_or_default())
 }
 
 /// `blkmap bitmaps IMAGE`.
@@ -597,7 +636,8 @@ fn merge(out: &Path, parts: &[PathBuf], line: &LineArgs) -> ExitCode {
                 .map(blkhash::Checksum::to_hex)
                 .unwrap_or_default();
             let name = line.name.as_deref().unwrap_or(out.as_os_str());
-            print_line(&hex, name, (h.algorithm, h.block_size), line.tag)
+            let params = (blkhash::Construction::Blkhash, h.algorithm, h.block_size);
+            print_line(&hex, name, params, line.tag)
         }
         Err(e) => {
             say_merge_error(&out.display().to_string(), e);
@@ -625,14 +665,33 @@ fn checksum(maps: &[PathBuf], line: &LineArgs) -> ExitCode {
             .exit();
         }
     };
-    match blkmap::merge_files(maps, None) {
+    let c = line.construction.unwrap_or_default();
+    if let [path] = maps
+        && blkmap::is_fidx_file(path)
+    {
+        let sum = blkmap::open_fidx(path).and_then(|mut r| {
+            let sum = r.checksum_in(c)?;
+            Ok((sum, r.header().chunk_size))
+        });
+        return match sum {
+            Ok((sum, bs)) => {
+                print_line(&sum.to_hex(), &name, (c, sum.algorithm(), bs), line.tag)
+            }
+            Err(e) => {
+                say_merge_error(&path.display().to_string(), e);
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let never = std::sync::atomic::AtomicBool::new(false);
+    match blkmap::checksum_files_until(maps, c, &never) {
         Ok(h) => {
             let hex = h
                 .checksum
                 .as_ref()
                 .map(blkhash::Checksum::to_hex)
                 .unwrap_or_default();
-            print_line(&hex, &name, (h.algorithm, h.block_size), line.tag)
+            print_line(&hex, &name, (c, h.algorithm, h.block_size), line.tag)
         }
         Err(e) => {
             let parts: Vec<_> = maps.iter().map(|p| p.display().to_string()).collect();
@@ -662,9 +721,9 @@ fn say_merge_error(subject: &str, e: blkmap::MapError) {
 fn print_line(
     hex: &str,
     name: &OsStr,
-    (alg, bs): (blkhash::Algorithm, usize),
+    params: (blkhash::Construction, blkhash::Algorithm, usize),
     tag: bool,
 ) -> ExitCode {
     let style = LineStyle { tag, zero: false };
-    output::code(Stdout::new("blkmap").checksum(style, hex, name, alg, bs))
+    output::code(Stdout::new("blkmap").checksum(style, hex, name, params))
 }

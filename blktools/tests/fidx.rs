@@ -1,0 +1,240 @@
+//! Proxmox Backup Server fixed indexes (`.fidx`) read as block maps by
+//! `blkmap checksum` and `blkdiff`. No PBS runs here: the indexes are
+//! written from the published format (proxmox-backup's
+//! docs/file-formats.rst) over the guest bytes qemu-img gives of an image,
+//! as a backup of it would hold them: 4096-byte header (magic, uuid,
+//! ctime, index_csum = SHA-256 of the digests, size, chunk size), then the
+//! SHA-256 of each chunk, the last one shorter.
+
+use crate::common::*;
+use blkhash::Algorithm;
+use std::path::{Path, PathBuf};
+
+const BLKSUM: &str = "blksum";
+
+/// The fixed index of `data` in chunks of `chunk`: the file's bytes, and
+/// its index_csum.
+fn fidx_bytes(data: &[u8], chunk: usize) -> (Vec<u8>, [u8; 32]) {
+    let mut digests = Vec::new();
+    for c in data.chunks(chunk) {
+        let mut d = [0u8; 32];
+        Algorithm::Sha256.digest_into(c, &mut d);
+        digests.extend_from_slice(&d);
+    }
+    let mut csum = [0u8; 32];
+    Algorithm::Sha256.digest_into(&digests, &mut csum);
+    let mut f = vec![0u8; 4096];
+    f[..8].copy_from_slice(&blkmap::FIDX_MAGIC);
+    f[8..24].copy_from_slice(b"\x51\x0e\x8e\x5c\x5a\x6e\x4b\x0c\x9d\x41\x70\x3e\x11\x22\x33\x44");
+    f[24..32].copy_from_slice(&1_764_201_600i64.to_le_bytes());
+    f[32..64].copy_from_slice(&csum);
+    f[64..72].copy_from_slice(&(data.len() as u64).to_le_bytes());
+    f[72..80].copy_from_slice(&(chunk as u64).to_le_bytes());
+    f.extend_from_slice(&digests);
+    (f, csum)
+}
+
+fn hex(b: &[u8]) -> String {
+    blkhash::to_hex(b)
+}
+
+fn blksum() -> String {
+    Path::new(BLKMAP)
+        .with_file_name(BLKSUM)
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// A qcow2 disk of 10 MiB + 64 KiB (the last 4 MiB chunk short): data,
+/// written zeros, a hole; and its backup's index.
+fn disk_and_index(dir: &Path) -> (PathBuf, PathBuf, [u8; 32]) {
+    let img = image(
+        dir,
+        "disk.qcow2",
+        "qcow2",
+        10 * MIB + 65536,
+        &["write -P 0x33 0 3m", "write -z 4m 4m", "write -P 7 10m 64k"],
+    );
+    let data = testkit::tools::guest_bytes(&img, &dir.join("guest.raw"));
+    let (bytes, csum) = fidx_bytes(&data, 4 << 20);
+    let fidx = dir.join("drive-scsi0.img.fidx");
+    std::fs::write(&fidx, bytes).unwrap();
+    (img, fidx, csum)
+}
+
+#[test]
+fn index_csum_is_blksum_construction_pbs() {
+    let Some(dir) = scratch() else { return };
+    let (img, fidx, csum) = disk_and_index(dir.path());
+    let o = run(BLKMAP, &["checksum", "--construction", "pbs", s(&fidx)]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.stdout, format!("{}  {}\n", hex(&csum), s(&fidx)));
+    // blksum --construction pbs reproduces it from the disk.
+    if Path::new(&blksum()).exists() {
+        let o = run(&blksum(), &["--construction", "pbs", s(&img)]);
+        assert_eq!(o.stdout, format!("{}  {}\n", hex(&csum), s(&img)));
+        // In the other constructions too, from the digests alone.
+        for (c, extra) in [
+            ("blkhash", ["-d", "sha256", "--block-size", "4m"]),
+            ("imageio", ["-d", "sha256", "--block-size", "4m"]),
+        ] {
+            let ours = run(
+                &blksum(),
+                &[&["--construction", c][..], &extra, &[s(&img)]].concat(),
+            );
+            let theirs = run(
+                BLKMAP,
+                &["checksum", "--construction", c, "--name", s(&img), s(&fidx)],
+            );
+            assert_eq!(
+                (theirs.code, &theirs.stdout),
+                (0, &ours.stdout),
+                "{c}: {}",
+                theirs.stderr
+            );
+        }
+    }
+    // A tagged line names the construction, checked by blksum -c alone.
+    let o = run(
+        BLKMAP,
+        &[
+            "checksum",
+            "--construction",
+            "pbs",
+            "--tag",
+            "--name",
+            s(&img),
+            s(&fidx),
+        ],
+    );
+    assert_eq!(
+        o.stdout,
+        format!("pbs/sha256 ({}) = {}\n", s(&img), hex(&csum))
+    );
+    if Path::new(&blksum()).exists() {
+        let list = dir.path().join("sums");
+        std::fs::write(&list, &o.stdout).unwrap();
+        let c = run(&blksum(), &["-c", s(&list)]);
+        assert_eq!(
+            (c.code, c.stdout.as_str()),
+            (0, &*format!("{}: OK\n", s(&img))),
+            "{}",
+            c.stderr
+        );
+    }
+}
+
+#[test]
+fn blkdiff_names_the_chunks_that_differ() {
+    let Some(dir) = scratch() else { return };
+    let (img, fidx, _) = disk_and_index(dir.path());
+    let o = run(BLKDIFF, &[s(&img), s(&fidx)]);
+    assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{}", o.stderr);
+    // A change in the second 4 MiB chunk (the written zeros).
+    write(&img, "qcow2", &["write -P 1 5m 4k"]);
+    let o = run(BLKDIFF, &[s(&img), s(&fidx)]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert_eq!(o.stdout, format!("{}+{}\n", 4 * MIB, 4 * MIB));
+    // Either side; --json says the construction asked for.
+    let o = run(
+        BLKDIFF,
+        &["--json", "--construction", "pbs", s(&fidx), s(&img)],
+    );
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    let doc: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(doc["construction"], "pbs");
+    assert_eq!(
+        (doc["digest"].as_str(), doc["block-size"].as_u64()),
+        (Some("sha256"), Some(4 * MIB))
+    );
+    assert_eq!(doc["ranges"][0]["offset"], 4 * MIB);
+    // Other parameters than the index's are refused, naming it.
+    let o = run(BLKDIFF, &["--block-size", "1m", s(&img), s(&fidx)]);
+    assert_eq!(o.code, 2);
+    assert!(o.stderr.contains(s(&fidx)), "{}", o.stderr);
+}
+
+#[test]
+fn bad_indexes_are_refused_naming_the_file() {
+    let Some(dir) = scratch() else { return };
+    let (img, fidx, _) = disk_and_index(dir.path());
+    let good = std::fs::read(&fidx).unwrap();
+    let patch = |at: usize, with: &[u8]| {
+        let mut b = good.clone();
+        b[at..at + with.len()].copy_from_slice(with);
+        b
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("short.fidx", good[..good.len() - 32].to_vec(), "not the"),
+        ("long.fidx", [&good[..], &[0u8; 32]].concat(), "not the"),
+        (
+            "header.fidx",
+            good[..100].to_vec(),
+            "shorter than its 4096-byte header",
+        ),
+        (
+            "npot.fidx",
+            patch(72, &(3u64 << 20).to_le_bytes()),
+            "not a power of two",
+        ),
+        (
+            "huge.fidx",
+            patch(72, &(128u64 << 20).to_le_bytes()),
+            "not a power of two from 512 to 64 MiB",
+        ),
+        (
+            "lies.fidx",
+            patch(40, &[0xff]),
+            "index_csum is not the SHA-256 of its digests",
+        ),
+        (
+            "digest.fidx",
+            patch(4096 + 40, &[0xff]),
+            "index_csum is not the SHA-256 of its digests",
+        ),
+        (
+            "size.fidx",
+            patch(64, &(1u64 << 40).to_le_bytes()),
+            "not the",
+        ),
+    ];
+    for (name, bytes, why) in cases {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        for c in ["pbs", "blkhash"] {
+            let o = run(BLKMAP, &["checksum", "--construction", c, s(&p)]);
+            assert_eq!(
+                (o.code, o.stdout.as_str()),
+                (1, ""),
+                "{name} {c}: {}",
+                o.stderr
+            );
+            assert!(
+                o.stderr
+                    .contains(&format!("blkmap: {}: invalid PBS fixed index: ", s(&p))),
+                "{name}: {}",
+                o.stderr
+            );
+            assert!(o.stderr.contains(why), "{name}: {}", o.stderr);
+        }
+        // blkdiff: trouble (2), as for a damaged map; 1 means "differ".
+        let o = run(BLKDIFF, &[s(&img), s(&p)]);
+        assert_eq!((o.code, o.stdout.as_str()), (2, ""), "{name}: {}", o.stderr);
+        assert!(
+            o.stderr.contains(s(&p)) && o.stderr.contains(why),
+            "{name}: {}",
+            o.stderr
+        );
+    }
+    // A bad magic is no fixed index: read as a map, which it is not either.
+    let p = dir.path().join("magic.fidx");
+    std::fs::write(&p, patch(0, b"PROXMOX!")).unwrap();
+    let o = run(BLKMAP, &["checksum", s(&p)]);
+    assert_eq!((o.code, o.stdout.as_str()), (1, ""), "{}", o.stderr);
+    assert!(
+        o.stderr.contains(s(&p)) && o.stderr.contains("bad magic"),
+        "{}",
+        o.stderr
+    );
+}
