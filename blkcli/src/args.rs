@@ -362,6 +362,19 @@ pub fn parse_read_size(s: &str) -> Result<usize, String> {
     blkjob::check_read_size(n).map_err(|e| e.to_string())
 }
 
+/// `-p` and the manual's options (`--man`, `--completions`, handled before
+/// the rest is parsed by [`crate::manual::early`]): what a map command
+/// offers besides its inputs, flattened into its arguments.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ShowArgs {
+    /// `-p`/`--progress[=FD]`.
+    #[command(flatten)]
+    pub progress: crate::progress::ProgressArgs,
+    /// `--man`, `--completions SHELL`.
+    #[command(flatten)]
+    pub manual: crate::manual::ManualArgs,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

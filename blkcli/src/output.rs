@@ -84,7 +84,12 @@ impl LineStyle {
     /// assert_eq!(line(false, true), b"ab12  a\nb\0");
     /// assert_eq!(line(true, true), b"blkhash/blake3/4k (a\nb) = ab12\0");
     /// ```
-    pub fn line(self, hex: &str, name: &OsStr, params: (Construction, Algorithm, usize)) -> Vec<u8> {
+    pub fn line(
+        self,
+        hex: &str,
+        name: &OsStr,
+        params: (Construction, Algorithm, usize),
+    ) -> Vec<u8> {
         let tag = self.tag.then_some(params);
         let mut line = match self.zero {
             true => crate::lines::format_line_zero(hex, name, tag),

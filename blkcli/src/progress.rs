@@ -68,19 +68,6 @@ impl FdState {
 /// How `-p` was given: not at all, bare, or with a descriptor.
 pub type ProgressArg = Option<Option<RawFd>>;
 
-/// `-p` and the manual's options (`--man`, `--completions`, handled before
-/// the rest is parsed by [`crate::manual::early`]): what a map command
-/// offers besides its inputs, flattened into its arguments.
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct ShowArgs {
-    /// `-p`/`--progress[=FD]`.
-    #[command(flatten)]
-    pub progress: ProgressArgs,
-    /// `--man`, `--completions SHELL`.
-    #[command(flatten)]
-    pub manual: crate::manual::ManualArgs,
-}
-
 /// `-p`/`--progress[=FD]`, flattened into each command's arguments.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct ProgressArgs {

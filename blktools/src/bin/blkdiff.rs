@@ -74,7 +74,7 @@ struct Args {
     b_format: Option<blkimage::Format>,
 
     #[command(flatten)]
-    show: blkcli::progress::ShowArgs,
+    show: blkcli::args::ShowArgs,
 }
 
 /// The command, with `-h` a summary: the options a user reaches for first.

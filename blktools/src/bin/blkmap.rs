@@ -96,7 +96,7 @@ struct Args {
     input: InputArgs,
 
     #[command(flatten)]
-    show: blkcli::progress::ShowArgs,
+    show: blkcli::args::ShowArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -674,9 +674,7 @@ fn checksum(maps: &[PathBuf], line: &LineArgs) -> ExitCode {
             Ok((sum, r.header().chunk_size))
         });
         return match sum {
-            Ok((sum, bs)) => {
-                print_line(&sum.to_hex(), &name, (c, sum.algorithm(), bs), line.tag)
-            }
+            Ok((sum, bs)) => print_line(&sum.to_hex(), &name, (c, sum.algorithm(), bs), line.tag),
             Err(e) => {
                 say_merge_error(&path.display().to_string(), e);
                 ExitCode::FAILURE

@@ -271,7 +271,11 @@ fn print(args: &Args, src: &str, dst: &str, r: &Report) -> Result<(), output::Fa
     if let (true, Some(m)) = (args.checksum, &r.src_map) {
         let (hex, style) = (m.checksum().to_hex(), output::LineStyle::default());
         let out = output::Stdout::new("blksync");
-        let params = (blkhash::Construction::Blkhash, m.algorithm(), m.block_size());
+        let params = (
+            blkhash::Construction::Blkhash,
+            m.algorithm(),
+            m.block_size(),
+        );
         out.checksum(style, &hex, &args.src_path, params)?;
     }
     Ok(())
