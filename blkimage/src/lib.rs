@@ -49,7 +49,6 @@ mod reader;
 mod sink;
 mod source;
 mod storage;
-mod vnbd_chain;
 mod window;
 
 pub use bitmap::{BitmapInfo, Dirty, MAX_DIRTY_RANGES};

@@ -68,8 +68,10 @@ enum Sink {
 struct Written {
     w: RecordWriter<Box<dyn Output + Send>>,
     template: Header,
-    /// The outer digest of a whole map, to check the hasher's checksum.
-    outer: Option<Outer>,
+    /// The outer digest of a whole map, twice: one checks the hasher's
+    /// checksum in its construction, the other gives blkhash 0.11's,
+    /// which a map keeps (they differ only at the end: the length).
+    outer: Option<[Outer; 2]>,
 }
 
 impl Sink {
@@ -84,7 +86,7 @@ impl Sink {
         match self {
             Sink::Memory(b) => b.push_zeros(n),
             Sink::Written(w) => {
-                if let Some(o) = &mut w.outer {
+                for o in w.outer.iter_mut().flatten() {
                     o.zeros(n);
                 }
                 w.w.zeros(n)?;
@@ -97,7 +99,7 @@ impl Sink {
         match self {
             Sink::Memory(b) => b.push_data(digest),
             Sink::Written(w) => {
-                if let Some(o) = &mut w.outer {
+                for o in w.outer.iter_mut().flatten() {
                     o.data(digest);
                 }
                 w.w.data(digest)?;
@@ -356,7 +358,10 @@ impl MapBuilder {
         template.check()?;
         let written = Written {
             w: RecordWriter::new(out, &template)?,
-            outer: (!partial).then(|| Outer::new(algorithm, &zero_digest(algorithm, block_size))),
+            outer: (!partial).then(|| {
+                let zero = zero_digest(algorithm, block_size);
+                [Outer::new(algorithm, &zero), Outer::new(algorithm, &zero)]
+            }),
             template,
         };
         builder.lock().body = Sink::Written(Box::new(written));
@@ -412,6 +417,18 @@ impl MapBuilder {
             ));
         };
         let Written { w, template, outer } = *written;
+        // A map keeps blkhash 0.11's checksum, whatever the hasher's
+        // construction (the others follow from the same block digests):
+        // the hasher's is checked, then replaced.
+        let checksum = match (outer, checksum) {
+            (Some([check, ours]), Some(claimed)) => {
+                if check.checksum_with(claimed.construction(), size) != claimed {
+                    return Err(MapError::Checksum);
+                }
+                Some(ours.checksum(size))
+            }
+            (_, c) => c,
+        };
         let header = Header {
             size,
             range,
@@ -432,11 +449,6 @@ impl MapBuilder {
             return Err(MapError::Invalid(
                 "the short last block is marked as a zero block".into(),
             ));
-        }
-        if let (Some(outer), Some(claimed)) = (outer, &header.checksum)
-            && outer.checksum(size) != *claimed
-        {
-            return Err(MapError::Checksum);
         }
         let data_blocks = w.data_blocks();
         w.finish(&header)?;

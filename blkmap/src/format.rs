@@ -30,6 +30,9 @@ pub(crate) const TAG_ZEROS: u8 = b'Z';
 pub(crate) const TAG_DATA: u8 = b'D';
 /// Digest bytes read (and allocated) at a time.
 const READ_CHUNK: usize = 1 << 20;
+
+/// The write buffer of [`write_atomic`].
+const WRITE_BUFFER: usize = 1 << 20;
 /// Header flag: the records cover one byte range of the image (a part);
 /// the range follows the fixed header instead of the checksum.
 const FLAG_PARTIAL: u32 = 1;
@@ -694,7 +697,11 @@ pub fn write_atomic(
     };
     let (tmp, file) = create_temp(dir, name)?;
     let result = (|| {
-        let mut w = BufWriter::with_capacity(1 << 20, file);
+        // BufWriter allocates its buffer infallibly: the room for it is
+        // asked first, so that a memory limit ends in an error, not an
+        // abort (the buffer freed is what BufWriter then gets).
+        drop(blkhash::try_zeroed(WRITE_BUFFER, "a map's writes")?);
+        let mut w = BufWriter::with_capacity(WRITE_BUFFER, file);
         write(&mut w)?;
         let file = w.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;

@@ -48,6 +48,7 @@ mod file;
 mod format;
 pub mod guard;
 mod merge;
+mod outer;
 mod part;
 mod splice;
 mod stream;
@@ -67,6 +68,8 @@ pub use merge::{
     Input, Named, checksum_files_until, merge, merge_files, merge_files_until, merge_to_file,
     merge_to_file_until, merge_until,
 };
+pub use outer::checksum_in;
+pub(crate) use outer::{Outer, zero_digest};
 pub use part::Part;
 pub use splice::{Splice, Spliced, splice};
 pub use stream::{Checked, MapPieces, Pieces};
@@ -339,113 +342,6 @@ fn check_params(algorithm: Algorithm, block_size: usize) -> Result<(), MapError>
         )));
     }
     Ok(())
-}
-
-/// The outer digest of a checksum, given the block digests in order: zero
-/// blocks as a count, their digests hashed a batch at a time.
-pub(crate) struct Outer {
-    algorithm: Algorithm,
-    digest: Box<dyn blkhash::Streaming>,
-    /// [`Outer::BATCH`] zero-block digests.
-    zeros: Vec<u8>,
-    len: usize,
-}
-
-impl Outer {
-    const BATCH: usize = 8192;
-
-    pub(crate) fn new(algorithm: Algorithm, zero_digest: &[u8]) -> Outer {
-        Outer {
-            algorithm,
-            digest: algorithm.streaming(),
-            zeros: zero_digest.repeat(Outer::BATCH),
-            len: zero_digest.len(),
-        }
-    }
-
-    pub(crate) fn data(&mut self, digests: &[u8]) {
-        self.digest.update(digests);
-    }
-
-    pub(crate) fn zeros(&mut self, count: u64) {
-        let never = std::sync::atomic::AtomicBool::new(false);
-        let _ = self.zeros_until(count, &never);
-    }
-
-    /// [`Outer::zeros`], stopped with an "interrupted" error once `cancel`
-    /// is set (checked once per batch, about a millisecond).
-    pub(crate) fn zeros_until(
-        &mut self,
-        mut count: u64,
-        cancel: &std::sync::atomic::AtomicBool,
-    ) -> Result<(), MapError> {
-        while count > 0 {
-            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
-                return Err(MapError::Io(io::Error::new(
-                    io::ErrorKind::Interrupted,
-                    "interrupted",
-                )));
-            }
-            let k = count.min(Outer::BATCH as u64);
-            self.digest.update(&self.zeros[..k as usize * self.len]);
-            count -= k;
-        }
-        Ok(())
-    }
-
-    /// The checksum of an image of `size` bytes (blkhash 0.11's, what a
-    /// map holds).
-    pub(crate) fn checksum(self, size: u64) -> Checksum {
-        self.checksum_with(Construction::Blkhash, size)
-    }
-
-    /// The checksum of an image of `size` bytes in `construction`.
-    pub(crate) fn checksum_with(mut self, construction: Construction, size: u64) -> Checksum {
-        if construction.appends_length() {
-            self.digest.update(&size.to_le_bytes());
-        }
-        let bytes = self.digest.finalize();
-        Checksum::from_bytes(self.algorithm, &bytes)
-            .expect("a digest of the algorithm's length")
-            .with_construction(construction)
-    }
-}
-
-/// The image checksum of the map `pieces` reads, in `construction`: the
-/// one its header holds for blkhash 0.11's (`None` for a part), else
-/// derived from the block digests as they stream by (no map in memory).
-///
-/// ```
-/// use blkhash::{checksum_with, Algorithm, Construction, Options};
-/// use blkmap::Map;
-/// let data = vec![5u8; 10_000];
-/// let map = Map::compute(Options::new().block_size(4096), &data).unwrap();
-/// let c = Construction::Imageio;
-/// let got = blkmap::checksum_in(map.pieces(), c).unwrap();
-/// assert_eq!(got, Some(checksum_with(c, Algorithm::Sha256, 4096, &data)));
-/// ```
-pub fn checksum_in(
-    mut pieces: impl Pieces,
-    construction: Construction,
-) -> Result<Option<Checksum>, MapError> {
-    let h = pieces.header().clone();
-    if construction == Construction::Blkhash {
-        return Ok(h.checksum);
-    }
-    let mut outer = Outer::new(h.algorithm, &zero_digest(h.algorithm, h.block_size));
-    while let Some(p) = pieces.next_piece()? {
-        match p {
-            Piece::Zeros(n) => outer.zeros(n),
-            Piece::Data(d) => outer.data(d),
-        }
-    }
-    Ok(Some(outer.checksum_with(construction, h.size)))
-}
-
-pub(crate) fn zero_digest(algorithm: Algorithm, block_size: usize) -> Vec<u8> {
-    let mut d = vec![0u8; algorithm.output_len()];
-    algorithm.digest_into(&vec![0u8; block_size], &mut d);
-    d
 }
 
 impl Map {

@@ -45,7 +45,9 @@ impl<W: Output> RecordWriter<W> {
     /// whose size, range and checksum may be placeholders: only its
     /// length must be the final header's.
     pub fn new(w: W, header: &Header) -> io::Result<RecordWriter<W>> {
-        let mut buf = Vec::with_capacity(BUFFER + (64 << 10));
+        let mut buf = Vec::new();
+        let cap = BUFFER + (64 << 10);
+        (buf.try_reserve_exact(cap)).map_err(|_| blkhash::out_of_memory(cap, "a map's writes"))?;
         header.write_to(&mut buf)?;
         Ok(RecordWriter {
             w,
@@ -180,7 +182,7 @@ impl<W: Output> RecordWriter<W> {
         let mut w = self.w;
         w.seek(SeekFrom::Start(0))?;
         let mut sign = Algorithm::Sha256.streaming();
-        let mut buf = vec![0u8; BUFFER];
+        let mut buf = blkhash::try_zeroed(BUFFER, "a map's signature")?;
         let mut left = end;
         while left > 0 {
             let n = left.min(buf.len() as u64) as usize;

@@ -6,6 +6,7 @@
 
 mod chain;
 mod http;
+mod vnbd;
 
 use crate::formats::qcow2;
 use crate::formats::qemu::{self, QemuExport};
@@ -170,12 +171,17 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
             return stream(Box::new(f));
         }
     }
+    open_image(path, ft, opts)
+}
+
+/// The image at `path` (a regular file or a block device, of type `ft`):
+/// a virtnbdbackup stream with its chain, another format QEMU reads, qcow2
+/// with its chain, or raw; probed unless `opts.format` says.
+fn open_image(path: &Path, ft: std::fs::FileType, opts: &OpenOptions) -> io::Result<Input> {
     let file = RawFile::open_with(path, opts)?;
     file.lock(opts.force_share)?;
     if opts.format.is_none() && ft.is_file() && crate::formats::vnbd::probe_file(&file)? {
-        return Ok(Input::Image(Box::new(crate::vnbd_chain::open(
-            file, path, opts,
-        )?)));
+        return Ok(Input::Image(Box::new(vnbd::open(file, path, opts)?)));
     }
     let other = match opts.format {
         Some(Format::Qemu(f)) => Some(f),

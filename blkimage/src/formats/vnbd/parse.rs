@@ -368,40 +368,15 @@ fn lz4_content_size(head: &[u8]) -> Result<Option<u64>, &'static str> {
 pub fn parse(st: &dyn Storage) -> io::Result<Parsed> {
     let mut c = Cursor::new(st);
     let (meta, mut pos) = read_meta(&mut c)?;
-    let len = c.len;
     // A compressed stream's trailer, read first: it sizes the payloads.
-    let (sizes, end) = if meta.compressed {
-        let at = len
-            .checked_sub(FRAME_LEN)
-            .filter(|&a| a >= pos)
-            .ok_or_else(|| bad(len, "truncated: no compression trailer at the end"))?;
-        let (kind, _, tlen) = c.header(at, "compression trailer header")?;
-        if &kind != b"comp" {
-            return Err(bad(
-                at,
-                "truncated: the stream is compressed, but does not end with its trailer",
-            ));
-        }
-        let json_at = at
-            .checked_sub(2)
-            .and_then(|a| a.checked_sub(tlen))
-            .filter(|&a| a >= pos && tlen <= MAX_TRAILER)
-            .ok_or_else(|| {
-                bad(
-                    at,
-                    format!("a compression trailer of {tlen} bytes does not fit"),
-                )
-            })?;
-        let json = c.bytes(json_at, tlen, "compression trailer")?;
-        let sizes =
-            trailer(json).map_err(|e| bad(json_at, format!("bad compression trailer: {e}")))?;
-        c.term(json_at + tlen, "compression trailer")?;
-        (sizes, json_at)
-    } else {
-        (Vec::new(), len)
+    let (sizes, end) = match meta.compressed {
+        true => read_trailer(&mut c, pos)?,
+        false => (Vec::new(), c.len),
     };
-    let mut ranges: Vec<Range> = Vec::new();
-    let mut frames: Vec<Lz4Frame> = Vec::new();
+    let mut index = Index {
+        ranges: Vec::new(),
+        frames: Vec::new(),
+    };
     let mut prev_end = 0u64;
     let mut data_frames = 0usize;
     let mut data_bytes = 0u64;
@@ -410,67 +385,16 @@ pub fn parse(st: &dyn Storage) -> io::Result<Parsed> {
             return Err(bad(pos, "truncated: the stream ends without a stop frame"));
         }
         let (kind, start, flen) = c.header(pos, "frame header")?;
-        match &kind {
-            b"stop" => {
-                if start != 0 || flen != 0 {
-                    return Err(bad(pos, "a stop frame with an offset or a length"));
-                }
-                if pos + FRAME_LEN != end {
-                    return Err(bad(
-                        pos + FRAME_LEN,
-                        match meta.compressed {
-                            true => "bytes between the stop frame and the compression trailer",
-                            false => "bytes after the stop frame",
-                        },
-                    ));
-                }
-                break;
-            }
-            b"data" | b"zero" => {}
-            k => return Err(bad(pos, format!("unknown frame kind '{}'", kind_name(k)))),
+        if &kind == b"stop" {
+            check_stop(pos, start, flen, end, meta.compressed)?;
+            break;
         }
-        if flen == 0 {
-            return Err(bad(pos, format!("an empty {} frame", kind_name(&kind))));
-        }
-        if start < prev_end {
-            return Err(bad(
-                pos,
-                format!(
-                    "frames out of order or overlapping: guest offset {start:#x} is before the \
-                     end of the previous frame ({prev_end:#x})"
-                ),
-            ));
-        }
-        match start.checked_add(flen) {
-            Some(e) if e <= meta.virtual_size => prev_end = e,
-            _ => {
-                return Err(bad(
-                    pos,
-                    format!(
-                        "a frame of {flen:#x} bytes at guest offset {start:#x} is past the \
-                         virtual size ({:#x})",
-                        meta.virtual_size
-                    ),
-                ));
-            }
-        }
-        if ranges.len() >= MAX_RANGES {
-            return Err(bad(
-                pos,
-                format!("more than {MAX_RANGES} frames (an index within 64 MiB)"),
-            ));
-        }
+        prev_end = check_frame(pos, &kind, start, flen, prev_end, meta.virtual_size)?;
+        index.room(pos)?;
         let header_at = pos;
         pos += FRAME_LEN;
         if &kind == b"zero" {
-            match ranges.last_mut() {
-                Some(r) if r.kind == Kind::Zero && r.end() == start => r.len += flen,
-                _ => ranges.push(Range {
-                    start,
-                    len: flen,
-                    kind: Kind::Zero,
-                }),
-            }
+            index.zeros(start, flen);
             continue;
         }
         if !meta.compressed {
@@ -480,7 +404,7 @@ pub fn parse(st: &dyn Storage) -> io::Result<Parsed> {
                     format!("truncated: the data frame's {flen} bytes are not all there"),
                 ));
             }
-            ranges.push(Range {
+            index.ranges.push(Range {
                 start,
                 len: flen,
                 kind: Kind::Data { pos },
@@ -496,65 +420,12 @@ pub fn parse(st: &dyn Storage) -> io::Result<Parsed> {
                     ),
                 )
             })?;
-            let mut g = start;
-            for (i, &comp) in entry.iter().enumerate() {
-                let lies = |what: String| {
-                    bad(
-                        header_at,
-                        format!(
-                            "the compression trailer lies: data frame at guest offset {start:#x}: {what}"
-                        ),
-                    )
-                };
-                if comp > MAX_LZ4_FRAME * 2 || pos.checked_add(comp).is_none_or(|e| e > end) {
-                    return Err(lies(format!("lz4 frame {i} of {comp} bytes does not fit")));
-                }
-                let head = c.bytes(pos, comp.min(14), "lz4 frame header")?;
-                let n = match lz4_content_size(head) {
-                    Ok(Some(n)) => n,
-                    Ok(None) if entry.len() == 1 => flen,
-                    Ok(None) => {
-                        return Err(bad(pos, "an lz4 frame without its content size"));
-                    }
-                    Err(e) => return Err(lies(format!("lz4 frame {i} at {pos:#x}: {e}"))),
-                };
-                if n == 0 || n > MAX_LZ4_FRAME || n > start + flen - g {
-                    return Err(lies(format!(
-                        "lz4 frame {i} says it holds {n} bytes, of the {flen} of the frame"
-                    )));
-                }
-                if ranges.len() >= MAX_RANGES {
-                    return Err(bad(
-                        pos,
-                        format!("more than {MAX_RANGES} frames (an index within 64 MiB)"),
-                    ));
-                }
-                ranges.push(Range {
-                    start: g,
-                    len: n,
-                    kind: Kind::Lz4 {
-                        frame: frames.len() as u32,
-                        skip: 0,
-                    },
-                });
-                frames.push(Lz4Frame {
-                    pos,
-                    comp: comp as u32,
-                    len: n as u32,
-                });
-                g += n;
-                pos += comp;
-            }
-            if g != start + flen {
-                return Err(bad(
-                    header_at,
-                    format!(
-                        "the compression trailer lies: the lz4 frames of the data frame at \
-                         guest offset {start:#x} hold {} of its {flen} bytes",
-                        g - start
-                    ),
-                ));
-            }
+            let frame = DataFrame {
+                header_at,
+                start,
+                len: flen,
+            };
+            pos = index.lz4_frames(&mut c, frame, entry, pos, end)?;
         }
         c.term(pos, "data frame's payload")?;
         pos += 2;
@@ -581,9 +452,206 @@ pub fn parse(st: &dyn Storage) -> io::Result<Parsed> {
     }
     Ok(Parsed {
         meta,
-        ranges,
-        frames,
+        ranges: index.ranges,
+        frames: index.frames,
     })
+}
+
+/// A compressed stream's trailer (after the frames, from `pos`): the
+/// compressed sizes of each data frame's lz4 frames, and where the frames
+/// end.
+fn read_trailer(c: &mut Cursor, pos: u64) -> io::Result<(Vec<Vec<u64>>, u64)> {
+    let len = c.len;
+    let at = len
+        .checked_sub(FRAME_LEN)
+        .filter(|&a| a >= pos)
+        .ok_or_else(|| bad(len, "truncated: no compression trailer at the end"))?;
+    let (kind, _, tlen) = c.header(at, "compression trailer header")?;
+    if &kind != b"comp" {
+        return Err(bad(
+            at,
+            "truncated: the stream is compressed, but does not end with its trailer",
+        ));
+    }
+    let json_at = at
+        .checked_sub(2)
+        .and_then(|a| a.checked_sub(tlen))
+        .filter(|&a| a >= pos && tlen <= MAX_TRAILER)
+        .ok_or_else(|| {
+            bad(
+                at,
+                format!("a compression trailer of {tlen} bytes does not fit"),
+            )
+        })?;
+    let json = c.bytes(json_at, tlen, "compression trailer")?;
+    let sizes = trailer(json).map_err(|e| bad(json_at, format!("bad compression trailer: {e}")))?;
+    c.term(json_at + tlen, "compression trailer")?;
+    Ok((sizes, json_at))
+}
+
+/// The stop frame at `pos`: empty, and the last thing before `end`.
+fn check_stop(pos: u64, start: u64, len: u64, end: u64, compressed: bool) -> io::Result<()> {
+    if start != 0 || len != 0 {
+        return Err(bad(pos, "a stop frame with an offset or a length"));
+    }
+    if pos + FRAME_LEN != end {
+        return Err(bad(
+            pos + FRAME_LEN,
+            match compressed {
+                true => "bytes between the stop frame and the compression trailer",
+                false => "bytes after the stop frame",
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// A data or zero frame's header at `pos`: a known kind, not empty, after
+/// the previous frame's end and within the disk. Its end.
+fn check_frame(
+    pos: u64,
+    kind: &[u8; 4],
+    start: u64,
+    len: u64,
+    prev_end: u64,
+    virtual_size: u64,
+) -> io::Result<u64> {
+    if kind != b"data" && kind != b"zero" {
+        return Err(bad(
+            pos,
+            format!("unknown frame kind '{}'", kind_name(kind)),
+        ));
+    }
+    if len == 0 {
+        return Err(bad(pos, format!("an empty {} frame", kind_name(kind))));
+    }
+    if start < prev_end {
+        return Err(bad(
+            pos,
+            format!(
+                "frames out of order or overlapping: guest offset {start:#x} is before the \
+                 end of the previous frame ({prev_end:#x})"
+            ),
+        ));
+    }
+    match start.checked_add(len) {
+        Some(e) if e <= virtual_size => Ok(e),
+        _ => Err(bad(
+            pos,
+            format!(
+                "a frame of {len:#x} bytes at guest offset {start:#x} is past the \
+                 virtual size ({virtual_size:#x})"
+            ),
+        )),
+    }
+}
+
+/// A data frame: where its header is, and the guest bytes it holds.
+#[derive(Clone, Copy)]
+struct DataFrame {
+    header_at: u64,
+    start: u64,
+    len: u64,
+}
+
+/// The index being built.
+struct Index {
+    ranges: Vec<Range>,
+    frames: Vec<Lz4Frame>,
+}
+
+impl Index {
+    /// Room for one more range (the index stays within 64 MiB).
+    fn room(&self, pos: u64) -> io::Result<()> {
+        if self.ranges.len() >= MAX_RANGES {
+            return Err(bad(
+                pos,
+                format!("more than {MAX_RANGES} frames (an index within 64 MiB)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A zero frame, merged with a zero range it follows.
+    fn zeros(&mut self, start: u64, len: u64) {
+        match self.ranges.last_mut() {
+            Some(r) if r.kind == Kind::Zero && r.end() == start => r.len += len,
+            _ => self.ranges.push(Range {
+                start,
+                len,
+                kind: Kind::Zero,
+            }),
+        }
+    }
+
+    /// The lz4 frames of the data frame `f`, from `pos`, of the compressed
+    /// sizes `entry` (its trailer entry), each checked and indexed. Where
+    /// they end.
+    fn lz4_frames(
+        &mut self,
+        c: &mut Cursor,
+        f: DataFrame,
+        entry: &[u64],
+        mut pos: u64,
+        end: u64,
+    ) -> io::Result<u64> {
+        let (start, flen) = (f.start, f.len);
+        let mut g = start;
+        for (i, &comp) in entry.iter().enumerate() {
+            let lies = |what: String| {
+                bad(
+                    f.header_at,
+                    format!(
+                        "the compression trailer lies: data frame at guest offset {start:#x}: {what}"
+                    ),
+                )
+            };
+            if comp > MAX_LZ4_FRAME * 2 || pos.checked_add(comp).is_none_or(|e| e > end) {
+                return Err(lies(format!("lz4 frame {i} of {comp} bytes does not fit")));
+            }
+            let head = c.bytes(pos, comp.min(14), "lz4 frame header")?;
+            let n = match lz4_content_size(head) {
+                Ok(Some(n)) => n,
+                Ok(None) if entry.len() == 1 => flen,
+                Ok(None) => {
+                    return Err(bad(pos, "an lz4 frame without its content size"));
+                }
+                Err(e) => return Err(lies(format!("lz4 frame {i} at {pos:#x}: {e}"))),
+            };
+            if n == 0 || n > MAX_LZ4_FRAME || n > start + flen - g {
+                return Err(lies(format!(
+                    "lz4 frame {i} says it holds {n} bytes, of the {flen} of the frame"
+                )));
+            }
+            self.room(pos)?;
+            self.ranges.push(Range {
+                start: g,
+                len: n,
+                kind: Kind::Lz4 {
+                    frame: self.frames.len() as u32,
+                    skip: 0,
+                },
+            });
+            self.frames.push(Lz4Frame {
+                pos,
+                comp: comp as u32,
+                len: n as u32,
+            });
+            g += n;
+            pos += comp;
+        }
+        if g != start + flen {
+            return Err(bad(
+                f.header_at,
+                format!(
+                    "the compression trailer lies: the lz4 frames of the data frame at \
+                     guest offset {start:#x} hold {} of its {flen} bytes",
+                    g - start
+                ),
+            ));
+        }
+        Ok(pos)
+    }
 }
 
 #[cfg(test)]
