@@ -177,21 +177,16 @@ fn worker<B: AsRef<[u8]>>(
         }));
         let (buf, result) =
             work.unwrap_or_else(|_| (None, Err(io::Error::other("a blkhash worker panicked"))));
-        let done_job = match result {
-            Ok((digests, zero)) => Done {
-                seq,
-                buf,
-                digests,
-                zero,
-                error: None,
-            },
-            Err(e) => Done {
-                seq,
-                buf,
-                digests: Vec::new(),
-                zero: Vec::new(),
-                error: Some(e),
-            },
+        let (digests, zero, error) = match result {
+            Ok((digests, zero)) => (digests, zero, None),
+            Err(e) => (Vec::new(), Vec::new(), Some(e)),
+        };
+        let done_job = Done {
+            seq,
+            buf,
+            digests,
+            zero,
+            error,
         };
         if done.send(done_job).is_err() {
             return;

@@ -257,6 +257,27 @@ impl Line<'_> {
         Ok(())
     }
 
+    /// A plain line whose checksum has not the length of `alg`'s.
+    fn unfit(
+        &self,
+        len: usize,
+        alg: Algorithm,
+        tally: &mut Tally,
+        err: &mut dyn Write,
+    ) -> io::Result<()> {
+        tally.unfit += 1;
+        tally.failed_len.get_or_insert(len);
+        let fits: Vec<&str> = digests_of_len(len).iter().map(|a| a.name()).collect();
+        let why = match fits.is_empty() {
+            true => format!("checksum length does not fit {alg}"),
+            false => format!(
+                "checksum length does not fit {alg} ({len} hex digits: {})",
+                and_list(&fits)
+            ),
+        };
+        self.malformed(tally, err, &why)
+    }
+
     /// Parse the line `buf`, hash the image it names and compare, saying
     /// OK or FAILED as sha256sum does; count it in `tally`.
     fn check(
@@ -284,18 +305,7 @@ impl Line<'_> {
         let alg = algorithm.unwrap_or(opts.algorithm);
         if hex.len() != 2 * alg.output_len() {
             // Only plain lines: a tagged line's length is checked as it is parsed.
-            tally.unfit += 1;
-            tally.failed_len.get_or_insert(hex.len());
-            let fits: Vec<&str> = digests_of_len(hex.len()).iter().map(|a| a.name()).collect();
-            let why = match fits.is_empty() {
-                true => format!("checksum length does not fit {alg}"),
-                false => format!(
-                    "checksum length does not fit {alg} ({} hex digits: {})",
-                    hex.len(),
-                    and_list(&fits)
-                ),
-            };
-            return self.malformed(tally, err, &why);
+            return self.unfit(hex.len(), alg, tally, err);
         }
         tally.any_line = true;
         let bs = block_size.unwrap_or(opts.block_size);

@@ -397,36 +397,24 @@ pub fn parse(st: &dyn Storage) -> io::Result<Parsed> {
             index.zeros(start, flen);
             continue;
         }
-        if !meta.compressed {
-            if pos.checked_add(flen).is_none_or(|e| e > end) {
-                return Err(bad(
-                    header_at,
-                    format!("truncated: the data frame's {flen} bytes are not all there"),
-                ));
+        let frame = DataFrame {
+            header_at,
+            start,
+            len: flen,
+        };
+        pos = match meta.compressed {
+            false => index.data(frame, pos, end)?,
+            true => {
+                let entry = sizes.get(data_frames).ok_or_else(|| {
+                    let n = sizes.len();
+                    let why = format!(
+                        "the compression trailer lists {n} data frames, the stream has more"
+                    );
+                    bad(header_at, why)
+                })?;
+                index.lz4_frames(&mut c, frame, entry, pos, end)?
             }
-            index.ranges.push(Range {
-                start,
-                len: flen,
-                kind: Kind::Data { pos },
-            });
-            pos += flen;
-        } else {
-            let entry = sizes.get(data_frames).ok_or_else(|| {
-                bad(
-                    header_at,
-                    format!(
-                        "the compression trailer lists {} data frames, the stream has more",
-                        sizes.len()
-                    ),
-                )
-            })?;
-            let frame = DataFrame {
-                header_at,
-                start,
-                len: flen,
-            };
-            pos = index.lz4_frames(&mut c, frame, entry, pos, end)?;
-        }
+        };
         c.term(pos, "data frame's payload")?;
         pos += 2;
         data_frames += 1;
@@ -582,6 +570,25 @@ impl Index {
                 kind: Kind::Zero,
             }),
         }
+    }
+
+    /// The payload of the data frame `f` (plain), from `pos`: where it ends.
+    fn data(&mut self, f: DataFrame, pos: u64, end: u64) -> io::Result<u64> {
+        if pos.checked_add(f.len).is_none_or(|e| e > end) {
+            return Err(bad(
+                f.header_at,
+                format!(
+                    "truncated: the data frame's {} bytes are not all there",
+                    f.len
+                ),
+            ));
+        }
+        self.ranges.push(Range {
+            start: f.start,
+            len: f.len,
+            kind: Kind::Data { pos },
+        });
+        Ok(pos + f.len)
     }
 
     /// The lz4 frames of the data frame `f`, from `pos`, of the compressed
