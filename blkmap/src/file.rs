@@ -19,7 +19,7 @@ const INDEX_EVERY: u64 = 256;
 /// A saved map (or part) opened for reading where it lies: what an
 /// incremental update reads of its base. Opening reads the header and the
 /// record heads (a tag and a count each; digests are skipped), keeping
-/// one in [`INDEX_EVERY`] as an index: memory grows with the number of
+/// one in 256 as an index: memory grows with the number of
 /// runs over 256, never with the digests. The trailer and checksum are
 /// checked by whoever reads [`pieces`](MapFile::pieces) to the end; until
 /// then, what [`block`](MapFile::block) gives is not known to be intact.

@@ -29,7 +29,7 @@ pub use parse::{MAX_RANGES, probe};
 
 /// One stream of a chain: where it is, and what it holds.
 pub struct Stream {
-    /// Its name, for messages and [`Source::files`].
+    /// Its name, for messages and [`Source::origin`].
     pub name: PathBuf,
     /// Its bytes.
     pub storage: Arc<dyn Storage>,
