@@ -728,7 +728,7 @@ pub fn verify(
 ) -> io::Result<Verified> {
     let size = src.size();
     let whole = blkimage::Window::new(src, 0, size)?;
-    let mut file = tempfile::tempfile()?;
+    let mut file = crate::temp_file("the full map a verification compares")?;
     let builder = blkmap::MapBuilder::writing(
         job.algorithm(),
         job.block_size(),

@@ -345,7 +345,7 @@ pub fn map_to_temp(
     cancel: &AtomicBool,
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<(blkmap::MapFile, Written)> {
-    let file = tempfile::tempfile()?;
+    let file = temp_file("the image's map")?;
     let out = Box::new(file.try_clone()?);
     let builder = MapBuilder::writing(job.algorithm(), job.block_size(), out, false, None)?;
     let (sink, builder) = hasher_into(job, builder)?;
@@ -359,6 +359,20 @@ pub fn map_to_temp(
         stats: read.stats,
     };
     Ok((blkmap::MapFile::from_file(file)?, written))
+}
+
+/// An unnamed temporary file (in `TMPDIR`) for `what`, its error saying
+/// so: it is not the input's.
+pub(crate) fn temp_file(what: &str) -> io::Result<File> {
+    tempfile::tempfile().map_err(|e| {
+        let dir = std::env::temp_dir();
+        let msg = format!(
+            "cannot create a temporary file for {what} in {}: {}",
+            dir.display(),
+            reason(&e)
+        );
+        blkimage::with_context(e, msg)
+    })
 }
 
 /// A hasher for `job` observed by `builder`.

@@ -28,6 +28,13 @@ fn scratch() -> tempfile::TempDir {
 /// allowed: the first thread it needs beyond them cannot start.
 fn limited(exe: &str, uid: u32, args: &[&Path]) -> Option<Output> {
     let mut cmd = testkit::tools::thread_limited(exe, uid, 2)?;
+    // The other user's temporary files (blkdiff writes an image's map to
+    // one) go to the scratch directory it can write, not to the test's
+    // private TMPDIR.
+    cmd.env(
+        "TMPDIR",
+        args[0].parent().expect("in the scratch directory"),
+    );
     Some(cmd.args(args).stdin(Stdio::null()).output().unwrap())
 }
 
