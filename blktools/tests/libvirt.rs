@@ -73,7 +73,26 @@ fn virtnbdbackup(lv: &Libvirtd, dom: &Domain, level: &str, out: &Path, compress:
     if compress {
         args.push("-z");
     }
-    sh("virtnbdbackup", &args);
+    virt_tool(
+        "virtnbdbackup",
+        &args,
+        out.parent().expect("in the scratch directory"),
+    );
+}
+
+/// One of virtnbdbackup's tools, which must succeed, its temporary files
+/// (virtnbdrestore leaves qemu-img's and qemu-nbd's logs there) in
+/// `dir/tmp`, removed with the scratch directory `dir`.
+fn virt_tool(cmd: &str, args: &[&str], dir: &Path) {
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .env("TMPDIR", &tmp)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{cmd} {args:?}: {stderr}");
 }
 
 /// A short scratch directory: libvirt's sockets live there.
@@ -153,9 +172,10 @@ fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
     // virtnbdrestore's output (named as the disk's image) is the disk at
     // the last backup.
     let out = d.join(format!("restored{tag}"));
-    sh(
+    virt_tool(
         "virtnbdrestore",
         &["-U", lv.uri(), "-i", s(&bk), "-o", s(&out)],
+        d,
     );
     let restored = out.join(img.file_name().unwrap());
     assert_eq!(sums(d, s(&restored)), files[2].1);
