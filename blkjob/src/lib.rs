@@ -323,16 +323,27 @@ pub fn map_image_to(
         )
     };
     blkmap::save_with(out.path, out.inputs, |file| {
-        let (sink, builder) = hasher_into(job, builder(file)?)?;
-        let (summary, read) = read_all(input, sink, job, cancel, progress, |sink| {
-            builder.finalize_written(sink)
-        })?;
-        Ok(Written {
-            summary,
-            format: read.format,
-            rounded: read.rounded,
-            stats: read.stats,
-        })
+        write_map(input, job, cancel, progress, builder(file)?)
+    })
+}
+
+/// Hash all of `input` into `builder` (a map being written).
+fn write_map(
+    input: Input,
+    job: &Job,
+    cancel: &AtomicBool,
+    progress: &mut dyn FnMut(u64),
+    builder: MapBuilder,
+) -> io::Result<Written> {
+    let (sink, builder) = hasher_into(job, builder)?;
+    let (summary, read) = read_all(input, sink, job, cancel, progress, |sink| {
+        builder.finalize_written(sink)
+    })?;
+    Ok(Written {
+        summary,
+        format: read.format,
+        rounded: read.rounded,
+        stats: read.stats,
     })
 }
 
@@ -348,16 +359,7 @@ pub fn map_to_temp(
     let file = temp_file("the image's map")?;
     let out = Box::new(file.try_clone()?);
     let builder = MapBuilder::writing(job.algorithm(), job.block_size(), out, false, None)?;
-    let (sink, builder) = hasher_into(job, builder)?;
-    let (summary, read) = read_all(input, sink, job, cancel, progress, |sink| {
-        builder.finalize_written(sink)
-    })?;
-    let written = Written {
-        summary,
-        format: read.format,
-        rounded: read.rounded,
-        stats: read.stats,
-    };
+    let written = write_map(input, job, cancel, progress, builder)?;
     Ok((blkmap::MapFile::from_file(file)?, written))
 }
 
