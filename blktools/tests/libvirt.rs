@@ -95,6 +95,28 @@ fn virt_tool(cmd: &str, args: &[&str], dir: &Path) {
     assert!(out.status.success(), "{cmd} {args:?}: {stderr}");
 }
 
+/// Waits (at most a minute) until no process holds `img`'s write lock:
+/// virtnbdrestore ends its qemu-nbd with SIGTERM and does not wait for
+/// it, so the restored image can still be locked when it returns.
+fn wait_unlocked(img: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let o = std::process::Command::new("qemu-img")
+            .args(["info", "--output=json", s(img)])
+            .output()
+            .unwrap();
+        if o.status.success() {
+            return;
+        }
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("lock") && std::time::Instant::now() < deadline,
+            "qemu-img info {img:?}: {err}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// A short scratch directory: libvirt's sockets live there.
 fn short_scratch() -> tempfile::TempDir {
     let tmp = std::env::temp_dir();
@@ -178,6 +200,7 @@ fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
         d,
     );
     let restored = out.join(img.file_name().unwrap());
+    wait_unlocked(&restored);
     assert_eq!(sums(d, s(&restored)), files[2].1);
 
     // A gap: without the first incremental, the second is refused.
