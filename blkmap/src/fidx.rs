@@ -27,7 +27,9 @@
 //! refuses a bad magic, a chunk size that is not a power of two from 512
 //! bytes (blkhash's smallest block) to 64 MiB, a file whose length is not
 //! the header's (when the caller knows it, before reading on; else at the
-//! end), and an `index_csum` that is not the digest of the digests.
+//! end), an `index_csum` that is not the digest of the digests, and a
+//! short last chunk with the digest of a full chunk of zeros (which no
+//! chunk of its length has, and a block map would take for a zero block).
 
 use crate::MapError;
 use blkhash::{Algorithm, Checksum, Construction, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
@@ -255,12 +257,35 @@ impl<R: Read> FidxReader<R> {
                 Err(e) => return Err(MapError::Io(e)),
             }
         }
+        self.done += n as u64;
+        if self.done == self.header.chunks() {
+            self.check_short_last()?;
+        }
         self.csum.update(&self.buf);
         if let Some(ours) = &mut self.ours {
             ours.update(&self.buf);
         }
-        self.done += n as u64;
         Ok(Some(&self.buf))
+    }
+
+    /// A short last chunk (the buffer's last digest) must not carry the
+    /// digest of a full chunk of zeros: no chunk of its length has it, and
+    /// a block map takes a block with that digest for a zero block, which
+    /// a short last block never is.
+    fn check_short_last(&self) -> Result<(), MapError> {
+        let bs = self.header.chunk_size;
+        let tail = self.header.size % bs as u64;
+        if tail == 0 {
+            return Ok(());
+        }
+        let last = &self.buf[self.buf.len() - DIGEST_LEN..];
+        if last == crate::zero_digest(Algorithm::Sha256, bs) {
+            return Err(invalid(format!(
+                "the short last chunk ({tail} bytes) has the digest of {bs} bytes of zeros: \
+                 no chunk of its length has it"
+            )));
+        }
+        Ok(())
     }
 
     /// At the end: nothing more in the file, and `index_csum` true.

@@ -165,7 +165,24 @@ fn bad_indexes_are_refused_naming_the_file() {
         b[at..at + with.len()].copy_from_slice(with);
         b
     };
+    // The short last chunk with the digest of a full chunk of zeros, and
+    // an index_csum true to that: what no backup can hold (found by the
+    // fidx fuzz target, which got a map refused where the index was taken).
+    let zero_tail = {
+        let mut b = good.clone();
+        let at = b.len() - 32;
+        Algorithm::Sha256.digest_into(&vec![0u8; 4 << 20], &mut b[at..]);
+        let mut csum = [0u8; 32];
+        Algorithm::Sha256.digest_into(&b[4096..], &mut csum);
+        b[32..64].copy_from_slice(&csum);
+        b
+    };
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "zero-tail.fidx",
+            zero_tail,
+            "the short last chunk (65536 bytes) has the digest of 4194304 bytes of zeros",
+        ),
         ("short.fidx", good[..good.len() - 32].to_vec(), "not the"),
         ("long.fidx", [&good[..], &[0u8; 32]].concat(), "not the"),
         (
