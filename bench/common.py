@@ -240,6 +240,29 @@ class Cmd:
         return {s.out.split()[0] if s.out.split() else "" for s in self.samples if s.rc == 0}
 
 
+@dataclass
+class ImageCase:
+    """One case of the table: its images, its commands (run alternately),
+    the ratios it reports and the targets it checks."""
+
+    title: str  # "{size}" is replaced by the image size
+    image: str  # the kind of raw image (make_image)
+    commands: dict  # key -> function(bench, images) -> Cmd or None
+    ratios: list = field(default_factory=list)  # (key of numerator, key of denominator)
+    targets: list = field(default_factory=list)  # (num, den, "≥" or "≤", ratio, text)
+    size: int = 2 * GiB
+    quick_size: int = 64 * MiB
+    qcow2: bool = False  # also its qcow2 conversion, as images["qcow2"]
+    warm: bool = True  # read the images into the page cache first
+    before: Optional[str] = None  # a Bench method run first
+    after: Optional[str] = None  # a Bench method given (section, commands, size)
+    # A context manager factory, function(bench, images), entered once the
+    # images exist and left once the commands ran: a server they talk to
+    # (imageio's daemon). What it yields (a dict) joins the images.
+    around: Optional[object] = None
+
+
+
 def median_cell(cmd):
     """A command's median time for a summary table, or a dash."""
     return f"{cmd.median:.3f}" if cmd and not cmd.failed else "—"

@@ -27,6 +27,9 @@ Environment:
                         cases, its time held to ≤ 1.05× ours (rows skipped
                         if unset)
     BLKHASH_BENCH_REF   the reference blkhash-bench binary (for --lib)
+    IMAGEIO_VENV        the venv holding ovirt-imageio for the imageio case
+                        (default: the one blksum/tests/imageio.rs makes
+                        under target/tmp; imageio's rows skipped if none)
 
 The qcow2 cases need qemu-img (images are converted from raw ones) and the
 mkimage binary of the workspace (target/release/mkimage); the nbd case needs
@@ -37,15 +40,14 @@ Python 3 standard library only.
 """
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from common import (
     ALL_CASES,
@@ -56,6 +58,7 @@ from common import (
     Cmd,
     GiB,
     human,
+    ImageCase,
     KiB,
     log,
     make_image,
@@ -76,6 +79,7 @@ from mapsize import MapSizeCases
 from web import HttpCases
 from library import LibCases
 from net import NetCases
+from ovirt import IMAGEIO_CASE
 
 # ---------------------------------------------------------------- the image cases
 
@@ -102,24 +106,6 @@ STATIC_TARGET = ("static", "ours", "≤", 1.05,
 def peer(which):
     """sha256sum, b3sum or dd on the raw image (None when missing)."""
     return lambda b, imgs: b.peer(which, imgs["raw"])
-
-
-@dataclass
-class ImageCase:
-    """One case of the table: its images, its commands (run alternately),
-    the ratios it reports and the targets it checks."""
-
-    title: str  # "{size}" is replaced by the image size
-    image: str  # the kind of raw image (make_image)
-    commands: dict  # key -> function(bench, images) -> Cmd or None
-    ratios: list = field(default_factory=list)  # (key of numerator, key of denominator)
-    targets: list = field(default_factory=list)  # (num, den, "≥" or "≤", ratio, text)
-    size: int = 2 * GiB
-    quick_size: int = 64 * MiB
-    qcow2: bool = False  # also its qcow2 conversion, as images["qcow2"]
-    warm: bool = True  # read the images into the page cache first
-    before: Optional[str] = None  # a Bench method run first
-    after: Optional[str] = None  # a Bench method given (section, commands, size)
 
 
 IMAGE_CASES = {
@@ -218,54 +204,7 @@ IMAGE_CASES = {
 }
 
 
-def imageio_venv():
-    """The venv holding ovirt-imageio (IMAGEIO_VENV, else the one
-    blksum/tests/imageio.rs makes under target/tmp), if there is one."""
-    venv = Path(os.environ.get("IMAGEIO_VENV") or ROOT / "target" / "tmp" / "imageio-venv")
-    return venv if (venv / "bin" / "ovirt-imageio").exists() else None
-
-
-def imageio_client():
-    """ovirt-imageio's client library function, `ovirt_imageio.client.checksum()`
-    (qemu-nbd, its extents, hashlib), printing the checksum first."""
-    def cmd(b, imgs):
-        venv = imageio_venv()
-        if venv is None:
-            return None
-        code = ("import sys; from ovirt_imageio.client import checksum; "
-                "print(checksum(sys.argv[1])['checksum'])")
-        return Cmd("ovirt_imageio.client.checksum()", [str(venv / "bin" / "python"), "-c", code,
-                   str(imgs["raw"])], key=("imageio", "blake2b-256", 4 * MiB))
-    return cmd
-
-
-def construction(name):
-    """blksum --construction NAME with its defaults (blake2b-256, 4 MiB for imageio)."""
-    def cmd(b, imgs):
-        c = b.ours("blake2b-256", imgs["raw"])
-        argv = [c.argv[0], "--construction", name] + c.argv[1:]
-        argv[argv.index("-d") + 1:argv.index("-d") + 2] = ["blake2b-256", "--block-size", "4m"]
-        key = (name, "blake2b-256", 4 * MiB) if name == "imageio" else ("blkhash", "b2-4m")
-        return Cmd(f"blksum --construction {name} -d blake2b-256 --block-size 4m (cache)",
-                   argv, ours=True, key=key)
-    return cmd
-
-
-IMAGE_CASES["imageio"] = ImageCase(
-    title="oVirt imageio's checksum ({size}: half data, half holes; blake2b-256, 4 MiB "
-          "blocks): blksum's two constructions, and imageio's client library",
-    image="holes",
-    commands={
-        "blkhash": construction("blkhash"),
-        "imageio": construction("imageio"),
-        "client": imageio_client(),
-    },
-    ratios=[("imageio", "blkhash"), ("client", "imageio")],
-    targets=[
-        ("imageio", "blkhash", "≤", 1.05,
-         "--construction imageio costs what blkhash 0.11's costs (time ≤ 1.05×)"),
-    ],
-)
+IMAGE_CASES["imageio"] = IMAGEIO_CASE
 
 
 # ---------------------------------------------------------------- the bench
@@ -627,9 +566,11 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
         if case.warm:
             for img in imgs.values():
                 warm(img)
-        c = {key: make(self, imgs) for key, make in case.commands.items()}
-        cmds = [x for x in c.values() if x]
-        run_case(cmds, self.a.runs, self.a.timeout)
+        with case.around(self, imgs) if case.around else contextlib.nullcontext({}) as extra:
+            imgs.update(extra)
+            c = {key: make(self, imgs) for key, make in case.commands.items()}
+            cmds = [x for x in c.values() if x]
+            run_case(cmds, self.a.runs, self.a.timeout)
         self.results(name, cmds, size)
         self.ratios([(c[num], c[den]) for num, den in case.ratios])
         for num, den, op, want, what in case.targets:
