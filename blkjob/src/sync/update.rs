@@ -14,45 +14,148 @@ use super::Error;
 use super::copy::{Job, Op, Writer, op_buffer};
 use super::target::Target;
 use blkhash::BlockEvent;
-use blkmap::{Block, Map};
+use blkmap::{MapError, Piece, Pieces};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// DST's blocks as its state records them, read from the state's file in
+/// block order as SRC's block events come (they come in order): one piece
+/// of the state in memory (at most 1 MiB of digests), never the map.
+pub struct Known {
+    pieces: Box<dyn Pieces + Send>,
+    blocks: u64,
+    digest_len: usize,
+    zero_digest: Vec<u8>,
+    /// The piece at hand: its first block, its blocks, whether they hold
+    /// data, and their digests.
+    first: u64,
+    count: u64,
+    data: bool,
+    digests: Vec<u8>,
+}
+
+impl Known {
+    /// DST's blocks from `pieces`, its state read from the start.
+    pub fn new(pieces: Box<dyn Pieces + Send>) -> Known {
+        let h = pieces.header();
+        let (alg, blocks) = (h.algorithm, h.blocks());
+        let mut zero_digest = vec![0u8; alg.output_len()];
+        alg.digest_into(&vec![0u8; h.block_size], &mut zero_digest);
+        Known {
+            pieces,
+            blocks,
+            digest_len: alg.output_len(),
+            zero_digest,
+            first: 0,
+            count: 0,
+            data: false,
+            digests: Vec::new(),
+        }
+    }
+
+    /// Read on to the piece holding block `index` (never one before the
+    /// last asked for): `false` past the state's end.
+    fn seek(&mut self, index: u64) -> Result<bool, MapError> {
+        if index >= self.blocks {
+            return Ok(false);
+        }
+        while self.first + self.count <= index {
+            self.first += self.count;
+            match self.pieces.next_piece()? {
+                None => return Err(MapError::Truncated),
+                Some(Piece::Zeros(n)) => (self.count, self.data) = (n, false),
+                Some(Piece::Data(d)) => {
+                    self.count = (d.len() / self.digest_len) as u64;
+                    self.data = true;
+                    self.digests.clear();
+                    self.digests.extend_from_slice(d);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Block `index`'s digest, `None` for a zero block or past the end.
+    fn block(&mut self, index: u64) -> Result<Option<&[u8]>, MapError> {
+        if !self.seek(index)? || !self.data {
+            return Ok(None);
+        }
+        let at = (index - self.first) as usize * self.digest_len;
+        Ok(Some(&self.digests[at..at + self.digest_len]))
+    }
+
+    /// The end of the piece holding block `index`, and whether its blocks
+    /// hold data; `None` past the state's end.
+    fn run_at(&mut self, index: u64) -> Result<Option<(u64, bool)>, MapError> {
+        Ok(self
+            .seek(index)?
+            .then_some((self.first + self.count, self.data)))
+    }
+}
+
+/// Where a [`Differ`] leaves the error that stopped it (the state could
+/// not be read on): the run fails with it once the hashing is done.
+pub type Failed = Arc<Mutex<Option<MapError>>>;
 
 /// Turns SRC's block events into ops for the blocks where DST differs.
 /// Owned by the hasher's observer; when the hasher is done it drops this,
 /// which sends the last op and closes the writer's queue.
 pub struct Differ {
-    dst: Map,
+    dst: Known,
     size: u64,
     block_size: u64,
     pending: Option<Job>,
     ops: Sender<Job>,
+    failed: Failed,
 }
 
 impl Differ {
-    /// For a SRC of `size` bytes and DST holding what `dst` says (and
-    /// zeros past its end: a file grown to SRC's size reads as zeros).
-    pub fn new(dst: Map, size: u64) -> (Differ, Receiver<Job>) {
+    /// For a SRC of `size` bytes in blocks of `block_size`, and DST
+    /// holding what `dst` says (and zeros past its end: a file grown to
+    /// SRC's size reads as zeros); an error reading `dst` is left in
+    /// `failed`, and no op is queued after it.
+    pub fn new(
+        dst: Known,
+        size: u64,
+        block_size: usize,
+        failed: Failed,
+    ) -> (Differ, Receiver<Job>) {
         let (ops, rx) = crossbeam_channel::unbounded();
-        let block_size = dst.block_size() as u64;
         let d = Differ {
             dst,
             size,
-            block_size,
+            block_size: block_size as u64,
             pending: None,
             ops,
+            failed,
         };
         (d, rx)
     }
 
+    /// Keep `e`, the first error reading the state: nothing more is
+    /// compared, and the op pending is dropped.
+    fn fail(&mut self, e: MapError) {
+        self.pending = None;
+        let mut slot = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert(e);
+    }
+
+    fn stopped(&self) -> bool {
+        (self.failed.lock().unwrap_or_else(|p| p.into_inner())).is_some()
+    }
+
     pub fn event(&mut self, e: BlockEvent<'_>) {
+        if self.stopped() {
+            return;
+        }
         match e {
             BlockEvent::Data { index, digest } => {
-                let zero = digest == self.dst.zero_digest();
+                let zero = digest == self.dst.zero_digest;
                 let same = match self.dst.block(index) {
-                    Some(Block::Data(d)) => d == digest,
-                    Some(Block::Zero) | None => zero,
+                    Ok(Some(d)) => d == digest,
+                    Ok(None) => zero,
+                    Err(e) => return self.fail(e),
                 };
                 if !same {
                     self.push(index, 1, zero);
@@ -67,11 +170,13 @@ impl Differ {
                 let end = index + count;
                 let mut at = index;
                 while at < end {
-                    let Some(run) = self.dst.run_at(at) else {
-                        break; // past DST's end: zeros already
+                    let (run_end, data) = match self.dst.run_at(at) {
+                        Ok(Some(run)) => run,
+                        Ok(None) => break, // past DST's end: zeros already
+                        Err(e) => return self.fail(e),
                     };
-                    let run_end = (run.first + run.count).min(end);
-                    if run.digests.is_some() {
+                    let run_end = run_end.min(end);
+                    if data {
                         self.push(at, run_end - at, true);
                     }
                     at = run_end;
@@ -256,7 +361,7 @@ mod tests {
         );
     }
     use blkhash::{Hasher, Options};
-    use blkmap::MapBuilder;
+    use blkmap::{Map, MapBuilder, MapReader};
     use proptest::prelude::*;
 
     const BS: usize = 4096;
@@ -270,14 +375,18 @@ mod tests {
 
     /// The ops a Differ queues for SRC (hashed by `src`) against `dst`.
     fn ops(dst: Map, size: u64, src: impl FnOnce(&mut Hasher)) -> Vec<Op> {
-        let (differ, rx) = Differ::new(dst, size);
+        let pieces = MapReader::new(std::io::Cursor::new(dst.to_bytes())).unwrap();
+        let failed = Failed::default();
+        let (differ, rx) = Differ::new(Known::new(Box::new(pieces)), size, BS, failed.clone());
         let differ = std::sync::Mutex::new(differ);
         let mut h = Hasher::with_options(Options::new().block_size(BS)).unwrap();
         h.set_observer(move |e| differ.lock().unwrap().event(e));
         src(&mut h);
         assert_eq!(h.len(), size);
         h.finalize();
-        rx.iter().map(|j| j.op).collect()
+        let ops = rx.iter().map(|j| j.op).collect();
+        assert!(failed.lock().unwrap().is_none());
+        ops
     }
 
     fn op(offset: usize, len: usize, zero: bool) -> Op {
