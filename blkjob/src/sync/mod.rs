@@ -10,6 +10,7 @@
 mod copy;
 pub mod dst;
 mod error;
+mod known;
 pub mod plan;
 mod target;
 mod update;

@@ -3,12 +3,13 @@
 
 use super::copy::{self, CopyTarget, CopyThrough, Counts, Progress, WriteThrough, Writer};
 use super::dst::{Dst, Kind, SharedNbd};
+use super::known::Known;
 use super::target::Target;
 use super::{DryRun, Error, Request, update};
 use crate::{Job, state};
 use blkhash::BlockEvent;
 use blkimage::{Input, ReadAhead, Sink, Source};
-use blkmap::{Block, Header, Map, MapBuilder, MapFile, Part, Pending, Range};
+use blkmap::{Header, Map, MapBuilder, MapFile, MapLike, Part, Pending, Range};
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -83,7 +84,7 @@ impl Plan {
                 update(&c, &known)?
             }
             Plan::Compare(from) => match compare(&mut c, from)? {
-                Compared::Written(map, dst) => (Some(SrcMap::Memory(map)), dst),
+                Compared::Written(map, dst) => (Some(map), dst),
                 Compared::DryRun(done) => return Ok(done),
             },
         };
@@ -109,18 +110,12 @@ impl MapOut {
     }
 }
 
-/// SRC's map as a plan made it.
-pub(super) enum SrcMap {
-    /// In memory (a comparison, which holds both maps).
-    Memory(Map),
-    /// Written as it was made: its header, and where.
-    Written(Header, MapOut),
-}
+/// SRC's map as a plan made it, written as it was made: its header, and
+/// where.
+pub(super) struct SrcMap(Header, MapOut);
 
 /// How [`hash_src_from`] keeps SRC's map.
 enum Keep {
-    /// A whole map in memory.
-    Map,
     /// A part covering the image in memory: the blocks read through a
     /// dirty bitmap (the rest are holes to the hasher).
     Part,
@@ -130,7 +125,6 @@ enum Keep {
 
 /// What [`hash_src_from`] made.
 enum Hashed {
-    Map(Map),
     Part(Part),
     Written(Header, MapOut),
 }
@@ -190,14 +184,14 @@ impl Ctx<'_> {
         Error::io(self.src_name, e)
     }
 
-    /// Where SRC's map is written: beside the state, else in an unnamed
-    /// temporary file.
+    /// Where SRC's map is written: beside the state, else (no state, a
+    /// dry run) in an unnamed temporary file.
     fn map_out(&self) -> Result<MapOut, Error> {
-        match &self.req.state {
-            Some(p) => Pending::create(p)
+        match (&self.req.state, self.req.dry_run) {
+            (Some(p), false) => Pending::create(p)
                 .map(MapOut::State)
                 .map_err(|e| Error::io(p.display(), e)),
-            None => crate::temp_file("SRC's map")
+            _ => crate::temp_file("SRC's map")
                 .map(MapOut::Temp)
                 .map_err(|e| Error::io(self.src_name, e)),
         }
@@ -235,7 +229,7 @@ fn first_copy(c: &Ctx<'_>, hash: bool) -> Result<(Option<SrcMap>, Target), Error
             failed.unwrap_or_else(|| c.src_error(e))
         })?;
         match map {
-            Hashed::Written(h, out) => Some(SrcMap::Written(h, out)),
+            Hashed::Written(h, out) => Some(SrcMap(h, out)),
             _ => return Err(c.src_error(io::Error::other("SRC's map was not written"))),
         }
     } else {
@@ -268,7 +262,7 @@ fn update(c: &Ctx<'_>, known: &MapFile) -> Result<(Option<SrcMap>, Target), Erro
         dst.set_len(size).map_err(|e| c.dst_error(e))?;
     }
     let failed = update::Failed::default();
-    let dst_blocks = update::Known::new(known.pieces_owned().map_err(of_state)?);
+    let dst_blocks = Known::new(known.pieces_owned().map_err(of_state)?);
     let block_size = c.job.block_size();
     let (mut differ, ops) = update::Differ::new(dst_blocks, size, block_size, failed.clone());
     let w = c.writer(&dst);
@@ -316,7 +310,7 @@ fn update(c: &Ctx<'_>, known: &MapFile) -> Result<(Option<SrcMap>, Target), Erro
         return Err(of_state(e));
     }
     let map = match (hashed.map_err(|e| c.src_error(e))?, splice_out) {
-        (Hashed::Written(h, out), _) => SrcMap::Written(h, out),
+        (Hashed::Written(h, out), _) => SrcMap(h, out),
         (Hashed::Part(fresh), Some(out)) => {
             let ranges = c.changes.as_ref().map_or(&[][..], |ch| &ch.blocks[..]);
             splice_state(c, known, &fresh, ranges, out).map_err(of_state)?
@@ -343,49 +337,50 @@ fn splice_state(
         identity: c.src_record.and_then(|r| r.identity()),
     };
     let (spliced, _) = blkmap::splice(known.pieces()?, how, out.file().try_clone()?)?;
-    Ok(SrcMap::Written(spliced.header, out))
+    Ok(SrcMap(spliced.header, out))
 }
 
 /// A comparison's outcome.
 enum Compared {
     /// The differing ranges were written: SRC's map, and DST.
-    Written(Map, Target),
+    Written(SrcMap, Target),
     /// A dry run: what would be written.
     DryRun(Done),
 }
 
-/// Both maps: SRC hashed; DST's from its state, else zeros, else hashed
-/// (at the same time as SRC); then the ranges that differ written.
+/// Both maps, each written to a file as it is made: SRC hashed; DST's
+/// from its state, else zeros, else hashed (at the same time as SRC);
+/// then the ranges that differ, found reading the two side by side,
+/// written.
 fn compare(c: &mut Ctx<'_>, from: DstBlocks) -> Result<Compared, Error> {
     let size = c.src.size();
     let known = c.dst_map.take();
     let c = &*c;
     let (src_map, dst_map) = std::thread::scope(|s| {
         // At the system's limit on threads, one after the other.
-        let hs = std::thread::Builder::new().spawn_scoped(s, || hash_src(c));
-        let dst_map = match (from, known) {
-            // A dry run's comparison holds both maps (an update reads the
-            // state where it lies).
-            (DstBlocks::State, Some(_)) => c.req.state.as_ref().map_or_else(
-                || Err(io::Error::other("no state")),
-                |p| Map::load(p).map_err(io::Error::from),
-            ),
-            (DstBlocks::Zeros, _) => zeros_map(c.job, c.dst.size),
-            _ => map_dst(c, c.cancel),
+        let hs = std::thread::Builder::new().spawn_scoped(s, || hash_src_written(c));
+        let dst_map: io::Result<Box<dyn MapLike>> = match (from, known) {
+            (DstBlocks::State, Some(m)) => Ok(Box::new(m)),
+            (DstBlocks::Zeros, _) => zeros_map(c.job, c.dst.size).map(|m| Box::new(m) as _),
+            _ => map_dst(c, c.cancel).map(|m| Box::new(m) as _),
         };
         let src_map = match hs {
             Ok(h) => h.join().expect("hashing thread"),
-            Err(_) => hash_src(c),
+            Err(_) => hash_src_written(c),
         };
         (src_map, dst_map)
     });
-    let src_map = src_map.map_err(|e| c.src_error(e))?;
+    let (header, out) = src_map?;
     let dst_map = dst_map.map_err(|e| c.dst_error(e))?;
-    let todo = to_write(&src_map, &dst_map, c.dst.size)?;
+    let src_file = (out.file().try_clone())
+        .and_then(|f| MapFile::from_file(f).map_err(io::Error::from))
+        .map_err(|e| c.src_error(e))?;
+    let todo = to_write(&src_file, &*dst_map, c.dst.size)?;
+    drop(dst_map);
     if c.req.dry_run {
         let resize = (size != c.dst.size).then_some((c.dst.size, size));
         return Ok(Compared::DryRun(Done {
-            src_map: Some(src_map.header()),
+            src_map: Some(header),
             would_write: Some(DryRun {
                 ranges: todo,
                 resize,
@@ -399,8 +394,19 @@ fn compare(c: &mut Ctx<'_>, from: DstBlocks) -> Result<Compared, Error> {
     if c.dst.kind.is_file() && size != c.dst.size {
         dst.set_len(size).map_err(|e| c.dst_error(e))?;
     }
-    copy::copy_ranges(&c.writer(&dst), &src_map, &todo)?;
-    Ok(Compared::Written(src_map, dst))
+    let pieces = src_file.pieces_owned().map_err(|e| c.src_error(e.into()))?;
+    copy::copy_ranges(&c.writer(&dst), &mut Known::new(pieces), &todo)?;
+    Ok(Compared::Written(SrcMap(header, out), dst))
+}
+
+/// Hash SRC into its map, written where [`Ctx::map_out`] says.
+fn hash_src_written(c: &Ctx<'_>) -> Result<(Header, MapOut), Error> {
+    let keep = Keep::Written(c.map_out()?);
+    match hash_src_from(c, c.src.clone(), None, |_| {}, keep) {
+        Ok(Hashed::Written(h, out)) => Ok((h, out)),
+        Ok(_) => Err(c.src_error(io::Error::other("SRC's map was not written"))),
+        Err(e) => Err(c.src_error(e)),
+    }
 }
 
 /// After any plan: DST flushed, verified and its state saved, as asked.
@@ -415,18 +421,7 @@ fn finish(c: &Ctx<'_>, src_map: Option<SrcMap>, dst: Target) -> Result<Done, Err
     if c.req.state.is_some() || c.dst.kind == Kind::Nbd {
         dst.sync().map_err(|e| c.dst_error(e))?;
     }
-    let identity = c.src_record.and_then(|r| r.identity());
-    let src_map = match src_map {
-        Some(SrcMap::Memory(m)) => Some(SrcMap::Memory(
-            m.with_identity(identity)
-                .map_err(|e| c.src_error(e.into()))?,
-        )),
-        other => other,
-    };
-    let header = src_map.as_ref().map(|m| match m {
-        SrcMap::Memory(m) => m.header(),
-        SrcMap::Written(h, _) => h.clone(),
-    });
+    let header = src_map.as_ref().map(|SrcMap(h, _)| h.clone());
     if let (true, Some(h)) = (c.req.verify, &header) {
         let never = AtomicBool::new(false);
         let again = dst_checksum(c, &never).map_err(|e| c.dst_error(e))?;
@@ -443,14 +438,13 @@ fn finish(c: &Ctx<'_>, src_map: Option<SrcMap>, dst: Target) -> Result<Done, Err
         };
         let size = c.src.size();
         let saved = match src_map {
-            SrcMap::Memory(m) => state::save(p, &m, file, &c.dst.path, size),
-            SrcMap::Written(h, MapOut::State(pending)) => pending.commit().and_then(|()| {
+            SrcMap(h, MapOut::State(pending)) => pending.commit().and_then(|()| {
                 let checksum = h.checksum.as_ref().ok_or_else(|| {
                     io::Error::other("SRC's map was written without its checksum")
                 })?;
                 state::save_side_of(p, checksum, file, &c.dst.path, size)
             }),
-            SrcMap::Written(_, MapOut::Temp(_)) => Err(io::Error::other(
+            SrcMap(_, MapOut::Temp(_)) => Err(io::Error::other(
                 "SRC's map was not written beside the state",
             )),
         };
@@ -470,14 +464,6 @@ struct Through {
     flush_later: bool,
 }
 
-/// Hash SRC into its map in memory, counting what is compared.
-fn hash_src(c: &Ctx<'_>) -> io::Result<Map> {
-    match hash_src_from(c, c.src.clone(), None, |_| {}, Keep::Map)? {
-        Hashed::Map(m) => Ok(m),
-        _ => Err(io::Error::other("SRC's map not kept in memory")),
-    }
-}
-
 /// Hash `src` (SRC, or a view of it) into its map, kept as `keep` says,
 /// counting what is compared; with `through`, each chunk is also written
 /// to DST. `watch` sees every block event.
@@ -495,7 +481,7 @@ fn hash_src_from(
             let identity = c.src_record.and_then(|r| r.identity());
             MapBuilder::writing(alg, bs, file, false, identity)?
         }
-        Keep::Map | Keep::Part => MapBuilder::new(alg, bs)?,
+        Keep::Part => MapBuilder::new(alg, bs)?,
     };
     let mut h = blkhash::Pipeline::new(c.job.hasher_options())?;
     let mut build = builder.observer();
@@ -552,7 +538,6 @@ fn hash_src_from(
     }
     let size = src.size();
     let hashed = match keep {
-        Keep::Map => Hashed::Map(builder.finalize(h)?),
         Keep::Part => Hashed::Part(builder.finalize_part(h, size, 0)?),
         Keep::Written(out) => Hashed::Written(builder.finalize_written(h)?.header, out),
     };
@@ -576,9 +561,10 @@ fn dst_input(c: &Ctx<'_>) -> io::Result<Input> {
     }
 }
 
-/// DST's map, read and hashed ([`dst_input`]).
-fn map_dst(c: &Ctx<'_>, cancel: &AtomicBool) -> io::Result<Map> {
-    crate::map(dst_input(c)?, c.job, cancel, &mut |_| {}).map(|m| m.map)
+/// DST's map, read and hashed ([`dst_input`]), written to an unnamed
+/// temporary file as it is made and read where it lies.
+fn map_dst(c: &Ctx<'_>, cancel: &AtomicBool) -> io::Result<MapFile> {
+    crate::map_to_temp(dst_input(c)?, c.job, cancel, &mut |_| {}).map(|(m, _)| m)
 }
 
 /// The checksum of DST's map ([`dst_input`]), the map written to an
@@ -635,25 +621,36 @@ fn zeros_map(job: &Job, size: u64) -> io::Result<Map> {
     builder.finalize(h)
 }
 
-/// What to write: the differing ranges, and SRC's data past DST's end (a
-/// file grows with a hole, which reads as zeros).
-fn to_write(src_map: &Map, dst_map: &Map, dst_size: u64) -> Result<Vec<Range>, Error> {
-    let d = blkmap::diff(dst_map, src_map).map_err(|e| Error::unusable("DST's map", e))?;
+/// What to write: the differing ranges (the maps read side by side), and
+/// SRC's data past DST's end (a file grows with a hole, which reads as
+/// zeros).
+fn to_write(
+    src_map: &dyn MapLike,
+    dst_map: &dyn MapLike,
+    dst_size: u64,
+) -> Result<Vec<Range>, Error> {
+    let unusable = |e: blkmap::MapError| Error::unusable("DST's map", e);
+    let (dst_pieces, src_pieces) = (dst_map.pieces(), src_map.pieces());
+    let d = blkmap::diff_pieces(dst_pieces.map_err(unusable)?, src_pieces.map_err(unusable)?)
+        .map_err(unusable)?;
     let mut todo = d.ranges;
-    let size = src_map.size();
+    let h = src_map.header();
+    let (size, bs) = (h.size, h.block_size as u64);
     if size > dst_size {
-        let bs = src_map.block_size() as u64;
-        for b in dst_size / bs..src_map.blocks() {
-            if let Some(Block::Data(_)) = src_map.block(b) {
-                let offset = (b * bs).max(dst_size);
-                let end = ((b + 1) * bs).min(size);
-                match todo.last_mut() {
-                    Some(r) if r.end() >= offset => r.len = end - r.offset,
-                    _ => todo.push(Range {
-                        offset,
-                        len: end - offset,
-                    }),
-                }
+        for run in src_map.runs() {
+            let (blocks, data) = run.map_err(unusable)?;
+            if !data || blocks.end <= dst_size / bs {
+                continue;
+            }
+            // The run's blocks from DST's end: one range of SRC's data.
+            let offset = (blocks.start * bs).max(dst_size);
+            let end = (blocks.end * bs).min(size);
+            match todo.last_mut() {
+                Some(r) if r.end() >= offset => r.len = end - r.offset,
+                _ => todo.push(Range {
+                    offset,
+                    len: end - offset,
+                }),
             }
         }
     }

@@ -12,87 +12,13 @@
 
 use super::Error;
 use super::copy::{Job, Op, Writer, op_buffer};
+use super::known::Known;
 use super::target::Target;
 use blkhash::BlockEvent;
-use blkmap::{MapError, Piece, Pieces};
+use blkmap::MapError;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-
-/// DST's blocks as its state records them, read from the state's file in
-/// block order as SRC's block events come (they come in order): one piece
-/// of the state in memory (at most 1 MiB of digests), never the map.
-pub struct Known {
-    pieces: Box<dyn Pieces + Send>,
-    blocks: u64,
-    digest_len: usize,
-    zero_digest: Vec<u8>,
-    /// The piece at hand: its first block, its blocks, whether they hold
-    /// data, and their digests.
-    first: u64,
-    count: u64,
-    data: bool,
-    digests: Vec<u8>,
-}
-
-impl Known {
-    /// DST's blocks from `pieces`, its state read from the start.
-    pub fn new(pieces: Box<dyn Pieces + Send>) -> Known {
-        let h = pieces.header();
-        let (alg, blocks) = (h.algorithm, h.blocks());
-        let mut zero_digest = vec![0u8; alg.output_len()];
-        alg.digest_into(&vec![0u8; h.block_size], &mut zero_digest);
-        Known {
-            pieces,
-            blocks,
-            digest_len: alg.output_len(),
-            zero_digest,
-            first: 0,
-            count: 0,
-            data: false,
-            digests: Vec::new(),
-        }
-    }
-
-    /// Read on to the piece holding block `index` (never one before the
-    /// last asked for): `false` past the state's end.
-    fn seek(&mut self, index: u64) -> Result<bool, MapError> {
-        if index >= self.blocks {
-            return Ok(false);
-        }
-        while self.first + self.count <= index {
-            self.first += self.count;
-            match self.pieces.next_piece()? {
-                None => return Err(MapError::Truncated),
-                Some(Piece::Zeros(n)) => (self.count, self.data) = (n, false),
-                Some(Piece::Data(d)) => {
-                    self.count = (d.len() / self.digest_len) as u64;
-                    self.data = true;
-                    self.digests.clear();
-                    self.digests.extend_from_slice(d);
-                }
-            }
-        }
-        Ok(true)
-    }
-
-    /// Block `index`'s digest, `None` for a zero block or past the end.
-    fn block(&mut self, index: u64) -> Result<Option<&[u8]>, MapError> {
-        if !self.seek(index)? || !self.data {
-            return Ok(None);
-        }
-        let at = (index - self.first) as usize * self.digest_len;
-        Ok(Some(&self.digests[at..at + self.digest_len]))
-    }
-
-    /// The end of the piece holding block `index`, and whether its blocks
-    /// hold data; `None` past the state's end.
-    fn run_at(&mut self, index: u64) -> Result<Option<(u64, bool)>, MapError> {
-        Ok(self
-            .seek(index)?
-            .then_some((self.first + self.count, self.data)))
-    }
-}
 
 /// Where a [`Differ`] leaves the error that stopped it (the state could
 /// not be read on): the run fails with it once the hashing is done.
@@ -360,6 +286,7 @@ mod tests {
             [(2, 0), (3, 0), (6, 0), (19, 0), (2, 2), (6, 1), (9, 1)]
         );
     }
+    use super::super::known::Known;
     use blkhash::{Hasher, Options};
     use blkmap::{Map, MapBuilder, MapReader};
     use proptest::prelude::*;
