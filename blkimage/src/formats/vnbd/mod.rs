@@ -12,8 +12,10 @@
 //! Ranges come from the frame headers alone, each header read once (the
 //! payloads are skipped); plain payloads are read (or lent from a memory
 //! map) where they lie, lz4 frames decompressed by the thread that asks
-//! for their bytes (a digest worker), the last few kept for the reads that
-//! follow (an lz4 frame holds up to 32 MiB, a read 1 MiB).
+//! for their bytes (a digest worker), from the compressed bytes' pages
+//! where the file lends them, the last few kept for the reads that follow
+//! (an lz4 frame holds up to 32 MiB, a read 1 MiB) and lent from there to
+//! the digest workers, not copied.
 
 mod lz4;
 pub mod parse;
@@ -218,6 +220,31 @@ impl Vnbd {
         self.segs.partition_point(|s| s.range.end() <= offset)
     }
 
+    /// The decompressed frame of lz4 segment `seg`, and where the byte
+    /// `d` bytes into the segment is in it.
+    fn lz4_at(&self, seg: &Seg, d: u64) -> io::Result<(Arc<lz4::Frame>, usize)> {
+        let Kind::Lz4 { frame, skip } = seg.range.kind else {
+            unreachable!("an lz4 segment");
+        };
+        let st = &self.streams[seg.stream as usize];
+        let f = st.frames[frame as usize];
+        let after = st.frames.get(frame as usize + 1).copied();
+        let load_after = move || lz4::decompress(&*st.storage, after.expect("a next frame"));
+        let next = after.map(|_| {
+            let l: lz4::Load = &load_after;
+            ((seg.stream, frame + 1), l)
+        });
+        let bytes = self
+            .cache
+            .get(
+                (seg.stream, frame),
+                || lz4::decompress(&*st.storage, f),
+                next,
+            )
+            .map_err(|e| named(&st.name, e))?;
+        Ok((bytes, (skip as u64 + d) as usize))
+    }
+
     fn read_seg(&self, seg: &Seg, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let st = &self.streams[seg.stream as usize];
         let d = offset - seg.range.start;
@@ -227,24 +254,8 @@ impl Vnbd {
                 .storage
                 .read_exact_at(buf, pos + d)
                 .map_err(|e| named(&st.name, e))?,
-            Kind::Lz4 { frame, skip } => {
-                let f = st.frames[frame as usize];
-                let after = st.frames.get(frame as usize + 1).copied();
-                let load_after =
-                    move || lz4::decompress(&*st.storage, after.expect("a next frame"));
-                let next = after.map(|_| {
-                    let l: lz4::Load = &load_after;
-                    ((seg.stream, frame + 1), l)
-                });
-                let bytes = self
-                    .cache
-                    .get(
-                        (seg.stream, frame),
-                        || lz4::decompress(&*st.storage, f),
-                        next,
-                    )
-                    .map_err(|e| named(&st.name, e))?;
-                let at = (skip as u64 + d) as usize;
+            Kind::Lz4 { .. } => {
+                let (bytes, at) = self.lz4_at(seg, d)?;
                 buf.copy_from_slice(&bytes[at..at + buf.len()]);
             }
         }
@@ -416,31 +427,41 @@ impl Source for Vnbd {
         Ok(())
     }
 
-    /// The prefix of a plain data frame's bytes its file lends.
+    /// The prefix of a plain data frame's bytes its file lends, or of an
+    /// lz4 frame's: lent from the decompressed frame (by the digest worker
+    /// that decompresses it, or from the frames kept), not copied.
     fn lendable(&self, offset: u64, len: usize) -> usize {
         let Some(s) = self.segs.get(self.seg_at(offset)) else {
             return 0;
         };
+        let n = || (s.range.end() - offset).min(len as u64) as usize;
         match s.range.kind {
-            Kind::Data { pos } if s.range.start <= offset => {
-                let n = (s.range.end() - offset).min(len as u64) as usize;
-                self.streams[s.stream as usize]
-                    .storage
-                    .lendable(pos + offset - s.range.start, n)
-            }
-            _ => 0,
+            _ if s.range.start > offset => 0,
+            Kind::Data { pos } => self.streams[s.stream as usize]
+                .storage
+                .lendable(pos + offset - s.range.start, n()),
+            Kind::Lz4 { .. } => n(),
+            Kind::Zero => 0,
         }
     }
 
     fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
         let s = self.segs[self.seg_at(offset)];
-        let Kind::Data { pos } = s.range.kind else {
-            return Err(io::Error::other("read_in_place of bytes not lent"));
-        };
-        let st = &self.streams[s.stream as usize];
-        st.storage
-            .read_in_place(pos + offset - s.range.start, len, f)
-            .map_err(|e| named(&st.name, e))
+        let d = offset - s.range.start;
+        match s.range.kind {
+            Kind::Data { pos } => {
+                let st = &self.streams[s.stream as usize];
+                st.storage
+                    .read_in_place(pos + d, len, f)
+                    .map_err(|e| named(&st.name, e))
+            }
+            Kind::Lz4 { .. } => {
+                let (bytes, at) = self.lz4_at(&s, d)?;
+                f(&bytes[at..at + len]);
+                Ok(())
+            }
+            Kind::Zero => Err(io::Error::other("read_in_place of bytes not lent")),
+        }
     }
 
     /// Plain streams read with direct I/O where it was asked for; lz4
