@@ -3,11 +3,13 @@
 //! domain under TCG whose disk takes the guest's writes through its
 //! device (qemu-io over HMP).
 //!
-//! - virtnbdbackup's streams (full and two incrementals, plain and lz4)
-//!   read as the disk at each backup: blkmap's and blksum's checksum of
-//!   a stream, for several digests and block sizes, equal blksum's of the
-//!   backup job's NBD export at that moment, and virtnbdrestore's output;
-//!   a chain with a gap is refused, naming the missing checkpoint.
+//! - virtnbdbackup's streams (full, two incrementals, copy and
+//!   differential, plain and lz4) read as the disk at each backup:
+//!   blkmap's and blksum's checksum of a stream, for several digests and
+//!   block sizes, equal blksum's of the backup job's NBD export at that
+//!   moment, and virtnbdrestore's output; blkdiff finds the stream and the
+//!   restore the same, blksync copies a stream; a chain with a gap is
+//!   refused, naming the missing checkpoint.
 //! - libvirt's own checkpoints and pull backups: `blkmap --base OLD
 //!   --dirty-bitmap backup-sda` over the incremental backup's export
 //!   writes the map a full run writes, `blksync --dirty-bitmap` copies
@@ -137,6 +139,18 @@ fn wait_unlocked(img: &Path) {
     }
 }
 
+/// The one file of `dir` whose name starts with `prefix`.
+fn only_file(dir: &Path, prefix: &str) -> PathBuf {
+    let found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .collect();
+    assert_eq!(found.len(), 1, "{prefix}* in {dir:?}: {found:?}");
+    found.into_iter().next().unwrap()
+}
+
 /// A short scratch directory: libvirt's sockets live there.
 fn short_scratch() -> tempfile::TempDir {
     let tmp = std::env::temp_dir();
@@ -218,6 +232,12 @@ fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
     std::fs::create_dir(&copy).unwrap();
     virtnbdbackup(lv, &dom, "copy", &copy, compress);
     assert_eq!(sums(d, s(&copy.join("sda.copy.data"))), files[2].1);
+    // A differential backup (changes since the last checkpoint, no
+    // checkpoint of its own; nothing written since, so it holds no data):
+    // read over the streams its parent checkpoint names.
+    virtnbdbackup(lv, &dom, "diff", &bk, compress);
+    let diff = only_file(&bk, "sda.diff.");
+    assert_eq!(sums(d, s(&diff)), files[2].1, "{diff:?}");
     drop(dom);
 
     // virtnbdrestore's output (named as the disk's image) is the disk at
@@ -231,6 +251,16 @@ fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
     let restored = out.join(img.file_name().unwrap());
     wait_unlocked(&restored);
     assert_eq!(sums(d, s(&restored)), files[2].1);
+    // blkdiff and blksync take a stream as they take an image: the last
+    // incremental against the restore (the same disk), and copied to a
+    // raw file whose checksum is the disk's.
+    let o = run(BLKDIFF, &[s(&files[2].0), s(&restored)]);
+    assert_eq!(o.code, 0, "blkdiff: {}", o.stderr);
+    let copied = d.join(format!("copied{tag}.raw"));
+    let o = run(BLKSYNC, &[s(&files[2].0), s(&copied)]);
+    assert_eq!(o.code, 0, "blksync: {}", o.stderr);
+    assert_eq!(sums(d, s(&copied)), files[2].1);
+    std::fs::remove_file(&copied).unwrap();
 
     // A gap: without the first incremental, the second is refused.
     let (inc1, inc2) = (&files[1].0, &files[2].0);
