@@ -48,11 +48,18 @@ impl Known {
         self.block_size
     }
 
-    /// Read on to the piece holding block `index` (never one before the
-    /// last asked for): `false` past the state's end.
-    pub fn seek(&mut self, index: u64) -> Result<bool, MapError> {
+    /// Read on to the piece holding block `index`: `false` past the map's
+    /// end. The pieces before it are gone: a block before the piece at hand
+    /// is an error, not a read from the start again.
+    fn seek(&mut self, index: u64) -> Result<bool, MapError> {
         if index >= self.blocks {
             return Ok(false);
+        }
+        if index < self.first {
+            return Err(MapError::Invalid(format!(
+                "block {index} asked for after block {}: the map is read in order",
+                self.first
+            )));
         }
         while self.first + self.count <= index {
             self.first += self.count;
@@ -80,10 +87,42 @@ impl Known {
     }
 
     /// The end of the piece holding block `index`, and whether its blocks
-    /// hold data; `None` past the state's end.
+    /// hold data; `None` past the map's end.
     pub fn run_at(&mut self, index: u64) -> Result<Option<(u64, bool)>, MapError> {
         Ok(self
             .seek(index)?
             .then_some((self.first + self.count, self.data)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blkmap::{Block, Map, MapReader};
+
+    #[test]
+    fn blocks_read_in_order_as_the_map_holds_them() {
+        // Data, zeros, data, a short last block; 512-byte blocks.
+        let mut data = vec![1u8; 3 * 512];
+        data.extend(vec![0u8; 4 * 512]);
+        data.extend(vec![2u8; 2 * 512 + 100]);
+        let map = Map::compute(blkhash::Options::new().block_size(512), &data).unwrap();
+        let reader = MapReader::new(std::io::Cursor::new(map.to_bytes())).unwrap();
+        let mut known = Known::new(Box::new(reader));
+        for i in [0, 0, 2, 3, 5, 7, 9] {
+            let want = match map.block(i).unwrap() {
+                Block::Data(d) => Some(d.to_vec()),
+                Block::Zero => None,
+            };
+            assert_eq!(
+                known.block(i).unwrap().map(<[u8]>::to_vec),
+                want,
+                "block {i}"
+            );
+        }
+        assert_eq!(known.block(10).unwrap(), None, "past the end");
+        assert_eq!(known.run_at(10).unwrap(), None);
+        let back = known.block(3).unwrap_err().to_string();
+        assert!(back.contains("read in order"), "{back}");
     }
 }
