@@ -8,9 +8,13 @@ holding the dirty bitmap `b`, served by `qemu-nbd -B b`: the map commands
 see a map of the disk's size without hashing a TiB. Measured: the full map
 over NBD (one run: the setup), the update after 1 MiB + 64 KiB written
 (`blkmap --base --dirty-bitmap`), `blkdiff -q` of the two maps and `blkmap
-merge` of the new map alone. Peak RSS must stay flat; the update's time
-beyond its dirty blocks is one pass over OLD and NEW: reported as seconds
-per GiB of map."""
+merge` of the new map alone; and blksync with a state into a local raw
+file: the first copy (before the writes), the update through the bitmap,
+the update that reads the export whole, the update from a local copy of
+the disk (`--cache`, and direct I/O), and a comparison with DST read
+(`--force-rescan`). Peak RSS must stay flat; the
+update's time beyond its dirty blocks is one pass over OLD and NEW:
+reported as seconds per GiB of map."""
 
 import dataclasses
 import shutil
@@ -53,7 +57,12 @@ class MapSizeCases:
                       "s per GiB of map"], rows, "lrlrrr")
         self.r()
         for c in cmds_all:
-            limit = 16 * MiB if "blkdiff" in c.name or "merge" in c.name else 48 * MiB
+            if "direct I/O" in c.name:
+                continue  # reported: what direct I/O's buffers cost
+            local = any(w in c.name for w in ("blkdiff", "merge", "--cache"))
+            limit = 16 * MiB if local else 48 * MiB
+            if "--force-rescan" in c.name:
+                limit = 32 * MiB  # two local images hashed at once: SRC and DST
             self.target("mapsize", f"peak RSS of {c.name} = {c.rss_mib:.1f} MiB "
                         f"(target ≤ {human(limit)})", not c.failed and c.rss_mib * MiB <= limit)
 
@@ -61,6 +70,7 @@ class MapSizeCases:
         """The rows of one disk size and its commands; None on trouble."""
         size = disk // (64 * 1024) * BS
         blkmap, blkdiff = str(RELEASE / "blkmap"), str(RELEASE / "blkdiff")
+        blksync = str(RELEASE / "blksync")
         Path(self.a.dir).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="blkhash-bench-mapsize-", dir=self.a.dir) as t:
             d = Path(t)
@@ -84,11 +94,16 @@ class MapSizeCases:
                 full = Cmd(f"blkmap over NBD (full, {human(disk)})", [blkmap, *opts, url,
                                                                        str(old)],
                            ours=True, max_runs=1)
-                run_case([full], 1, self.a.timeout)
+                dst, state = d / "dst.raw", d / "dst.map"
+                first = Cmd(f"blksync --state, first copy over NBD ({human(disk)})",
+                            [blksync, *opts, url, str(dst), "--state", str(state)],
+                            ours=True, max_runs=1)
+                run_case([full, first], 1, self.a.timeout)
                 p = run_once(["qemu-io", "-f", "raw", url, "-c", "write -P 0x33 1M 1M",
                               "-c", f"write -P 0x44 {size // 2} 64k"], self.a.timeout)
-                if full.failed or p.rc != 0:
-                    self.r.problem(f"FAILED: mapsize {human(disk)}: {full.error} {p.err[-200:]}")
+                if full.failed or first.failed or p.rc != 0:
+                    self.r.problem(f"FAILED: mapsize {human(disk)}: {full.error} "
+                                   f"{first.error} {p.err[-200:]}")
                     return None
                 cmds = [
                     Cmd(f"blkmap --base --dirty-bitmap ({human(disk)})",
@@ -105,6 +120,7 @@ class MapSizeCases:
                 for _ in range(self.a.runs):
                     s = run_once(cmds[1].argv, self.a.timeout)
                     cmds[1].samples.append(dataclasses.replace(s, rc=0) if s.rc == 1 else s)
+                syncs = self.mapsize_syncs(disk, d, url, blksync)
                 map_mib = old.stat().st_size / MiB
             finally:
                 for p in (server, pattern):
@@ -112,8 +128,38 @@ class MapSizeCases:
                         p.terminate()
                         p.wait()
         rows = []
-        for c in [full, *cmds]:
+        for c in [full, *cmds, first, *syncs]:
             med = "FAILED" if c.failed else f"{c.median:.2f}"
             per = "" if c.failed else f"{c.median / (map_mib / 1024):.2f}"
             rows.append([human(disk), f"{map_mib:.0f}", c.name, med, f"{c.rss_mib:.1f}", per])
-        return rows, [full, *cmds]
+        return rows, [full, *cmds, first, *syncs]
+
+    def mapsize_syncs(self, disk, d, url, blksync):
+        """blksync's updates of DST (`d`/dst.raw, its state `d`/dst.map,
+        made by the first copy before the writes): through the bitmap, the
+        export read whole, then a local copy of the disk read whole (with
+        the page cache, and direct I/O), and compared with DST read
+        (`--force-rescan`). Each writes nothing but the first through the
+        bitmap (the rest find DST up to date)."""
+        dst, state, local = d / "dst.raw", d / "dst.map", d / "src.raw"
+        into = [str(dst), "--state", str(state)]
+        bitmap = Cmd(f"blksync --state --dirty-bitmap over NBD ({human(disk)})",
+                     [blksync, "--dirty-bitmap", "b", url, *into], ours=True)
+        whole = Cmd(f"blksync --state over NBD, SRC read whole ({human(disk)})",
+                    [blksync, url, *into], ours=True, max_runs=1)
+        run_case([bitmap], self.a.runs, self.a.timeout)
+        run_case([whole], self.a.runs, self.a.timeout)
+        # DST is the disk now: its copy is a local SRC with the same data.
+        shutil.copyfile(dst, local)
+        cached = Cmd(f"blksync --state --cache, local SRC ({human(disk)})",
+                     [blksync, "--cache", str(local), *into], ours=True)
+        direct = Cmd(f"blksync --state, local SRC, direct I/O ({human(disk)})",
+                     [blksync, str(local), *into], ours=True)
+        run_case([cached, direct], self.a.runs, self.a.timeout)
+        rescan = Cmd(f"blksync --state --force-rescan --cache, local SRC, DST read "
+                     f"({human(disk)})",
+                     [blksync, "--force-rescan", "--cache", str(local), *into], ours=True,
+                     max_runs=1)
+        run_case([rescan], self.a.runs, self.a.timeout)
+        local.unlink()
+        return [bitmap, whole, cached, direct, rescan]

@@ -51,4 +51,18 @@ venv=$top/venv
 # From python/: the tests import the installed package, not the sources.
 # --basetemp: pytest's tmp_path directories in the venv, removed with it
 # (by default pytest keeps the last three runs' under the temporary directory).
-(cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp="$venv/pytest" tests "$@")
+# A failure here does not stop the script: the libvirt test below still
+# runs and reports; the script exits 1 if either failed.
+status=0
+(cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp="$venv/pytest" tests "$@") || status=1
+# Python over libvirt's backup export and virtnbdbackup's streams: a Rust
+# test (blktools/tests/libvirt.rs: it starts libvirtd and a VM) given this
+# venv's Python; cargo on the full PATH. Only for the whole suite: pytest's
+# own arguments (-k NAME) select Python tests, not this one.
+if [ $# -eq 0 ]; then
+    BLKHASH_PYTHON=$venv/bin/python cargo test --profile quick -p blktools --test commands \
+        libvirt::libvirt_from_python -- --exact --nocapture || status=1
+else
+    echo "test-python: pytest arguments given: libvirt_from_python not run"
+fi
+exit "$status"

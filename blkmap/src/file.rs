@@ -145,6 +145,18 @@ impl MapFile {
         Ok(Checked::new(reader))
     }
 
+    /// [`pieces`](MapFile::pieces) read through a handle of their own (a
+    /// duplicate of the file's, read at a position of its own), for a
+    /// reader that must own them: a hasher's observer, on another thread.
+    pub fn pieces_owned(&self) -> Result<Box<dyn Pieces + Send>, MapError> {
+        let at = OwnedAt {
+            file: self.file.try_clone()?,
+            pos: 0,
+        };
+        let reader = MapReader::new(BufReader::with_capacity(1 << 20, at))?;
+        Ok(Box::new(Checked::new(reader)))
+    }
+
     fn heads(&self, block: u64, at: u64) -> Heads<'_> {
         Heads {
             r: BufReader::with_capacity(
@@ -192,6 +204,20 @@ impl Seek for At<'_> {
             }
         };
         Ok(self.pos)
+    }
+}
+
+/// [`At`] owning its handle.
+struct OwnedAt {
+    file: File,
+    pos: u64,
+}
+
+impl Read for OwnedAt {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
     }
 }
 

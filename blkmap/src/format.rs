@@ -750,7 +750,10 @@ pub fn remove_stale_temps(path: &Path) -> io::Result<usize> {
 }
 
 /// A new file `.NAME.tmp-PID-N` in `dir`.
-fn create_temp(dir: &Path, name: &std::ffi::OsStr) -> io::Result<(std::path::PathBuf, File)> {
+pub(crate) fn create_temp(
+    dir: &Path,
+    name: &std::ffi::OsStr,
+) -> io::Result<(std::path::PathBuf, File)> {
     let pid = std::process::id();
     for n in 0..1000 {
         let mut tmp_name = std::ffi::OsString::from(".");

@@ -73,7 +73,7 @@ pub(crate) use outer::{Outer, zero_digest};
 pub use part::Part;
 pub use splice::{Splice, Spliced, splice};
 pub use stream::{Checked, MapPieces, Pieces};
-pub use writer::{Output, OutputError, RecordWriter, save_with};
+pub use writer::{Output, OutputError, Pending, RecordWriter, save_with};
 
 use blkhash::{Algorithm, Checksum, Construction, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 use std::fmt;

@@ -252,3 +252,78 @@ impl std::error::Error for OutputError {
         Some(&self.0)
     }
 }
+
+/// A file written in place of another, atomically, by a writer that
+/// finishes long after it starts (blksync's state, written while DST is
+/// copied and renamed over the old one only once DST is flushed): a
+/// temporary file beside the path, named as [`write_atomic`] names its
+/// own (so [`remove_stale_temps`] finds those of a killed run), renamed
+/// over the path by [`commit`](Pending::commit), removed if dropped
+/// before.
+///
+/// [`write_atomic`]: crate::write_atomic
+/// [`remove_stale_temps`]: crate::remove_stale_temps
+///
+/// ```
+/// use std::io::Write;
+/// let dir = tempfile::tempdir().unwrap();
+/// let path = dir.path().join("state");
+/// let pending = blkmap::Pending::create(&path).unwrap();
+/// pending.file().write_all(b"new").unwrap();
+/// assert!(!path.exists());
+/// pending.commit().unwrap();
+/// assert_eq!(std::fs::read(&path).unwrap(), b"new");
+/// ```
+#[derive(Debug)]
+pub struct Pending {
+    tmp: std::path::PathBuf,
+    path: std::path::PathBuf,
+    file: std::fs::File,
+    committed: bool,
+}
+
+impl Pending {
+    /// A new, empty temporary file that will replace `path`.
+    pub fn create(path: &std::path::Path) -> io::Result<Pending> {
+        let name = path
+            .file_name()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a file name"))?;
+        let (tmp, file) = crate::format::create_temp(dir_of(path), name)?;
+        Ok(Pending {
+            tmp,
+            path: path.to_path_buf(),
+            file,
+            committed: false,
+        })
+    }
+
+    /// The temporary file, open for reading and writing.
+    pub fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+
+    /// Flush the file to disk, rename it over the path, and flush the
+    /// directory: the path is then the new file, on disk.
+    pub fn commit(mut self) -> io::Result<()> {
+        self.file.sync_all()?;
+        std::fs::rename(&self.tmp, &self.path)?;
+        self.committed = true;
+        std::fs::File::open(dir_of(&self.path))?.sync_all()
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// The directory `path` is in.
+fn dir_of(path: &std::path::Path) -> &std::path::Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    }
+}

@@ -3,25 +3,35 @@
 //! domain under TCG whose disk takes the guest's writes through its
 //! device (qemu-io over HMP).
 //!
-//! - virtnbdbackup's streams (full and two incrementals, plain and lz4)
-//!   read as the disk at each backup: blkmap's and blksum's checksum of
-//!   a stream, for several digests and block sizes, equal blksum's of the
-//!   backup job's NBD export at that moment, and virtnbdrestore's output;
-//!   a chain with a gap is refused, naming the missing checkpoint.
+//! - virtnbdbackup's streams (full, two incrementals, copy and
+//!   differential, plain and lz4) read as the disk at each backup:
+//!   blkmap's and blksum's checksum of a stream, for several digests and
+//!   block sizes, equal blksum's of the backup job's NBD export at that
+//!   moment, and virtnbdrestore's output; blkdiff finds the stream and the
+//!   restore the same, blksync copies a stream; a chain with a gap is
+//!   refused, naming the missing checkpoint.
 //! - libvirt's own checkpoints and pull backups: `blkmap --base OLD
 //!   --dirty-bitmap backup-sda` over the incremental backup's export
 //!   writes the map a full run writes, `blksync --dirty-bitmap` copies
 //!   the export; a bitmap the export does not offer and OLD of another
 //!   disk are refused.
+//! - Python's blkhash on the same stack (`libvirt_from_python`, run by
+//!   scripts/test-python.sh with its venv's Python in `BLKHASH_PYTHON`:
+//!   cargo does not build the package, so without it the test says it is
+//!   skipped): `update_map` over the incremental backup's export writes
+//!   the map a full blkmap writes and refuses `backup-sdb`; `checksum()`
+//!   of virtnbdbackup's streams (full and incremental, plain and lz4)
+//!   equals blksum's of the stream and of the export.
 //!
-//! One libvirtd for all (its start probes QEMU, some seconds), domains in
-//! turn.
+//! One libvirtd for each test (its start probes QEMU, some seconds),
+//! domains in turn.
 
 use crate::common;
 
 use blkmap::Map;
 use common::dirty::*;
 use common::*;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use testkit::libvirt::{Domain, Libvirtd, have_libvirt};
 
@@ -31,8 +41,8 @@ fn blksum() -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-/// The digests and block sizes checked.
-const SUMS: &[(&str, &str)] = &[("sha256", "64k"), ("sha1", "4k"), ("blake2b512", "1m")];
+/// The digests and block sizes (bytes: Python takes no suffix) checked.
+const SUMS: &[(&str, usize)] = &[("sha256", 65536), ("sha1", 4096), ("blake2b512", 1 << 20)];
 
 /// `blkmap -d D --block-size B IMAGE MAP`'s checksum for each of [`SUMS`];
 /// blksum's too, which must agree.
@@ -40,6 +50,7 @@ fn sums(d: &Path, image: &str) -> Vec<String> {
     SUMS.iter()
         .map(|(digest, bs)| {
             let out = d.join("sum.map");
+            let bs = &bs.to_string();
             let o = run(BLKMAP, &["-d", digest, "--block-size", bs, image, s(&out)]);
             assert_eq!(o.code, 0, "blkmap {image}: {}", o.stderr);
             let sum = checksum_of(&o.stdout, image);
@@ -84,15 +95,26 @@ fn virtnbdbackup(lv: &Libvirtd, dom: &Domain, level: &str, out: &Path, compress:
 /// (virtnbdrestore leaves qemu-img's and qemu-nbd's logs there) in
 /// `dir/tmp`, removed with the scratch directory `dir`.
 fn virt_tool(cmd: &str, args: &[&str], dir: &Path) {
+    let o = in_scratch(OsStr::new(cmd), args, dir);
+    assert_eq!(o.code, 0, "{cmd} {args:?}: {}", o.stderr);
+}
+
+/// `cmd args...` with TMPDIR `dir/tmp` (removed with the scratch directory
+/// `dir`): the test command's TMPDIR must end empty, whatever the tools
+/// leave in theirs.
+fn in_scratch(cmd: &OsStr, args: &[&str], dir: &Path) -> Out {
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
     let out = std::process::Command::new(cmd)
         .args(args)
         .env("TMPDIR", &tmp)
         .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{cmd} {args:?}: {stderr}");
+        .unwrap_or_else(|e| panic!("{cmd:?} runs: {e}"));
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
 }
 
 /// Waits (at most a minute) until no process holds `img`'s write lock:
@@ -115,6 +137,18 @@ fn wait_unlocked(img: &Path) {
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+/// The one file of `dir` whose name starts with `prefix`.
+fn only_file(dir: &Path, prefix: &str) -> PathBuf {
+    let found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .collect();
+    assert_eq!(found.len(), 1, "{prefix}* in {dir:?}: {found:?}");
+    found.into_iter().next().unwrap()
 }
 
 /// A short scratch directory: libvirt's sockets live there.
@@ -146,6 +180,38 @@ fn libvirt_backups() {
     drop(lv);
 }
 
+/// The guest's writes before each of virtnbdbackup's backups (full, inc,
+/// inc).
+const ROUNDS: [&[&str]; 3] = [
+    &[
+        "write -P 0x5 1M 64k",
+        "write -P 0x7 40M 3M",
+        "write -P 0x8 63M 1M",
+    ],
+    // Inside a written cluster, zeros written, a hole written.
+    &[
+        "write -P 0x9 1056k 8k",
+        "write -z 40M 1M",
+        "write -P 0xa 20M 4k",
+    ],
+    // Over 32 MiB: cut in several lz4 frames.
+    &["write -P 0x3 2M 40M", "write -P 0xb 63M 4k"],
+];
+
+/// [`ROUNDS`]`[i]` written, then virtnbdbackup's backup `i` into `bk`
+/// (full first, then incrementals): the stream file it wrote.
+fn backup_round(lv: &Libvirtd, dom: &Domain, bk: &Path, i: usize, compress: bool) -> PathBuf {
+    for c in ROUNDS[i] {
+        dom.write(c);
+    }
+    let level = if i == 0 { "full" } else { "inc" };
+    virtnbdbackup(lv, dom, level, bk, compress);
+    match i {
+        0 => bk.join("sda.full.data"),
+        n => bk.join(format!("sda.inc.virtnbdbackup.{n}.data")),
+    }
+}
+
 /// virtnbdbackup full, inc, inc: each stream is the disk at its backup.
 fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
     let tag = if compress { "z" } else { "p" };
@@ -154,32 +220,9 @@ fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
     let dom = Domain::start(lv, &format!("vnbd{tag}"), &img);
     let bk = d.join(format!("bk{tag}"));
     std::fs::create_dir(&bk).unwrap();
-    let rounds: [&[&str]; 3] = [
-        &[
-            "write -P 0x5 1M 64k",
-            "write -P 0x7 40M 3M",
-            "write -P 0x8 63M 1M",
-        ],
-        // Inside a written cluster, zeros written, a hole written.
-        &[
-            "write -P 0x9 1056k 8k",
-            "write -z 40M 1M",
-            "write -P 0xa 20M 4k",
-        ],
-        // Over 32 MiB: cut in several lz4 frames.
-        &["write -P 0x3 2M 40M", "write -P 0xb 63M 4k"],
-    ];
     let mut files = Vec::new();
-    for (i, cmds) in rounds.iter().enumerate() {
-        for c in *cmds {
-            dom.write(c);
-        }
-        let level = if i == 0 { "full" } else { "inc" };
-        virtnbdbackup(lv, &dom, level, &bk, compress);
-        let file = match i {
-            0 => bk.join("sda.full.data"),
-            n => bk.join(format!("sda.inc.virtnbdbackup.{n}.data")),
-        };
+    for i in 0..ROUNDS.len() {
+        let file = backup_round(lv, &dom, &bk, i, compress);
         let truth = export_sums(d, &dom);
         assert_eq!(sums(d, s(&file)), truth, "{file:?}");
         files.push((file, truth));
@@ -189,6 +232,12 @@ fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
     std::fs::create_dir(&copy).unwrap();
     virtnbdbackup(lv, &dom, "copy", &copy, compress);
     assert_eq!(sums(d, s(&copy.join("sda.copy.data"))), files[2].1);
+    // A differential backup (changes since the last checkpoint, no
+    // checkpoint of its own; nothing written since, so it holds no data):
+    // read over the streams its parent checkpoint names.
+    virtnbdbackup(lv, &dom, "diff", &bk, compress);
+    let diff = only_file(&bk, "sda.diff.");
+    assert_eq!(sums(d, s(&diff)), files[2].1, "{diff:?}");
     drop(dom);
 
     // virtnbdrestore's output (named as the disk's image) is the disk at
@@ -202,6 +251,16 @@ fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
     let restored = out.join(img.file_name().unwrap());
     wait_unlocked(&restored);
     assert_eq!(sums(d, s(&restored)), files[2].1);
+    // blkdiff and blksync take a stream as they take an image: the last
+    // incremental against the restore (the same disk), and copied to a
+    // raw file whose checksum is the disk's.
+    let o = run(BLKDIFF, &[s(&files[2].0), s(&restored)]);
+    assert_eq!(o.code, 0, "blkdiff: {}", o.stderr);
+    let copied = d.join(format!("copied{tag}.raw"));
+    let o = run(BLKSYNC, &[s(&files[2].0), s(&copied)]);
+    assert_eq!(o.code, 0, "blksync: {}", o.stderr);
+    assert_eq!(sums(d, s(&copied)), files[2].1);
+    std::fs::remove_file(&copied).unwrap();
 
     // A gap: without the first incremental, the second is refused.
     let (inc1, inc2) = (&files[1].0, &files[2].0);
@@ -229,27 +288,11 @@ fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
 /// offers `backup-sda`: the incremental map is the full map, blksync
 /// copies the dirty blocks, what cannot be trusted is refused.
 fn checkpoints_and_pull_backups(lv: &Libvirtd, d: &Path) {
-    let img = d.join("ck.qcow2");
-    testkit::tools::create(&img, "qcow2", &[], "64M");
-    let dom = Domain::start(lv, "ckpt", &img);
-    dom.write("write -P 0x11 0 24M");
-    let sock = d.join("ck.sock");
-    let u = url(&sock);
-    let (cp1, dst, state) = (d.join("cp1.map"), d.join("dst.raw"), d.join("dst.map"));
-    dom.backup_begin(&sock, None, Some("cp1"));
-    full(&u, &cp1, &[]);
-    let o = run(BLKSYNC, &[&u, s(&dst), "--state", s(&state)]);
-    assert_eq!(o.code, 0, "{}", o.stderr);
-    dom.backup_end();
-
-    for c in [
-        "write -P 0x22 1M 4k",
-        "write -z 9M 1M",
-        "write -P 0x23 60M 128k",
-    ] {
-        dom.write(c);
-    }
-    dom.backup_begin(&sock, Some("cp1"), Some("cp2"));
+    let (dst, state) = (d.join("dst.raw"), d.join("dst.map"));
+    let (dom, u, cp1) = at_cp2(lv, d, "ckpt", |u| {
+        let o = run(BLKSYNC, &[u, s(&dst), "--state", s(&state)]);
+        assert_eq!(o.code, 0, "{}", o.stderr);
+    });
     let (cp2, whole) = (d.join("cp2.map"), d.join("whole.map"));
     let o = incremental(&cp1, "backup-sda", &u, &cp2, &[]);
     assert_eq!(o.code, 0, "{}", o.stderr);
@@ -291,4 +334,139 @@ fn checkpoints_and_pull_backups(lv: &Libvirtd, d: &Path) {
     assert_refused(&o, &[s(&other_map)], &x, None);
     dom.backup_end();
     drop(dom);
+}
+
+/// Domain `name` on `d/name.qcow2`, written; a full pull backup creating
+/// checkpoint cp1, whose export blkmap maps into `d/cp1.map` (then
+/// `at_cp1` runs on the export's URL); writes; an incremental pull backup
+/// from cp1 creating cp2, left running: the domain, its export's URL
+/// (offering `backup-sda`: the writes since cp1) and `d/cp1.map`.
+fn at_cp2<'a>(
+    lv: &'a Libvirtd,
+    d: &Path,
+    name: &str,
+    at_cp1: impl FnOnce(&str),
+) -> (Domain<'a>, String, PathBuf) {
+    let img = d.join(format!("{name}.qcow2"));
+    testkit::tools::create(&img, "qcow2", &[], "64M");
+    let dom = Domain::start(lv, name, &img);
+    dom.write("write -P 0x11 0 24M");
+    let sock = d.join(format!("{name}.sock"));
+    let u = url(&sock);
+    let cp1 = d.join("cp1.map");
+    dom.backup_begin(&sock, None, Some("cp1"));
+    full(&u, &cp1, &[]);
+    at_cp1(&u);
+    dom.backup_end();
+
+    for c in [
+        "write -P 0x22 1M 4k",
+        "write -z 9M 1M",
+        "write -P 0x23 60M 128k",
+    ] {
+        dom.write(c);
+    }
+    dom.backup_begin(&sock, Some("cp1"), Some("cp2"));
+    (dom, u, cp1)
+}
+
+/// `update_map(IMAGE, BASE, BITMAP, OUT)`: the checksum printed; an
+/// exception left to Python (exit 1, the traceback's last line its type
+/// and message).
+const UPDATE_MAP: &str = "import sys, blkhash\nprint(blkhash.update_map(*sys.argv[1:5]))\n";
+
+/// `checksum(IMAGE, digest=D, block_size=B)` for each `D:B` after IMAGE:
+/// a checksum a line, in order.
+const CHECKSUM: &str = "import sys, blkhash
+for spec in sys.argv[2:]:
+    digest, bs = spec.split(':')
+    print(blkhash.checksum(sys.argv[1], digest=digest, block_size=int(bs)))
+";
+
+/// `py -c script args...`, TMPDIR in the scratch directory `d`.
+fn python(py: &OsStr, d: &Path, script: &str, args: &[&str]) -> Out {
+    let mut all = vec!["-c", script];
+    all.extend(args);
+    in_scratch(py, &all, d)
+}
+
+/// Python's `checksum()` of `image` for each of [`SUMS`].
+fn python_sums(py: &OsStr, d: &Path, image: &Path) -> Vec<String> {
+    let specs: Vec<String> = SUMS.iter().map(|(dg, bs)| format!("{dg}:{bs}")).collect();
+    let mut args = vec![s(image)];
+    args.extend(specs.iter().map(String::as_str));
+    let o = python(py, d, CHECKSUM, &args);
+    assert_eq!(o.code, 0, "checksum({image:?}): {}", o.stderr);
+    assert_eq!(o.stderr, "", "checksum({image:?})");
+    o.stdout.lines().map(str::to_string).collect()
+}
+
+/// Python's blkhash on the real stack (see the module doc): run by
+/// scripts/test-python.sh, which names its venv's Python in
+/// `BLKHASH_PYTHON`.
+#[test]
+fn libvirt_from_python() {
+    let Some(py) = std::env::var_os("BLKHASH_PYTHON") else {
+        eprintln!(
+            "BLKHASH_PYTHON unset (a Python with the blkhash package installed: \
+             scripts/test-python.sh sets it): test skipped"
+        );
+        return;
+    };
+    if !have_libvirt() || !have_qemu() {
+        return;
+    }
+    let dir = short_scratch();
+    let d = dir.path();
+    // A Python without the package is a broken setup, not a skip.
+    let o = python(&py, d, "import blkhash", &[]);
+    assert_eq!(o.code, 0, "BLKHASH_PYTHON={py:?}: {}", o.stderr);
+    let lv = Libvirtd::start(&d.join("lv"));
+    python_update_map(&lv, d, &py);
+    for compress in [false, true] {
+        python_streams(&lv, d, &py, compress);
+    }
+    drop(lv);
+}
+
+/// `update_map` over the incremental pull backup's export from cp1 (OLD
+/// written by blkmap at cp1): the map and checksum a full run gives; a
+/// bitmap the export does not offer refused, nothing written.
+fn python_update_map(lv: &Libvirtd, d: &Path, py: &OsStr) {
+    let (dom, u, cp1) = at_cp2(lv, d, "pyckpt", |_| {});
+    let (cp2, whole) = (d.join("cp2.map"), d.join("whole.map"));
+    let o = python(py, d, UPDATE_MAP, &[&u, s(&cp1), "backup-sda", s(&cp2)]);
+    assert_eq!(o.code, 0, "update_map({u}): {}", o.stderr);
+    assert_eq!(o.stderr, "", "update_map({u})");
+    let sum = o.stdout.trim_end();
+    assert_eq!(full(&u, &whole, &[]), sum);
+    assert_same_map(&cp2, &whole);
+    assert_eq!(sum, oracle(d, &u, 65536));
+
+    let x = d.join("x.map");
+    let o = python(py, d, UPDATE_MAP, &[&u, s(&cp1), "backup-sdb", s(&x)]);
+    assert_refused(&o, &["\nOSError: ", "backup-sdb"], &x, None);
+    assert_eq!(o.stdout, "", "update_map({u}, backup-sdb)");
+    dom.backup_end();
+    drop(dom);
+}
+
+/// virtnbdbackup full and inc: Python's `checksum()` of each stream equals
+/// blkmap's and blksum's of it and of the export at that backup.
+fn python_streams(lv: &Libvirtd, d: &Path, py: &OsStr, compress: bool) {
+    let tag = if compress { "z" } else { "p" };
+    let img = d.join(format!("py{tag}.qcow2"));
+    testkit::tools::create(&img, "qcow2", &[], "64M");
+    let dom = Domain::start(lv, &format!("pyvnbd{tag}"), &img);
+    let bk = d.join(format!("pybk{tag}"));
+    std::fs::create_dir(&bk).unwrap();
+    for i in 0..2 {
+        let file = backup_round(lv, &dom, &bk, i, compress);
+        let truth = export_sums(d, &dom);
+        assert_eq!(sums(d, s(&file)), truth, "{file:?}");
+        assert_eq!(python_sums(py, d, &file), truth, "{file:?}");
+    }
+    drop(dom);
+    std::fs::remove_dir_all(&bk).unwrap();
+    std::fs::remove_file(&img).unwrap();
 }

@@ -1,6 +1,6 @@
 //! Opening a URL: the first request, the format probed from the bytes it
-//! brought, and a qcow2 image's chain (`super::chain`) named relative to
-//! the URL.
+//! brought, and a qcow2 image's chain (`super::chain`) or a virtnbdbackup
+//! stream's (`super::vnbd`) named relative to the URL.
 
 use super::chain;
 use super::{Format, Input, OpenOptions};
@@ -15,6 +15,9 @@ pub(crate) fn open(name: &str, opts: &OpenOptions) -> io::Result<Input> {
         Opening::Ranges(h) => *h,
         Opening::Whole(whole) => return open_whole(whole, opts.format),
     };
+    if opts.format.is_none() && crate::formats::vnbd::probe(http.head()) {
+        return Ok(Input::Image(Box::new(super::vnbd::open_url(http, opts)?)));
+    }
     let format = match opts.format {
         Some(f) => f,
         None => probe(&http)?,
@@ -35,7 +38,8 @@ fn other_format(f: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::Unsupported,
         format!(
-            "a {f} image: over HTTP(S) only raw and qcow2 images are read; download it \
+            "a {f} image: over HTTP(S) only raw and qcow2 images and virtnbdbackup streams \
+             are read; download it \
              (curl -o FILE URL) and hash FILE, or convert it to qcow2 where it is published"
         ),
     )
@@ -69,8 +73,11 @@ fn open_whole(mut whole: Whole, format: Option<Format>) -> io::Result<Input> {
     } else {
         qemu::probe_bytes(&head, 0, |_, _| None)?.map(Format::Qemu)
     };
+    if format.is_none() && crate::formats::vnbd::probe(&head) {
+        return Err(no_ranges("the file is a virtnbdbackup stream"));
+    }
     match format.or(probed) {
-        Some(Format::Qcow2) => Err(no_ranges("the image")),
+        Some(Format::Qcow2) => Err(no_ranges("the image is qcow2")),
         Some(Format::Qemu(f)) => Err(other_format(f)),
         _ => Ok(Input::Stream(Box::new(io::Cursor::new(head).chain(whole)))),
     }

@@ -124,9 +124,10 @@ impl Input {
 
 /// Open `name`: `-` is standard input; an NBD URL (`nbd://`, `nbd+unix://`,
 /// `nbds://`, `nbds+unix://`) is its export's raw bytes; an HTTP(S) URL is
-/// the file it names, raw or qcow2 (see [`crate::http`]); a regular file or
-/// block device is an image (qcow2 or raw, or another format QEMU reads,
-/// probed unless `opts.format` says); a FIFO or character device is a
+/// the file it names, raw or qcow2 or a virtnbdbackup stream (see
+/// [`crate::http`]); a regular file or block device is an image (qcow2 or
+/// raw, a virtnbdbackup stream, or another format QEMU reads, probed
+/// unless `opts.format` says); a FIFO or character device is a
 /// stream (always its raw bytes). A name that is no file and looks like a
 /// URL of another scheme (`ndb://`, `ftp://`) is an error saying so.
 pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result<Input> {

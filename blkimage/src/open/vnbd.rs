@@ -9,25 +9,101 @@
 //! `DISK.full.data` for the full backup's checkpoint: each is taken only
 //! if its metadata says so (disk and checkpoint); a copy stream, which
 //! carries the same checkpoint name as the full one, is never a parent.
+//!
+//! The same over HTTP(S): the parents of a stream at a URL are the URLs
+//! of those names beside it ([`HttpUrl::sibling`]), a missing one (404)
+//! as a missing file.
 
 use crate::OpenOptions;
 use crate::formats::vnbd::{self, Stream, Vnbd};
 use crate::qcow2::{ImageFile, MAX_CHAIN_DEPTH, Storage};
 use crate::storage::RawFile;
+use crate::storage::http::{Http, HttpUrl};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-fn open_storage(path: &Path, opts: &OpenOptions) -> io::Result<Arc<dyn Storage>> {
-    let file = RawFile::open_with(path, opts)?;
-    file.lock(opts.force_share)?;
-    Ok(Arc::new(ImageFile::new(file, path)?))
+/// Where a stream lies, and so where its parents are looked for.
+trait Place: Sized {
+    /// Its name in messages (and the stream's name).
+    fn name(&self) -> PathBuf;
+    /// The stream called `file` beside it, opened; `None` if there is none.
+    fn sibling(
+        &self,
+        file: &str,
+        opts: &OpenOptions,
+    ) -> io::Result<Option<(Self, Arc<dyn Storage>)>>;
+}
+
+impl Place for PathBuf {
+    fn name(&self) -> PathBuf {
+        self.clone()
+    }
+
+    fn sibling(
+        &self,
+        file: &str,
+        opts: &OpenOptions,
+    ) -> io::Result<Option<(Self, Arc<dyn Storage>)>> {
+        let p = self.parent().unwrap_or(Path::new("")).join(file);
+        if file.contains('/') || !p.is_file() {
+            return Ok(None);
+        }
+        let st = RawFile::open_with(&p, opts).and_then(|f| {
+            f.lock(opts.force_share)?;
+            ImageFile::new(f, &p)
+        });
+        let st = st.map_err(|e| named(&p, e))?;
+        Ok(Some((p, Arc::new(st))))
+    }
+}
+
+impl Place for HttpUrl {
+    fn name(&self) -> PathBuf {
+        PathBuf::from(self.shown())
+    }
+
+    fn sibling(
+        &self,
+        file: &str,
+        opts: &OpenOptions,
+    ) -> io::Result<Option<(Self, Arc<dyn Storage>)>> {
+        if file.contains('/') {
+            return Ok(None);
+        }
+        let url = self.sibling(file.as_bytes())?;
+        match Http::open(&url, &opts.http) {
+            Ok(http) => Ok(Some((url, Arc::new(http)))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(named(&url.name(), e)),
+        }
+    }
+}
+
+fn named(name: &Path, e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!("virtnbdbackup stream '{}': {e}", name.display()),
+    )
 }
 
 /// The stream in `file` (at `path`, already probed) with its chain.
 pub(crate) fn open(file: RawFile, path: &Path, opts: &OpenOptions) -> io::Result<Vnbd> {
     let top: Arc<dyn Storage> = Arc::new(ImageFile::new(file, path)?);
-    let mut chain = vec![Stream::parse(path.to_path_buf(), top)?];
+    open_chain(path.to_path_buf(), top, opts)
+}
+
+/// The stream at `url` (already probed) with its chain, beside it.
+pub(crate) fn open_url(http: Http, opts: &OpenOptions) -> io::Result<Vnbd> {
+    let url = http.url().clone();
+    open_chain(url, Arc::new(http), opts)
+}
+
+/// The stream `top` at `place` and the streams it builds on, found beside it.
+fn open_chain<P: Place>(place: P, top: Arc<dyn Storage>, opts: &OpenOptions) -> io::Result<Vnbd> {
+    let first = place.name();
+    let mut chain = vec![Stream::parse(first.clone(), top)?];
+    let mut place = place;
     loop {
         let (child, _) = chain.last().expect("not empty");
         let m = child.meta();
@@ -49,56 +125,54 @@ pub(crate) fn open(file: RawFile, path: &Path, opts: &OpenOptions) -> io::Result
                 io::ErrorKind::InvalidData,
                 format!(
                     "virtnbdbackup stream '{}': a chain deeper than {MAX_CHAIN_DEPTH} streams",
-                    path.display()
+                    first.display()
                 ),
             ));
         }
-        let parent = find_parent(&child.name, &m.disk, &m.parent, opts)?;
-        if chain.iter().any(|(s, _)| s.name == parent) {
+        let (parent, st) = find_parent(&place, &child.name, &m.disk, &m.parent, opts)?;
+        let name = parent.name();
+        if chain.iter().any(|(s, _)| s.name == name) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!(
-                    "virtnbdbackup stream '{}': the chain loops",
-                    parent.display()
-                ),
+                format!("virtnbdbackup stream '{}': the chain loops", name.display()),
             ));
         }
-        let st = open_storage(&parent, opts).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("virtnbdbackup stream '{}': {e}", parent.display()),
-            )
-        })?;
-        chain.push(Stream::parse(parent, st)?);
+        chain.push(Stream::parse(name, st)?);
+        place = parent;
     }
     Vnbd::new(chain)
 }
 
-/// The stream beside `child` that holds checkpoint `parent` of `disk`.
-fn find_parent(child: &Path, disk: &str, parent: &str, opts: &OpenOptions) -> io::Result<PathBuf> {
-    let dir = child.parent().unwrap_or(Path::new(""));
+/// The stream beside `place` (named `child`) that holds checkpoint
+/// `parent` of `disk`.
+fn find_parent<P: Place>(
+    place: &P,
+    child: &Path,
+    disk: &str,
+    parent: &str,
+    opts: &OpenOptions,
+) -> io::Result<(P, Arc<dyn Storage>)> {
     let names = [
         format!("{disk}.inc.{parent}.data"),
         format!("{disk}.full.data"),
     ];
     let mut seen = Vec::new();
     for name in names {
-        let p = dir.join(&name);
-        if name.contains('/') || !p.is_file() {
+        let Some((p, st)) = place.sibling(&name, opts)? else {
             continue;
-        }
-        let st = open_storage(&p, opts)?;
+        };
+        let shown = p.name();
         if !vnbd::probe_storage(&*st)? {
-            seen.push(format!("'{}' is no virtnbdbackup stream", p.display()));
+            seen.push(format!("'{}' is no virtnbdbackup stream", shown.display()));
             continue;
         }
-        let m = vnbd::meta(&p, &*st)?;
+        let m = vnbd::meta(&shown, &*st)?;
         if m.disk == disk && m.checkpoint == parent {
-            return Ok(p);
+            return Ok((p, st));
         }
         seen.push(format!(
             "'{}' holds checkpoint '{}' of disk '{}'",
-            p.display(),
+            shown.display(),
             m.checkpoint,
             m.disk
         ));

@@ -1,11 +1,11 @@
 //! Whether a loaded state describes DST, and what a run does with it.
 
 use super::{check_samples, load_side, side_of};
-use crate::{map_mismatch, reason};
+use crate::{header_mismatch, reason};
 use blkhash::Algorithm;
 use blkimage::Source;
 use blkimage::nbd::Nbd;
-use blkmap::Map;
+use blkmap::MapLike;
 use std::fs::{File, Metadata};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -34,23 +34,27 @@ impl DstNow<'_> {
 /// parameters, the size, the side record (same file, size and times; none
 /// for NBD exports), and a few sampled blocks read from DST.
 pub fn check(
-    map: &Map,
+    map: &dyn MapLike,
     path: &Path,
     algorithm: Algorithm,
     block_size: usize,
     dst: Option<DstNow<'_>>,
     dst_size: u64,
 ) -> Result<(), String> {
-    if let Some(why) = map_mismatch(map, algorithm, block_size) {
+    let h = map.header();
+    if let Some(why) = header_mismatch(&h, algorithm, block_size) {
         return Err(why);
     }
+    let Some(checksum) = h.checksum.as_ref() else {
+        return Err("a part of a map, not a whole map: not a state".into());
+    };
     let Some(dst) = dst else {
         return Err("DST does not exist: not its state".into());
     };
-    if map.size() != dst_size {
+    if h.size != dst_size {
         return Err(format!(
             "it is of a {}-byte image and DST is {dst_size} bytes: not its state",
-            map.size()
+            h.size
         ));
     }
     // DST's name is not compared: the file it leads to is.
@@ -58,9 +62,9 @@ pub fn check(
     let now = match &dst {
         DstNow::File(f) => {
             let meta = f.metadata().map_err(|e| reason(&e))?;
-            Some(side_of(map, unnamed, &meta, dst_size))
+            Some(side_of(checksum, unnamed, &meta, dst_size))
         }
-        DstNow::Nbd(_, Some(meta)) => Some(side_of(map, unnamed, meta, meta.len())),
+        DstNow::Nbd(_, Some(meta)) => Some(side_of(checksum, unnamed, meta, meta.len())),
         DstNow::Nbd(_, None) => None,
     };
     if let (Some(now), Some(side)) = (now, load_side(path, map)?)
@@ -72,17 +76,17 @@ pub fn check(
         Ok(None) => Ok(()),
         Ok(Some(i)) => Err(format!(
             "DST changed since the state was saved: its block {i} (offset {}) does not hold what the state says",
-            i * map.block_size() as u64
+            i * h.block_size as u64
         )),
         Err(e) => Err(format!("reading DST: {}", reason(&e))),
     }
 }
 
-/// What a run does with a state that exists.
+/// What a run does with a state that exists (`M`: its map, as opened).
 #[derive(Debug)]
-pub enum Verdict {
+pub enum Verdict<M> {
     /// It describes DST: DST's blocks are taken from it, DST is not read.
-    Use(Map),
+    Use(M),
     /// DST is read and compared; `warning` says why the state would have
     /// been refused, if it would.
     Rescan {
@@ -95,7 +99,7 @@ pub enum Verdict {
 
 /// The verdict on a state that loaded and was checked to `checked`
 /// (its map, or why it is not DST's), with or without `--force-rescan`.
-pub fn verdict(checked: Result<Map, String>, force_rescan: bool) -> Verdict {
+pub fn verdict<M>(checked: Result<M, String>, force_rescan: bool) -> Verdict<M> {
     match (checked, force_rescan) {
         (Ok(m), false) => Verdict::Use(m),
         (Ok(_), true) => Verdict::Rescan { warning: None },
@@ -109,6 +113,7 @@ mod tests {
     use super::*;
     use crate::state::{save, side_path};
     use blkhash::Options;
+    use blkmap::Map;
     use std::io::Write;
 
     const BS: usize = 4096;
@@ -229,9 +234,9 @@ mod tests {
             verdict(Ok(map()), true),
             Verdict::Rescan { warning: None }
         ));
-        assert!(matches!(verdict(Err("x".into()), false), Verdict::Refuse(w) if w == "x"));
+        assert!(matches!(verdict::<Map>(Err("x".into()), false), Verdict::Refuse(w) if w == "x"));
         assert!(matches!(
-            verdict(Err("x".into()), true),
+            verdict::<Map>(Err("x".into()), true),
             Verdict::Rescan { warning: Some(w) } if w == "x"
         ));
     }

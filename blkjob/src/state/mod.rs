@@ -18,8 +18,8 @@
 pub mod check;
 
 use crate::record::Record;
-use blkhash::Algorithm;
-use blkmap::{Block, Map};
+use blkhash::{Algorithm, Checksum};
+use blkmap::{Map, MapFile, MapLike, Pieces};
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -55,10 +55,39 @@ pub fn is_side(prefix: &[u8]) -> bool {
         .any(|m| m.as_bytes().starts_with(prefix) || prefix.starts_with(m.as_bytes()))
 }
 
+/// The state at `path`, opened where it lies ([`MapFile`]: its digests are
+/// read from the file as a run needs them, never loaded whole), once it is
+/// known to be intact: a whole map (not a part), read to its end once with
+/// every check a load makes (its signature, its checksum). A state that is
+/// not is refused before anything is written, as a damaged one was when
+/// states were loaded whole; the pass costs a read of the file (1 GiB for
+/// 2 TiB of data in 64 KiB blocks), no memory.
+pub fn open(path: &Path) -> Result<MapFile, String> {
+    let map = MapFile::open(path).map_err(|e| e.to_string())?;
+    let h = map.header();
+    if h.is_partial() {
+        let e = blkmap::MapError::Partial {
+            range: h.range,
+            size: h.size,
+        };
+        return Err(e.to_string());
+    }
+    let mut pieces = map.pieces().map_err(|e| e.to_string())?;
+    while pieces.next_piece().map_err(|e| e.to_string())?.is_some() {}
+    drop(pieces);
+    Ok(map)
+}
+
+/// The checksum of a whole map (a state), from its header; a part has
+/// none (and [`open`] refuses it).
+pub fn checksum_of(map: &dyn MapLike) -> Option<Checksum> {
+    map.header().checksum.clone()
+}
+
 /// The side record of `state` that belongs to `map`: `Ok(None)` if there is
 /// none, or one left from another map (a run stopped between saving the
 /// two: it describes nothing now).
-pub fn load_side(state: &Path, map: &Map) -> Result<Option<Record>, String> {
+pub fn load_side(state: &Path, map: &dyn MapLike) -> Result<Option<Record>, String> {
     let path = side_path(state);
     let text = match std::fs::read(&path) {
         Ok(t) => t,
@@ -66,18 +95,17 @@ pub fn load_side(state: &Path, map: &Map) -> Result<Option<Record>, String> {
         Err(e) => return Err(format!("{}: {}", path.display(), crate::reason(&e))),
     };
     let side = Record::parse_side(&text).map_err(|why| format!("{}: {why}", path.display()))?;
-    Ok((side.map == Some(map.checksum().to_hex())).then_some(side))
+    Ok((side.map == checksum_of(map).map(|c| c.to_hex())).then_some(side))
 }
 
 /// Block indexes to sample: the first block, then spread over the image,
 /// shifted by the map's checksum so that states of other images look at
 /// other blocks.
-fn samples(map: &Map) -> Vec<u64> {
-    let c = map.checksum().as_bytes();
-    spread(
-        map.blocks(),
-        u64::from_le_bytes(c[..8].try_into().unwrap_or([0; 8])),
-    )
+fn samples(map: &dyn MapLike) -> Vec<u64> {
+    let jitter = checksum_of(map)
+        .and_then(|c| c.as_bytes().get(..8)?.try_into().ok())
+        .map_or(0, u64::from_le_bytes);
+    spread(map.header().blocks(), jitter)
 }
 
 /// [`SAMPLES`] block indexes of `n` blocks: the first one, then one per
@@ -118,20 +146,17 @@ pub fn block_matches(alg: Algorithm, bytes: &[u8], recorded: Option<&[u8]>) -> b
 /// that differs, if any (DST changed behind the state).
 pub fn check_samples(
     read_at: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
-    map: &Map,
+    map: &dyn MapLike,
 ) -> io::Result<Option<u64>> {
-    let bs = map.block_size() as u64;
+    let h = map.header();
+    let bs = h.block_size as u64;
     let mut buf = blkhash::try_zeroed(bs as usize, "a sampled block")?;
     for i in samples(map) {
         let offset = i * bs;
-        let n = bs.min(map.size() - offset) as usize;
+        let n = bs.min(h.size - offset) as usize;
         read_at(&mut buf[..n], offset)?;
-        let ok = match map.block(i) {
-            Some(Block::Zero) => block_matches(map.algorithm(), &buf[..n], None),
-            Some(Block::Data(d)) => block_matches(map.algorithm(), &buf[..n], Some(d)),
-            None => false,
-        };
-        if !ok {
+        let recorded = map.block(i)?;
+        if !block_matches(h.algorithm, &buf[..n], recorded.as_deref()) {
             return Ok(Some(i));
         }
     }
@@ -167,17 +192,30 @@ pub fn save(
     dst_size: u64,
 ) -> io::Result<()> {
     map.save(state)?;
+    save_side_of(state, map.checksum(), dst, dst_path, dst_size)
+}
+
+/// Save the side record of the state whose map (saved) has `checksum`:
+/// DST (already flushed) is `dst`, the file at `dst_path`, none for an
+/// export.
+pub fn save_side_of(
+    state: &Path,
+    checksum: &Checksum,
+    dst: Option<&File>,
+    dst_path: &Path,
+    dst_size: u64,
+) -> io::Result<()> {
     let side = match dst {
-        Some(f) => Some(side_of(map, dst_path, &f.metadata()?, dst_size)),
+        Some(f) => Some(side_of(checksum, dst_path, &f.metadata()?, dst_size)),
         None => None,
     };
     save_side(state, side)
 }
 
 /// The side record of DST, the file at `path` (`meta`, `size` bytes), as
-/// `map` describes it.
-pub fn side_of(map: &Map, path: &Path, meta: &std::fs::Metadata, size: u64) -> Record {
-    Record::of_target(map.checksum().to_hex(), path, meta, size)
+/// the map of checksum `checksum` describes it.
+pub fn side_of(checksum: &Checksum, path: &Path, meta: &std::fs::Metadata, size: u64) -> Record {
+    Record::of_target(checksum.to_hex(), path, meta, size)
 }
 
 /// Save the side record of the state (atomically), or remove it: an NBD

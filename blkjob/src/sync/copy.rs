@@ -2,9 +2,10 @@
 //! block on the fly while SRC is hashed (a DST known to hold only zeros).
 
 use super::Error;
+use super::known::Known;
 use super::target::Target;
 use blkimage::{AlignedBuf, Fill, Sink, Source};
-use blkmap::{Block, Map, Range};
+use blkmap::Range;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -227,13 +228,13 @@ pub fn op_buffer() -> AlignedBuf {
     AlignedBuf::new(CHUNK as usize)
 }
 
-/// Copy `ranges` of SRC (whose map is `map`) to DST: data read and written
-/// in large runs, zero blocks punched out or zeroed. Stops with an
-/// "interrupted" error once `cancel` is set.
-pub fn copy_ranges(w: &Writer<'_>, map: &Map, ranges: &[Range]) -> Result<(), Error> {
-    let bs = map.block_size() as u64;
+/// Copy `ranges` of SRC (whose map `map` is read on in block order as
+/// they are: they come in order) to DST: data read and written in large
+/// runs, zero blocks punched out or zeroed. Stops with an "interrupted"
+/// error once `cancel` is set.
+pub fn copy_ranges(w: &Writer<'_>, map: &mut Known, ranges: &[Range]) -> Result<(), Error> {
+    let bs = map.block_size();
     let mut buf = op_buffer();
-    let is_zero = |pos: u64| map.block(pos / bs) == Some(Block::Zero);
     let mut digests = Vec::new();
     for r in ranges {
         // From the start of its block (past a short DST's end a range starts
@@ -241,31 +242,41 @@ pub fn copy_ranges(w: &Writer<'_>, map: &Map, ranges: &[Range]) -> Result<(), Er
         // and the whole block can be digested again.
         let mut pos = r.offset / bs * bs;
         while pos < r.end() {
-            // A stretch of whole blocks of one kind, at most an op's length.
-            let zero = is_zero(pos);
+            // A stretch of whole blocks of one kind, at most an op's length,
+            // their digests taken as the map is read on.
+            let zero = block_of(w, map, pos / bs)?.is_none();
             let max = pos + Op::max_len(zero, bs);
-            let mut end = ((pos / bs + 1) * bs).min(r.end());
-            while end < r.end() && end < max && is_zero(end) == zero {
+            digests.clear();
+            let mut end = pos;
+            loop {
+                match block_of(w, map, end / bs)? {
+                    Some(d) if !zero => digests.extend_from_slice(d),
+                    None if zero => {}
+                    _ => break,
+                }
                 end = ((end / bs + 1) * bs).min(r.end());
+                if end >= r.end() || end >= max {
+                    break;
+                }
             }
             let op = Op {
                 offset: pos,
                 len: end.min(max) - pos,
                 zero,
             };
-            digests.clear();
-            if !zero {
-                for b in op.offset / bs..op.end().div_ceil(bs) {
-                    if let Some(Block::Data(d)) = map.block(b) {
-                        digests.extend_from_slice(d);
-                    }
-                }
-            }
             op.apply(w, &mut buf, &digests)?;
             pos = op.end();
         }
     }
     Ok(())
+}
+
+/// Block `index` of SRC's map: its digest, `None` for a zero block.
+fn block_of<'m>(w: &Writer<'_>, map: &'m mut Known, index: u64) -> Result<Option<&'m [u8]>, Error> {
+    map.block(index).map_err(|e| {
+        let e = io::Error::from(e.of("SRC's map"));
+        Error::io(w.src_name, e)
+    })
 }
 
 /// A sink for SRC when DST is known to hold only zeros (new, empty, or a

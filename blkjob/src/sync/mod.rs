@@ -10,6 +10,7 @@
 mod copy;
 pub mod dst;
 mod error;
+mod known;
 pub mod plan;
 mod target;
 mod update;
@@ -22,7 +23,7 @@ use crate::job::open_dirty;
 use crate::state::check::{DstNow, Verdict};
 use crate::{Job, JobSpec, state};
 use blkimage::{Input, Source};
-use blkmap::{Map, Range};
+use blkmap::{Header, MapFile, Range};
 pub use copy::{Counts, Progress};
 use dst::Dst;
 use std::ffi::OsString;
@@ -94,9 +95,10 @@ pub struct Report {
     pub zeroed: u64,
     /// Ranges written or zeroed.
     pub ranges: u64,
-    /// SRC's block map, when the run needed it (a state, `--verify`,
-    /// `--checksum`, a comparison).
-    pub src_map: Option<Map>,
+    /// SRC's block map's header (its checksum), when the run made the map
+    /// (a state, `--verify`, `--checksum`, a comparison): the map itself is
+    /// the state, or was never kept whole.
+    pub src_map: Option<Header>,
     /// A dry run: what would have been done.
     pub would_write: Option<DryRun>,
     /// An update read through SRC's dirty bitmap: the blocks it marked
@@ -129,6 +131,11 @@ pub fn run(
 ) -> Result<Report, Error> {
     let src_name = blkimage::http::redact(&req.src.to_string_lossy()).into_owned();
     let _state_lock = guard_outputs(req, &src_name, cancel)?;
+    if let (Some(p), false) = (&req.state, req.dry_run) {
+        // A killed run's state, written beside it until DST was flushed:
+        // never renamed, it describes nothing.
+        let _ = blkmap::remove_stale_temps(p);
+    }
     let wait = req.wait(cancel);
     let mut dst = Dst::classify(req, wait)?;
 
@@ -200,17 +207,21 @@ pub fn run(
     })
 }
 
-/// The state first, as loaded (or why it could not be: judged later,
-/// with DST at hand), and the job: the state says how to hash, unless
-/// the request does.
-fn load_state(req: &Request, src_name: &str) -> Result<(Option<Result<Map, String>>, Job), Error> {
+/// The state first, as opened and checked intact where it lies (or why it
+/// could not be: judged later, with DST at hand), and the job: the state
+/// says how to hash, unless the request does.
+#[allow(clippy::type_complexity)]
+fn load_state(
+    req: &Request,
+    src_name: &str,
+) -> Result<(Option<Result<MapFile, String>>, Job), Error> {
     let loaded = match &req.state {
-        Some(p) if p.exists() => Some(Map::load(p).map_err(|e| e.to_string())),
+        Some(p) if p.exists() => Some(state::open(p)),
         _ => None,
     };
     let saved = loaded.as_ref().and_then(|r| r.as_ref().ok());
     let job = (req.job.clone())
-        .resolve(saved.map(|m| (m.algorithm(), m.block_size())))
+        .resolve(saved.map(|m| (m.header().algorithm, m.header().block_size)))
         .map_err(|e| Error::unusable(src_name, e))?;
     Ok((loaded, job))
 }
@@ -222,7 +233,7 @@ fn load_state(req: &Request, src_name: &str) -> Result<(Option<Result<Map, Strin
 fn bitmap_changes(
     req: &Request,
     plan: Plan,
-    state: &Option<Map>,
+    state: &Option<MapFile>,
     src: &Arc<dyn Source>,
     src_record: &io::Result<crate::record::Record>,
     job: &Job,
@@ -332,11 +343,11 @@ fn open_src(
 fn judge_state(
     req: &Request,
     path: &std::path::Path,
-    loaded: Result<Map, String>,
+    loaded: Result<MapFile, String>,
     dst: &Dst,
     job: &Job,
     warn: &mut dyn FnMut(&str),
-) -> Result<Option<Map>, Error> {
+) -> Result<Option<MapFile>, Error> {
     let checked = loaded.and_then(|m| {
         let now = match (&dst.read, &dst.nbd) {
             (Some(f), _) => Some(DstNow::File(f)),
@@ -369,10 +380,11 @@ fn judge_state(
 /// A served image's file changes until its server has closed it: its side
 /// record is taken once the server is gone.
 fn save_served_side(req: &Request, dst: &mut Dst, done: &plan::Done) -> Result<(), Error> {
-    if let (Some(t), Some(p), Some(m)) = (dst.served.take(), &req.state, &done.src_map) {
+    let checksum = done.src_map.as_ref().and_then(|h| h.checksum.as_ref());
+    if let (Some(t), Some(p), Some(c)) = (dst.served.take(), &req.state, checksum) {
         drop(t);
         let meta = std::fs::metadata(&dst.path).map_err(|e| Error::io(&dst.name, e))?;
-        state::save_side(p, Some(state::side_of(m, &dst.path, &meta, meta.len())))
+        state::save_side(p, Some(state::side_of(c, &dst.path, &meta, meta.len())))
             .map_err(|e| Error::io(p.display(), e))?;
     }
     Ok(())

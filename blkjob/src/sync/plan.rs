@@ -3,12 +3,14 @@
 
 use super::copy::{self, CopyTarget, CopyThrough, Counts, Progress, WriteThrough, Writer};
 use super::dst::{Dst, Kind, SharedNbd};
+use super::known::Known;
 use super::target::Target;
 use super::{DryRun, Error, Request, update};
 use crate::{Job, state};
 use blkhash::BlockEvent;
 use blkimage::{Input, ReadAhead, Sink, Source};
-use blkmap::{Block, Map, Range};
+use blkmap::{Header, Map, MapBuilder, MapFile, MapLike, Part, Pending, Range};
+use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -79,7 +81,7 @@ impl Plan {
             Plan::FirstCopy { hash } => first_copy(&c, hash)?,
             Plan::Update => {
                 let known = c.dst_map.take().expect("an update has DST's state");
-                update(&c, known)?
+                update(&c, &known)?
             }
             Plan::Compare(from) => match compare(&mut c, from)? {
                 Compared::Written(map, dst) => (Some(map), dst),
@@ -90,6 +92,43 @@ impl Plan {
     }
 }
 
+/// Where SRC's map is written as it is made (a first copy, an update):
+/// memory stays bounded whatever its size.
+pub(super) enum MapOut {
+    /// Beside the state, renamed over it once DST is flushed.
+    State(Pending),
+    /// An unnamed temporary file: only the checksum is wanted.
+    Temp(File),
+}
+
+impl MapOut {
+    fn file(&self) -> &File {
+        match self {
+            MapOut::State(p) => p.file(),
+            MapOut::Temp(f) => f,
+        }
+    }
+}
+
+/// SRC's map as a plan made it, written as it was made: its header, and
+/// where.
+pub(super) struct SrcMap(Header, MapOut);
+
+/// How [`hash_src_from`] keeps SRC's map.
+enum Keep {
+    /// A part covering the image in memory: the blocks read through a
+    /// dirty bitmap (the rest are holes to the hasher).
+    Part,
+    /// Written to a file as it is made.
+    Written(MapOut),
+}
+
+/// What [`hash_src_from`] made.
+enum Hashed {
+    Part(Part),
+    Written(Header, MapOut),
+}
+
 /// What a run shares between its steps.
 pub(super) struct Ctx<'a> {
     pub req: &'a Request,
@@ -97,8 +136,8 @@ pub(super) struct Ctx<'a> {
     pub src: Arc<dyn Source>,
     pub job: &'a Job,
     pub dst: &'a Dst,
-    /// DST's map from its state, for an update.
-    pub dst_map: Option<Map>,
+    /// DST's state, for an update (read where it lies).
+    pub dst_map: Option<MapFile>,
     /// What SRC's dirty bitmap says changed since the state: an update
     /// reads only those blocks.
     pub changes: Option<crate::incremental::Changes>,
@@ -112,7 +151,8 @@ pub(super) struct Ctx<'a> {
 
 /// What a plan leaves for the report.
 pub(super) struct Done {
-    pub src_map: Option<Map>,
+    /// SRC's map's header (its checksum), when a map was made.
+    pub src_map: Option<Header>,
     pub would_write: Option<DryRun>,
 }
 
@@ -144,6 +184,19 @@ impl Ctx<'_> {
         Error::io(self.src_name, e)
     }
 
+    /// Where SRC's map is written: beside the state, else (no state, a
+    /// dry run) in an unnamed temporary file.
+    fn map_out(&self) -> Result<MapOut, Error> {
+        match (&self.req.state, self.req.dry_run) {
+            (Some(p), false) => Pending::create(p)
+                .map(MapOut::State)
+                .map_err(|e| Error::io(p.display(), e)),
+            _ => crate::temp_file("SRC's map")
+                .map(MapOut::Temp)
+                .map_err(|e| Error::io(self.src_name, e)),
+        }
+    }
+
     fn dst_error(&self, e: io::Error) -> Error {
         Error::io(&self.dst.name, e)
     }
@@ -151,12 +204,16 @@ impl Ctx<'_> {
 
 /// Nothing to compare: every data block of SRC is written as soon as it
 /// is read, on the worker that read it.
-fn first_copy(c: &Ctx<'_>, hash: bool) -> Result<(Option<Map>, Target), Error> {
+fn first_copy(c: &Ctx<'_>, hash: bool) -> Result<(Option<SrcMap>, Target), Error> {
     let size = c.src.size();
     c.remove_state()?;
+    let out = match hash {
+        true => Some(c.map_out()?),
+        false => None,
+    };
     let dst = Arc::new(c.dst.open_target()?);
     dst.set_len(size).map_err(|e| c.dst_error(e))?;
-    let map = if hash {
+    let map = if let Some(out) = out {
         let failed = Arc::new(Mutex::new(None));
         let through = Through {
             dst: dst.clone(),
@@ -164,12 +221,17 @@ fn first_copy(c: &Ctx<'_>, hash: bool) -> Result<(Option<Map>, Target), Error> {
             failed: failed.clone(),
             flush_later: c.req.state.is_some(),
         };
-        let map = hash_src(c, Some(through), |_| {}).map_err(|e| {
+        let keep = Keep::Written(out);
+        let src = c.src.clone();
+        let map = hash_src_from(c, src, Some(through), |_| {}, keep).map_err(|e| {
             // DST's failure first: it is why SRC's reading stopped.
             let failed = failed.lock().unwrap_or_else(|p| p.into_inner()).take();
             failed.unwrap_or_else(|| c.src_error(e))
         })?;
-        Some(map)
+        match map {
+            Hashed::Written(h, out) => Some(SrcMap(h, out)),
+            _ => return Err(c.src_error(io::Error::other("SRC's map was not written"))),
+        }
     } else {
         copy_src(c, dst.clone())?;
         None
@@ -180,41 +242,52 @@ fn first_copy(c: &Ctx<'_>, hash: bool) -> Result<(Option<Map>, Target), Error> {
     ))
 }
 
-/// DST's blocks are known from its state: the blocks that differ are
-/// written while SRC is hashed, not after.
-fn update(c: &Ctx<'_>, known: Map) -> Result<(Option<Map>, Target), Error> {
+/// DST's blocks are known from its state (read in order from its file as
+/// SRC is hashed): the blocks that differ are written while SRC is
+/// hashed, not after, and SRC's map is written as it is made (through a
+/// dirty bitmap: the state's with the dirty blocks spliced in, in one
+/// pass over the state once they are hashed).
+fn update(c: &Ctx<'_>, known: &MapFile) -> Result<(Option<SrcMap>, Target), Error> {
     let size = c.src.size();
+    let state_name = match &c.req.state {
+        Some(p) => p.display().to_string(),
+        None => "the state".to_string(),
+    };
+    let of_state = |e: blkmap::MapError| Error::io(&state_name, e.into());
+    let out = c.map_out()?;
     let dst = c.dst.open_target()?;
     let resize = size != c.dst.size;
     if resize {
         c.remove_state()?;
         dst.set_len(size).map_err(|e| c.dst_error(e))?;
     }
+    let failed = update::Failed::default();
+    let dst_blocks = Known::new(known.pieces_owned().map_err(of_state)?);
+    let block_size = c.job.block_size();
+    let (mut differ, ops) = update::Differ::new(dst_blocks, size, block_size, failed.clone());
+    let w = c.writer(&dst);
     // With a dirty bitmap, only its blocks are read (the rest are holes to
     // the hasher, and not compared); the map is then the state's with them.
-    let base = c.changes.as_ref().map(|_| known.clone());
-    let (mut differ, ops) = update::Differ::new(known, size);
-    let w = c.writer(&dst);
     let dirty = c.changes.as_ref().map(|ch| ch.blocks.clone());
     let watch = move |e: BlockEvent<'_>| match &dirty {
         Some(blocks) => update::dirty_only(blocks, e, &mut |e| differ.event(e)),
         None => differ.event(e),
     };
-    let masked = match &c.changes {
+    // Through a bitmap, the map is written once the dirty blocks are
+    // hashed, spliced into the state's.
+    let (src, keep, splice_out) = match &c.changes {
         Some(ch) => {
-            let visible = ch.byte_ranges(c.job.block_size(), size);
+            let visible = ch.byte_ranges(block_size, size);
             let m = blkimage::Masked::new(c.src.clone(), visible).map_err(|e| c.src_error(e))?;
-            Some(Arc::new(m) as Arc<dyn Source>)
+            (Arc::new(m) as Arc<dyn Source>, Keep::Part, Some(out))
         }
-        None => None,
+        None => (c.src.clone(), Keep::Written(out), None),
     };
     let (hashed, written) = std::thread::scope(|s| {
         // The hasher owns `watch`: once it is done, the writers' queue
         // closes and they end.
-        let spawned = std::thread::Builder::new().spawn_scoped(s, || {
-            let src = masked.clone().unwrap_or_else(|| c.src.clone());
-            hash_src_from(c, src, None, watch)
-        });
+        let spawned = std::thread::Builder::new()
+            .spawn_scoped(s, || hash_src_from(c, src, None, watch, keep));
         let hasher = match spawned {
             Ok(h) => h,
             // The hashing must run beside the writes it feeds: at the
@@ -230,53 +303,84 @@ fn update(c: &Ctx<'_>, known: Map) -> Result<(Option<Map>, Target), Error> {
         });
         (hasher.join().expect("hashing thread"), written)
     });
-    // DST's failure first: SRC's hashing goes on after it.
+    // DST's failure first: SRC's hashing goes on after it; then the
+    // state's, which stopped the comparison.
     written?;
-    let hashed = hashed.map_err(|e| c.src_error(e))?;
-    let map = match (base, &c.changes) {
-        (Some(base), Some(ch)) => base
-            .splice(&hashed, &ch.blocks)
-            .map_err(|e| c.src_error(e.into()))?,
-        _ => hashed,
+    if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(of_state(e));
+    }
+    let map = match (hashed.map_err(|e| c.src_error(e))?, splice_out) {
+        (Hashed::Written(h, out), _) => SrcMap(h, out),
+        (Hashed::Part(fresh), Some(out)) => {
+            let ranges = c.changes.as_ref().map_or(&[][..], |ch| &ch.blocks[..]);
+            splice_state(c, known, &fresh, ranges, out).map_err(of_state)?
+        }
+        _ => return Err(c.src_error(io::Error::other("SRC's map was not kept"))),
     };
     Ok((Some(map), dst))
+}
+
+/// The state `known` with the blocks `ranges` of `fresh` (SRC's, read
+/// through its dirty bitmap) spliced in, written where SRC's map goes:
+/// one pass over the state, checked as a load checks it.
+fn splice_state(
+    c: &Ctx<'_>,
+    known: &MapFile,
+    fresh: &Part,
+    ranges: &[std::ops::Range<u64>],
+    out: MapOut,
+) -> Result<SrcMap, blkmap::MapError> {
+    let how = blkmap::Splice {
+        fresh,
+        ranges,
+        compare: &[],
+        identity: c.src_record.and_then(|r| r.identity()),
+    };
+    let (spliced, _) = blkmap::splice(known.pieces()?, how, out.file().try_clone()?)?;
+    Ok(SrcMap(spliced.header, out))
 }
 
 /// A comparison's outcome.
 enum Compared {
     /// The differing ranges were written: SRC's map, and DST.
-    Written(Map, Target),
+    Written(SrcMap, Target),
     /// A dry run: what would be written.
     DryRun(Done),
 }
 
-/// Both maps: SRC hashed; DST's from its state, else zeros, else hashed
-/// (at the same time as SRC); then the ranges that differ written.
+/// Both maps, each written to a file as it is made: SRC hashed; DST's
+/// from its state, else zeros, else hashed (at the same time as SRC);
+/// then the ranges that differ, found reading the two side by side,
+/// written.
 fn compare(c: &mut Ctx<'_>, from: DstBlocks) -> Result<Compared, Error> {
     let size = c.src.size();
     let known = c.dst_map.take();
     let c = &*c;
     let (src_map, dst_map) = std::thread::scope(|s| {
         // At the system's limit on threads, one after the other.
-        let hs = std::thread::Builder::new().spawn_scoped(s, || hash_src(c, None, |_| {}));
-        let dst_map = match (from, known) {
-            (DstBlocks::State, Some(m)) => Ok(m),
-            (DstBlocks::Zeros, _) => zeros_map(c.job, c.dst.size),
-            _ => map_dst(c, c.cancel),
+        let hs = std::thread::Builder::new().spawn_scoped(s, || hash_src_written(c));
+        let dst_map: io::Result<Box<dyn MapLike>> = match (from, known) {
+            (DstBlocks::State, Some(m)) => Ok(Box::new(m)),
+            (DstBlocks::Zeros, _) => zeros_map(c.job, c.dst.size).map(|m| Box::new(m) as _),
+            _ => map_dst(c, c.cancel).map(|m| Box::new(m) as _),
         };
         let src_map = match hs {
             Ok(h) => h.join().expect("hashing thread"),
-            Err(_) => hash_src(c, None, |_| {}),
+            Err(_) => hash_src_written(c),
         };
         (src_map, dst_map)
     });
-    let src_map = src_map.map_err(|e| c.src_error(e))?;
+    let (header, out) = src_map?;
     let dst_map = dst_map.map_err(|e| c.dst_error(e))?;
-    let todo = to_write(&src_map, &dst_map, c.dst.size)?;
+    let src_file = (out.file().try_clone())
+        .and_then(|f| MapFile::from_file(f).map_err(io::Error::from))
+        .map_err(|e| c.src_error(e))?;
+    let todo = to_write(&src_file, &*dst_map, c.dst.size)?;
+    drop(dst_map);
     if c.req.dry_run {
         let resize = (size != c.dst.size).then_some((c.dst.size, size));
         return Ok(Compared::DryRun(Done {
-            src_map: Some(src_map),
+            src_map: Some(header),
             would_write: Some(DryRun {
                 ranges: todo,
                 resize,
@@ -290,12 +394,23 @@ fn compare(c: &mut Ctx<'_>, from: DstBlocks) -> Result<Compared, Error> {
     if c.dst.kind.is_file() && size != c.dst.size {
         dst.set_len(size).map_err(|e| c.dst_error(e))?;
     }
-    copy::copy_ranges(&c.writer(&dst), &src_map, &todo)?;
-    Ok(Compared::Written(src_map, dst))
+    let pieces = src_file.pieces_owned().map_err(|e| c.src_error(e.into()))?;
+    copy::copy_ranges(&c.writer(&dst), &mut Known::new(pieces), &todo)?;
+    Ok(Compared::Written(SrcMap(header, out), dst))
+}
+
+/// Hash SRC into its map, written where [`Ctx::map_out`] says.
+fn hash_src_written(c: &Ctx<'_>) -> Result<(Header, MapOut), Error> {
+    let keep = Keep::Written(c.map_out()?);
+    match hash_src_from(c, c.src.clone(), None, |_| {}, keep) {
+        Ok(Hashed::Written(h, out)) => Ok((h, out)),
+        Ok(_) => Err(c.src_error(io::Error::other("SRC's map was not written"))),
+        Err(e) => Err(c.src_error(e)),
+    }
 }
 
 /// After any plan: DST flushed, verified and its state saved, as asked.
-fn finish(c: &Ctx<'_>, src_map: Option<Map>, dst: Target) -> Result<Done, Error> {
+fn finish(c: &Ctx<'_>, src_map: Option<SrcMap>, dst: Target) -> Result<Done, Error> {
     // Flushed before a state describes it, even when nothing was written
     // (a run killed before may have left its writes in the page cache
     // only). Without a state there is nothing to keep true: like cp and
@@ -306,33 +421,37 @@ fn finish(c: &Ctx<'_>, src_map: Option<Map>, dst: Target) -> Result<Done, Error>
     if c.req.state.is_some() || c.dst.kind == Kind::Nbd {
         dst.sync().map_err(|e| c.dst_error(e))?;
     }
-    if let (true, Some(src_map)) = (c.req.verify, &src_map) {
+    let header = src_map.as_ref().map(|SrcMap(h, _)| h.clone());
+    if let (true, Some(h)) = (c.req.verify, &header) {
         let never = AtomicBool::new(false);
-        let again = map_dst(c, &never).map_err(|e| c.dst_error(e))?;
-        if again.checksum() != src_map.checksum() {
+        let again = dst_checksum(c, &never).map_err(|e| c.dst_error(e))?;
+        if again.is_none() || again != h.checksum {
             return Err(Error::VerifyFailed {
                 dst: c.dst.name.clone(),
             });
         }
     }
-    let identity = c.src_record.and_then(|r| r.identity());
-    let src_map = match src_map {
-        Some(m) => Some(
-            m.with_identity(identity)
-                .map_err(|e| c.src_error(e.into()))?,
-        ),
-        None => None,
-    };
-    if let (Some(p), Some(src_map)) = (&c.req.state, &src_map) {
+    if let (Some(p), Some(src_map)) = (&c.req.state, src_map) {
         let file = match &dst {
             Target::File(f) => Some(f),
             Target::Nbd(_) => None,
         };
-        state::save(p, src_map, file, &c.dst.path, c.src.size())
-            .map_err(|e| Error::io(p.display(), e))?;
+        let size = c.src.size();
+        let saved = match src_map {
+            SrcMap(h, MapOut::State(pending)) => pending.commit().and_then(|()| {
+                let checksum = h.checksum.as_ref().ok_or_else(|| {
+                    io::Error::other("SRC's map was written without its checksum")
+                })?;
+                state::save_side_of(p, checksum, file, &c.dst.path, size)
+            }),
+            SrcMap(_, MapOut::Temp(_)) => Err(io::Error::other(
+                "SRC's map was not written beside the state",
+            )),
+        };
+        saved.map_err(|e| Error::io(p.display(), e))?;
     }
     Ok(Done {
-        src_map,
+        src_map: header,
         would_write: None,
     })
 }
@@ -345,24 +464,31 @@ struct Through {
     flush_later: bool,
 }
 
-/// Hash SRC into its map, counting what is compared; with `through`, each
-/// chunk is also written to DST. `watch` sees every block event.
-fn hash_src(
-    c: &Ctx<'_>,
-    through: Option<Through>,
-    watch: impl FnMut(BlockEvent<'_>) + Send + 'static,
-) -> io::Result<Map> {
-    hash_src_from(c, c.src.clone(), through, watch)
-}
-
-/// [`hash_src`] reading `src` (SRC, or a view of it).
+/// Hash `src` (SRC, or a view of it) into its map, kept as `keep` says,
+/// counting what is compared; with `through`, each chunk is also written
+/// to DST. `watch` sees every block event.
 fn hash_src_from(
     c: &Ctx<'_>,
     src: Arc<dyn Source>,
     through: Option<Through>,
-    watch: impl FnMut(BlockEvent<'_>) + Send + 'static,
-) -> io::Result<Map> {
-    let (mut h, builder) = crate::hasher_also(c.job, watch)?;
+    mut watch: impl FnMut(BlockEvent<'_>) + Send + 'static,
+    keep: Keep,
+) -> io::Result<Hashed> {
+    let (alg, bs) = (c.job.algorithm(), c.job.block_size());
+    let builder = match &keep {
+        Keep::Written(out) => {
+            let file = Box::new(out.file().try_clone()?);
+            let identity = c.src_record.and_then(|r| r.identity());
+            MapBuilder::writing(alg, bs, file, false, identity)?
+        }
+        Keep::Part => MapBuilder::new(alg, bs)?,
+    };
+    let mut h = blkhash::Pipeline::new(c.job.hasher_options())?;
+    let mut build = builder.observer();
+    h.set_observer(move |e| {
+        watch(e);
+        build(e);
+    });
     let read_size = c.job.read_size();
     let mut on_read = |n: u64| {
         c.counts.compared.fetch_add(n, Ordering::Relaxed);
@@ -410,26 +536,42 @@ fn hash_src_from(
             )?;
         }
     }
-    let map = builder.finalize(h)?;
+    let size = src.size();
+    let hashed = match keep {
+        Keep::Part => Hashed::Part(builder.finalize_part(h, size, 0)?),
+        Keep::Written(out) => Hashed::Written(builder.finalize_written(h)?.header, out),
+    };
     // Only now are all reads done: is SRC still what we read?
     src.finish()?;
-    Ok(map)
+    Ok(hashed)
 }
 
-/// DST's map, read and hashed: its raw bytes through the page cache (it
+/// DST, to be read and hashed: its raw bytes through the page cache (it
 /// is written through it too), or the export through the connection
 /// blksync writes with (a server may take one client only).
-fn map_dst(c: &Ctx<'_>, cancel: &AtomicBool) -> io::Result<Map> {
+fn dst_input(c: &Ctx<'_>) -> io::Result<Input> {
     let raw = blkimage::OpenOptions {
         cache: true,
         format: Some(blkimage::Format::Raw),
         ..Default::default()
     };
-    let input = match &c.dst.nbd {
-        Some(n) => Input::Image(Box::new(SharedNbd(n.clone()))),
-        None => blkimage::open(&c.dst.path, &raw)?,
-    };
-    crate::map(input, c.job, cancel, &mut |_| {}).map(|m| m.map)
+    match &c.dst.nbd {
+        Some(n) => Ok(Input::Image(Box::new(SharedNbd(n.clone())))),
+        None => blkimage::open(&c.dst.path, &raw),
+    }
+}
+
+/// DST's map, read and hashed ([`dst_input`]), written to an unnamed
+/// temporary file as it is made and read where it lies.
+fn map_dst(c: &Ctx<'_>, cancel: &AtomicBool) -> io::Result<MapFile> {
+    crate::map_to_temp(dst_input(c)?, c.job, cancel, &mut |_| {}).map(|(m, _)| m)
+}
+
+/// The checksum of DST's map ([`dst_input`]), the map written to an
+/// unnamed temporary file as it is made: memory stays bounded.
+fn dst_checksum(c: &Ctx<'_>, cancel: &AtomicBool) -> io::Result<Option<blkhash::Checksum>> {
+    let (_, written) = crate::map_to_temp(dst_input(c)?, c.job, cancel, &mut |_| {})?;
+    Ok(written.summary.header.checksum)
 }
 
 /// Copy SRC's data to a DST of zeros, hashing nothing.
@@ -479,25 +621,36 @@ fn zeros_map(job: &Job, size: u64) -> io::Result<Map> {
     builder.finalize(h)
 }
 
-/// What to write: the differing ranges, and SRC's data past DST's end (a
-/// file grows with a hole, which reads as zeros).
-fn to_write(src_map: &Map, dst_map: &Map, dst_size: u64) -> Result<Vec<Range>, Error> {
-    let d = blkmap::diff(dst_map, src_map).map_err(|e| Error::unusable("DST's map", e))?;
+/// What to write: the differing ranges (the maps read side by side), and
+/// SRC's data past DST's end (a file grows with a hole, which reads as
+/// zeros).
+fn to_write(
+    src_map: &dyn MapLike,
+    dst_map: &dyn MapLike,
+    dst_size: u64,
+) -> Result<Vec<Range>, Error> {
+    let unusable = |e: blkmap::MapError| Error::unusable("DST's map", e);
+    let (dst_pieces, src_pieces) = (dst_map.pieces(), src_map.pieces());
+    let d = blkmap::diff_pieces(dst_pieces.map_err(unusable)?, src_pieces.map_err(unusable)?)
+        .map_err(unusable)?;
     let mut todo = d.ranges;
-    let size = src_map.size();
+    let h = src_map.header();
+    let (size, bs) = (h.size, h.block_size as u64);
     if size > dst_size {
-        let bs = src_map.block_size() as u64;
-        for b in dst_size / bs..src_map.blocks() {
-            if let Some(Block::Data(_)) = src_map.block(b) {
-                let offset = (b * bs).max(dst_size);
-                let end = ((b + 1) * bs).min(size);
-                match todo.last_mut() {
-                    Some(r) if r.end() >= offset => r.len = end - r.offset,
-                    _ => todo.push(Range {
-                        offset,
-                        len: end - offset,
-                    }),
-                }
+        for run in src_map.runs() {
+            let (blocks, data) = run.map_err(unusable)?;
+            if !data || blocks.end <= dst_size / bs {
+                continue;
+            }
+            // The run's blocks from DST's end: one range of SRC's data.
+            let offset = (blocks.start * bs).max(dst_size);
+            let end = (blocks.end * bs).min(size);
+            match todo.last_mut() {
+                Some(r) if r.end() >= offset => r.len = end - r.offset,
+                _ => todo.push(Range {
+                    offset,
+                    len: end - offset,
+                }),
             }
         }
     }

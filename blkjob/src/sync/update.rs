@@ -12,47 +12,76 @@
 
 use super::Error;
 use super::copy::{Job, Op, Writer, op_buffer};
+use super::known::Known;
 use super::target::Target;
 use blkhash::BlockEvent;
-use blkmap::{Block, Map};
+use blkmap::MapError;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Where a [`Differ`] leaves the error that stopped it (the state could
+/// not be read on): the run fails with it once the hashing is done.
+pub type Failed = Arc<Mutex<Option<MapError>>>;
 
 /// Turns SRC's block events into ops for the blocks where DST differs.
 /// Owned by the hasher's observer; when the hasher is done it drops this,
 /// which sends the last op and closes the writer's queue.
 pub struct Differ {
-    dst: Map,
+    dst: Known,
     size: u64,
     block_size: u64,
     pending: Option<Job>,
     ops: Sender<Job>,
+    failed: Failed,
 }
 
 impl Differ {
-    /// For a SRC of `size` bytes and DST holding what `dst` says (and
-    /// zeros past its end: a file grown to SRC's size reads as zeros).
-    pub fn new(dst: Map, size: u64) -> (Differ, Receiver<Job>) {
+    /// For a SRC of `size` bytes in blocks of `block_size`, and DST
+    /// holding what `dst` says (and zeros past its end: a file grown to
+    /// SRC's size reads as zeros); an error reading `dst` is left in
+    /// `failed`, and no op is queued after it.
+    pub fn new(
+        dst: Known,
+        size: u64,
+        block_size: usize,
+        failed: Failed,
+    ) -> (Differ, Receiver<Job>) {
         let (ops, rx) = crossbeam_channel::unbounded();
-        let block_size = dst.block_size() as u64;
         let d = Differ {
             dst,
             size,
-            block_size,
+            block_size: block_size as u64,
             pending: None,
             ops,
+            failed,
         };
         (d, rx)
     }
 
+    /// Keep `e`, the first error reading the state: nothing more is
+    /// compared, and the op pending is dropped.
+    fn fail(&mut self, e: MapError) {
+        self.pending = None;
+        let mut slot = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert(e);
+    }
+
+    fn stopped(&self) -> bool {
+        (self.failed.lock().unwrap_or_else(|p| p.into_inner())).is_some()
+    }
+
     pub fn event(&mut self, e: BlockEvent<'_>) {
+        if self.stopped() {
+            return;
+        }
         match e {
             BlockEvent::Data { index, digest } => {
-                let zero = digest == self.dst.zero_digest();
+                let zero = digest == self.dst.zero_digest;
                 let same = match self.dst.block(index) {
-                    Some(Block::Data(d)) => d == digest,
-                    Some(Block::Zero) | None => zero,
+                    Ok(Some(d)) => d == digest,
+                    Ok(None) => zero,
+                    Err(e) => return self.fail(e),
                 };
                 if !same {
                     self.push(index, 1, zero);
@@ -67,11 +96,13 @@ impl Differ {
                 let end = index + count;
                 let mut at = index;
                 while at < end {
-                    let Some(run) = self.dst.run_at(at) else {
-                        break; // past DST's end: zeros already
+                    let (run_end, data) = match self.dst.run_at(at) {
+                        Ok(Some(run)) => run,
+                        Ok(None) => break, // past DST's end: zeros already
+                        Err(e) => return self.fail(e),
                     };
-                    let run_end = (run.first + run.count).min(end);
-                    if run.digests.is_some() {
+                    let run_end = run_end.min(end);
+                    if data {
                         self.push(at, run_end - at, true);
                     }
                     at = run_end;
@@ -255,8 +286,9 @@ mod tests {
             [(2, 0), (3, 0), (6, 0), (19, 0), (2, 2), (6, 1), (9, 1)]
         );
     }
+    use super::super::known::Known;
     use blkhash::{Hasher, Options};
-    use blkmap::MapBuilder;
+    use blkmap::{Map, MapBuilder, MapReader};
     use proptest::prelude::*;
 
     const BS: usize = 4096;
@@ -270,14 +302,18 @@ mod tests {
 
     /// The ops a Differ queues for SRC (hashed by `src`) against `dst`.
     fn ops(dst: Map, size: u64, src: impl FnOnce(&mut Hasher)) -> Vec<Op> {
-        let (differ, rx) = Differ::new(dst, size);
+        let pieces = MapReader::new(std::io::Cursor::new(dst.to_bytes())).unwrap();
+        let failed = Failed::default();
+        let (differ, rx) = Differ::new(Known::new(Box::new(pieces)), size, BS, failed.clone());
         let differ = std::sync::Mutex::new(differ);
         let mut h = Hasher::with_options(Options::new().block_size(BS)).unwrap();
         h.set_observer(move |e| differ.lock().unwrap().event(e));
         src(&mut h);
         assert_eq!(h.len(), size);
         h.finalize();
-        rx.iter().map(|j| j.op).collect()
+        let ops = rx.iter().map(|j| j.op).collect();
+        assert!(failed.lock().unwrap().is_none());
+        ops
     }
 
     fn op(offset: usize, len: usize, zero: bool) -> Op {

@@ -300,7 +300,7 @@ impl Http {
     pub fn open(url: &HttpUrl, opts: &HttpOptions) -> io::Result<Http> {
         match open_url(url, opts)? {
             Opening::Ranges(h) => Ok(*h),
-            Opening::Whole(_) => Err(no_ranges("it")),
+            Opening::Whole(_) => Err(no_ranges("it is a file an image refers to")),
         }
     }
 
@@ -454,7 +454,7 @@ pub(crate) fn no_ranges(what: &str) -> io::Error {
         io::ErrorKind::Unsupported,
         format!(
             "the server does not answer range requests (it sent the whole file for the first \
-             bytes), and {what} is qcow2, which is read by ranges: download it first \
+             bytes), and {what}, which is read by ranges: download it first \
              (curl -o FILE URL) and hash FILE"
         ),
     )

@@ -268,14 +268,15 @@ fn print(args: &Args, src: &str, dst: &str, r: &Report) -> Result<(), output::Fa
         r.size,
         r.size - r.written - r.zeroed,
     );
-    if let (true, Some(m)) = (args.checksum, &r.src_map) {
-        let (hex, style) = (m.checksum().to_hex(), output::LineStyle::default());
+    let header = r.src_map.as_ref();
+    if let (true, Some(h), Some(c)) = (
+        args.checksum,
+        header,
+        header.and_then(|h| h.checksum.as_ref()),
+    ) {
+        let (hex, style) = (c.to_hex(), output::LineStyle::default());
         let out = output::Stdout::new("blksync");
-        let params = (
-            blkhash::Construction::Blkhash,
-            m.algorithm(),
-            m.block_size(),
-        );
+        let params = (blkhash::Construction::Blkhash, h.algorithm, h.block_size);
         out.checksum(style, &hex, &args.src_path, params)?;
     }
     Ok(())
