@@ -181,7 +181,7 @@ fn bad_indexes_are_refused_naming_the_file() {
         (
             "zero-tail.fidx",
             zero_tail,
-            "the short last chunk (65536 bytes) has the digest of 4194304 bytes of zeros",
+            "the short last chunk (2162688 bytes) has the digest of 4194304 bytes of zeros",
         ),
         ("short.fidx", good[..good.len() - 32].to_vec(), "not the"),
         ("long.fidx", [&good[..], &[0u8; 32]].concat(), "not the"),
