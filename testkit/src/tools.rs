@@ -198,20 +198,25 @@ pub fn thread_limited(prog: impl AsRef<std::ffi::OsStr>, uid: u32, nproc: u32) -
 /// of its output (the checksum), or exit 1 saying which buffer could not
 /// be had or which thread could not start; never an abort (exit 134:
 /// "memory allocation of N bytes failed"), a panic or a signal.
+///
+/// One abort is not ours to prevent, and is run again (up to twice):
+/// glibc's "failed to register TLS destructor", a fatal error of glibc's
+/// own when its small internal allocation for a thread-local's destructor
+/// (Rust's standard library registers them as a thread first uses one)
+/// finds the address space already used up by a buffer that was refused
+/// at the same moment. It depends on which thread gets there first: one
+/// run of 14 x 5 in a loaded CI run met it, 180 runs at that limit here
+/// did not.
 pub fn assert_clean_under_memory_limit(bin: &str, kib: u64, args: &[&str], want: &str) {
     use std::os::unix::process::ExitStatusExt;
-    use std::process::{Command, Stdio};
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    let script = format!("ulimit -v {kib} && exec \"$0\" \"$@\"");
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .arg(bin)
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let mut out = run_limited(bin, kib, args);
+    for _ in 0..2 {
+        if !text(&out.stderr).contains("failed to register TLS destructor") {
+            break;
+        }
+        out = run_limited(bin, kib, args);
+    }
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     let said = format!("ulimit -v {kib}, {args:?}: {:?}: {stderr}", out.status);
     assert_eq!(out.status.signal(), None, "{said}");
@@ -227,6 +232,20 @@ pub fn assert_clean_under_memory_limit(bin: &str, kib: u64, args: &[&str], want:
         }
         _ => panic!("{said}"),
     }
+}
+
+/// `bin args` under `ulimit -v KIB`.
+fn run_limited(bin: &str, kib: u64, args: &[&str]) -> Output {
+    let script = format!("ulimit -v {kib} && exec \"$0\" \"$@\"");
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(bin)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
 }
 
 /// A program on PATH, or where Debian puts daemons (/usr/sbin, which a
