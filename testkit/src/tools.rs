@@ -199,14 +199,12 @@ pub fn thread_limited(prog: impl AsRef<std::ffi::OsStr>, uid: u32, nproc: u32) -
 /// be had or which thread could not start; never an abort (exit 134:
 /// "memory allocation of N bytes failed"), a panic or a signal.
 ///
-/// One abort is not ours to prevent, and is run again (up to twice):
-/// glibc's "failed to register TLS destructor", a fatal error of glibc's
-/// own when its small internal allocation for a thread-local's destructor
-/// (Rust's standard library registers them as a thread first uses one)
-/// finds the address space already used up by a buffer that was refused
-/// at the same moment. It depends on which thread gets there first: one
-/// run of 14 x 5 in a loaded CI run met it, 180 runs at that limit here
-/// did not.
+/// One abort is glibc's, and is run again (up to twice): "failed to
+/// register TLS destructor", its fatal error when its own small
+/// allocation for a thread-local's destructor fails (Rust's standard
+/// library registers one as a thread first spawns another). Met once, at
+/// 64 MB in a loaded CI run; not in 180 runs at that limit here, where a
+/// debugger shows the one registration of a run at its first spawn.
 pub fn assert_clean_under_memory_limit(bin: &str, kib: u64, args: &[&str], want: &str) {
     use std::os::unix::process::ExitStatusExt;
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
