@@ -187,15 +187,28 @@ fi
 
 # aarch64 programs run by the kernel through qemu-aarch64 (binfmt_misc), as
 # the arm64 tests start the commands: mount binfmt_misc where it is not
-# (containers, minimal systems) and enable the handler qemu-user-binfmt
-# installed. Needs root; a failure is reported by scripts/test-cross.sh.
-if [ -e /usr/share/binfmts/qemu-aarch64 ] && command -v update-binfmts >/dev/null; then
+# (containers, minimal systems) and register the handler qemu-user-binfmt
+# installed. QEMU 7's package (Debian 12) describes it to binfmt-support
+# (/usr/share/binfmts, enabled by update-binfmts); QEMU 10's (Debian 13,
+# and 12's backports, which this script takes with their qemu-utils) to
+# systemd-binfmt (/usr/lib/binfmt.d), which nothing reads without systemd:
+# its line is then written to the kernel as systemd-binfmt would. Needs
+# root; a failure is reported by scripts/test-cross.sh.
+binfmts=/usr/share/binfmts/qemu-aarch64
+binfmt_d=/usr/lib/binfmt.d/qemu-aarch64.conf
+if [ -e "$binfmts" ] || [ -e "$binfmt_d" ]; then
     if [ ! -e /proc/sys/fs/binfmt_misc/status ]; then
         $sudo mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc ||
             echo "setup: WARNING: cannot mount binfmt_misc: the arm64 step will fail" >&2
     fi
     if [ -e /proc/sys/fs/binfmt_misc/status ] && [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
-        $sudo update-binfmts --enable qemu-aarch64 ||
-            echo "setup: WARNING: update-binfmts --enable qemu-aarch64 failed: the arm64 step will fail" >&2
+        if [ -e "$binfmts" ] && command -v update-binfmts >/dev/null; then
+            $sudo update-binfmts --enable qemu-aarch64 ||
+                echo "setup: WARNING: update-binfmts --enable qemu-aarch64 failed: the arm64 step will fail" >&2
+        fi
+        if [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] && [ -e "$binfmt_d" ]; then
+            grep -m1 '^:' "$binfmt_d" | $sudo tee /proc/sys/fs/binfmt_misc/register >/dev/null ||
+                echo "setup: WARNING: cannot register $binfmt_d: the arm64 step will fail" >&2
+        fi
     fi
 fi
