@@ -150,12 +150,7 @@ pub fn diff_pieces(a: impl Pieces, b: impl Pieces) -> Result<Diff, MapError> {
     let (ha, hb) = (a.header(), b.header());
     let (size_a, size_b) = (ha.size, hb.size);
     for h in [ha, hb] {
-        if h.is_partial() {
-            return Err(MapError::Partial {
-                range: h.range,
-                size: h.size,
-            });
-        }
+        h.whole()?;
     }
     let bs = ha.block_size as u64;
     let len = ha.algorithm.output_len();

@@ -5,7 +5,7 @@
 use crate::format::{Header, MapReader, TAG_DATA, TAG_ZEROS, open_map_file};
 use crate::stream::{Checked, Pieces};
 use crate::{Block, Map, MapError};
-use std::borrow::Cow;
+use std::borrow::{Borrow, Cow};
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
@@ -136,7 +136,7 @@ impl MapFile {
     /// The map as pieces read from its start, every check of
     /// [`Map::read`](crate::Map::read) made as they are (the trailer and
     /// the checksum once the last was read).
-    pub fn pieces(&self) -> Result<Checked<MapReader<BufReader<At<'_>>>>, MapError> {
+    pub fn pieces(&self) -> Result<Checked<MapReader<BufReader<At<&File>>>>, MapError> {
         let at = At {
             file: &self.file,
             pos: 0,
@@ -149,7 +149,7 @@ impl MapFile {
     /// duplicate of the file's, read at a position of its own), for a
     /// reader that must own them: a hasher's observer, on another thread.
     pub fn pieces_owned(&self) -> Result<Box<dyn Pieces + Send>, MapError> {
-        let at = OwnedAt {
+        let at = At {
             file: self.file.try_clone()?,
             pos: 0,
         };
@@ -174,22 +174,22 @@ impl MapFile {
     }
 }
 
-/// A file read from a position of its own (`pread`): readers of one
-/// [`MapFile`] never move each other.
-pub struct At<'a> {
-    file: &'a File,
+/// A file (`F`: the file, or a borrow of it) read from a position of its
+/// own (`pread`): readers of one [`MapFile`] never move each other.
+pub struct At<F> {
+    file: F,
     pos: u64,
 }
 
-impl Read for At<'_> {
+impl<F: Borrow<File>> Read for At<F> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.file.read_at(buf, self.pos)?;
+        let n = self.file.borrow().read_at(buf, self.pos)?;
         self.pos += n as u64;
         Ok(n)
     }
 }
 
-impl Seek for At<'_> {
+impl<F: Borrow<File>> Seek for At<F> {
     fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
         self.pos = match to {
             SeekFrom::Start(p) => p,
@@ -207,20 +207,6 @@ impl Seek for At<'_> {
     }
 }
 
-/// [`At`] owning its handle.
-struct OwnedAt {
-    file: File,
-    pos: u64,
-}
-
-impl Read for OwnedAt {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.file.read_at(buf, self.pos)?;
-        self.pos += n as u64;
-        Ok(n)
-    }
-}
-
 /// A record's head: its blocks, kind, and offset in the file.
 struct Head {
     first: u64,
@@ -231,7 +217,7 @@ struct Head {
 
 /// Record heads read one after another, digests skipped.
 struct Heads<'a> {
-    r: BufReader<At<'a>>,
+    r: BufReader<At<&'a File>>,
     /// The next record's offset.
     at: u64,
     /// The next record's first block.

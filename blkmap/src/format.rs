@@ -78,6 +78,20 @@ impl Header {
         self.checksum.is_none()
     }
 
+    /// The checksum of a complete map; a part, which has none, is refused
+    /// with [`MapError::Partial`] (merge the parts first).
+    ///
+    /// ```
+    /// let map = blkmap::Map::compute(blkhash::Options::new(), &[1u8; 100]).unwrap();
+    /// assert_eq!(map.header().whole().unwrap(), map.checksum());
+    /// ```
+    pub fn whole(&self) -> Result<&Checksum, MapError> {
+        self.checksum.as_ref().ok_or(MapError::Partial {
+            range: self.range,
+            size: self.size,
+        })
+    }
+
     /// The index of the first block the records cover.
     pub fn first_block(&self) -> u64 {
         self.range.offset / self.block_size as u64
@@ -323,12 +337,7 @@ impl Map {
     pub fn read(r: impl Read) -> Result<Map, MapError> {
         let mut reader = MapReader::new(r)?;
         let h = reader.header().clone();
-        let Some(checksum) = h.checksum else {
-            return Err(MapError::Partial {
-                range: h.range,
-                size: h.size,
-            });
-        };
+        let checksum = h.whole()?.clone();
         let body = reader.read_body()?;
         Map::assemble(h.algorithm, h.block_size, h.size, checksum, body)?.with_identity(h.identity)
     }
@@ -688,43 +697,34 @@ pub fn write_atomic(
     path: &Path,
     write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
 ) -> io::Result<()> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a file name"))?;
-    let dir = match path.parent() {
+    // The temporary file is removed if anything fails before the rename.
+    let pending = crate::Pending::create(path)?;
+    // BufWriter allocates its buffer infallibly: the room for it is asked
+    // first, so that a memory limit ends in an error, not an abort (the
+    // buffer freed is what BufWriter then gets).
+    drop(blkhash::try_zeroed(WRITE_BUFFER, "a map's writes")?);
+    let mut w = BufWriter::with_capacity(WRITE_BUFFER, pending.file().try_clone()?);
+    write(&mut w)?;
+    w.into_inner().map_err(|e| e.into_error())?;
+    pending.commit()
+}
+
+/// The directory `path` is in (`.` for a bare name).
+pub(crate) fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
-    };
-    let (tmp, file) = create_temp(dir, name)?;
-    let result = (|| {
-        // BufWriter allocates its buffer infallibly: the room for it is
-        // asked first, so that a memory limit ends in an error, not an
-        // abort (the buffer freed is what BufWriter then gets).
-        drop(blkhash::try_zeroed(WRITE_BUFFER, "a map's writes")?);
-        let mut w = BufWriter::with_capacity(WRITE_BUFFER, file);
-        write(&mut w)?;
-        let file = w.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
     }
-    File::open(dir)?.sync_all()
 }
 
 /// Remove the temporary files [`write_atomic`] left next to `path` in
 /// runs that were killed (their process is gone); a file of a live process
 /// is left alone. Returns how many were removed.
 pub fn remove_stale_temps(path: &Path) -> io::Result<usize> {
-    let (Some(name), dir) = (path.file_name(), path.parent()) else {
+    let Some(name) = path.file_name() else {
         return Ok(0);
     };
-    let dir = match dir {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = dir_of(path);
     let mut prefix = std::ffi::OsString::from(".");
     prefix.push(name);
     prefix.push(".tmp-");

@@ -68,8 +68,9 @@ pub use merge::{
     Input, Named, checksum_files_until, merge, merge_files, merge_files_until, merge_to_file,
     merge_to_file_until, merge_until,
 };
+pub(crate) use outer::Outer;
 pub use outer::checksum_in;
-pub(crate) use outer::{Outer, zero_digest};
+pub use outer::zero_digest;
 pub use part::Part;
 pub use splice::{Splice, Spliced, splice};
 pub use stream::{Checked, MapPieces, Pieces};

@@ -109,7 +109,15 @@ pub fn checksum_in(
     Ok(Some(outer.checksum_with(construction, h.size)))
 }
 
-pub(crate) fn zero_digest(algorithm: Algorithm, block_size: usize) -> Vec<u8> {
+/// The digest of a block of `block_size` zeros: a map records no digest
+/// for such a block, and a block digest equal to this one marks it.
+///
+/// ```
+/// let map = blkmap::Map::compute(blkhash::Options::new(), &[0u8; 100]).unwrap();
+/// let zero = blkmap::zero_digest(map.algorithm(), map.block_size());
+/// assert_eq!(zero, map.zero_digest());
+/// ```
+pub fn zero_digest(algorithm: Algorithm, block_size: usize) -> Vec<u8> {
     let mut d = vec![0u8; algorithm.output_len()];
     algorithm.digest_into(&vec![0u8; block_size], &mut d);
     d

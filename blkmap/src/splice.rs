@@ -117,12 +117,7 @@ pub fn splice<W: Output>(
 
 /// Refuse an old map that is a part, or a fresh part of another image.
 fn check_fit(old: &Header, fresh: &Header) -> Result<(), MapError> {
-    if old.is_partial() {
-        return Err(MapError::Partial {
-            range: old.range,
-            size: old.size,
-        });
-    }
+    old.whole()?;
     let whole = Range {
         offset: 0,
         len: old.size,

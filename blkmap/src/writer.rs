@@ -288,7 +288,7 @@ impl Pending {
         let name = path
             .file_name()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a file name"))?;
-        let (tmp, file) = crate::format::create_temp(dir_of(path), name)?;
+        let (tmp, file) = crate::format::create_temp(crate::format::dir_of(path), name)?;
         Ok(Pending {
             tmp,
             path: path.to_path_buf(),
@@ -308,7 +308,7 @@ impl Pending {
         self.file.sync_all()?;
         std::fs::rename(&self.tmp, &self.path)?;
         self.committed = true;
-        std::fs::File::open(dir_of(&self.path))?.sync_all()
+        std::fs::File::open(crate::format::dir_of(&self.path))?.sync_all()
     }
 }
 
@@ -317,13 +317,5 @@ impl Drop for Pending {
         if !self.committed {
             let _ = std::fs::remove_file(&self.tmp);
         }
-    }
-}
-
-/// The directory `path` is in.
-fn dir_of(path: &std::path::Path) -> &std::path::Path {
-    match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
     }
 }

@@ -212,14 +212,27 @@ fn backup_round(lv: &Libvirtd, dom: &Domain, bk: &Path, i: usize, compress: bool
     }
 }
 
+/// For virtnbdbackup's runs: a 64 MiB qcow2 disk `{prefix}{tag}.qcow2`, a
+/// domain on it and an empty backup directory, each named by `prefix` and
+/// the tag (`z` for lz4 streams, `p` for plain ones, as `compress` says).
+fn backup_setup<'a>(
+    lv: &'a Libvirtd,
+    d: &Path,
+    prefix: &str,
+    compress: bool,
+) -> (&'static str, PathBuf, Domain<'a>, PathBuf) {
+    let tag = if compress { "z" } else { "p" };
+    let img = d.join(format!("{prefix}{tag}.qcow2"));
+    testkit::tools::create(&img, "qcow2", &[], "64M");
+    let dom = Domain::start(lv, &format!("{prefix}vnbd{tag}"), &img);
+    let bk = d.join(format!("{prefix}bk{tag}"));
+    std::fs::create_dir(&bk).unwrap();
+    (tag, img, dom, bk)
+}
+
 /// virtnbdbackup full, inc, inc: each stream is the disk at its backup.
 fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
-    let tag = if compress { "z" } else { "p" };
-    let img = d.join(format!("{tag}.qcow2"));
-    testkit::tools::create(&img, "qcow2", &[], "64M");
-    let dom = Domain::start(lv, &format!("vnbd{tag}"), &img);
-    let bk = d.join(format!("bk{tag}"));
-    std::fs::create_dir(&bk).unwrap();
+    let (tag, img, dom, bk) = backup_setup(lv, d, "", compress);
     let mut files = Vec::new();
     for i in 0..ROUNDS.len() {
         let file = backup_round(lv, &dom, &bk, i, compress);
@@ -454,12 +467,7 @@ fn python_update_map(lv: &Libvirtd, d: &Path, py: &OsStr) {
 /// virtnbdbackup full and inc: Python's `checksum()` of each stream equals
 /// blkmap's and blksum's of it and of the export at that backup.
 fn python_streams(lv: &Libvirtd, d: &Path, py: &OsStr, compress: bool) {
-    let tag = if compress { "z" } else { "p" };
-    let img = d.join(format!("py{tag}.qcow2"));
-    testkit::tools::create(&img, "qcow2", &[], "64M");
-    let dom = Domain::start(lv, &format!("pyvnbd{tag}"), &img);
-    let bk = d.join(format!("pybk{tag}"));
-    std::fs::create_dir(&bk).unwrap();
+    let (_, img, dom, bk) = backup_setup(lv, d, "py", compress);
     for i in 0..2 {
         let file = backup_round(lv, &dom, &bk, i, compress);
         let truth = export_sums(d, &dom);

@@ -15,7 +15,7 @@
 //! as a missing file.
 
 use crate::OpenOptions;
-use crate::formats::vnbd::{self, Stream, Vnbd};
+use crate::formats::vnbd::{self, Stream, Vnbd, named};
 use crate::qcow2::{ImageFile, MAX_CHAIN_DEPTH, Storage};
 use crate::storage::RawFile;
 use crate::storage::http::{Http, HttpUrl};
@@ -27,7 +27,8 @@ use std::sync::Arc;
 trait Place: Sized {
     /// Its name in messages (and the stream's name).
     fn name(&self) -> PathBuf;
-    /// The stream called `file` beside it, opened; `None` if there is none.
+    /// The stream called `file` (a name, no `/`) beside it, opened; `None`
+    /// if there is none.
     fn sibling(
         &self,
         file: &str,
@@ -46,7 +47,7 @@ impl Place for PathBuf {
         opts: &OpenOptions,
     ) -> io::Result<Option<(Self, Arc<dyn Storage>)>> {
         let p = self.parent().unwrap_or(Path::new("")).join(file);
-        if file.contains('/') || !p.is_file() {
+        if !p.is_file() {
             return Ok(None);
         }
         let st = RawFile::open_with(&p, opts).and_then(|f| {
@@ -68,9 +69,6 @@ impl Place for HttpUrl {
         file: &str,
         opts: &OpenOptions,
     ) -> io::Result<Option<(Self, Arc<dyn Storage>)>> {
-        if file.contains('/') {
-            return Ok(None);
-        }
         let url = self.sibling(file.as_bytes())?;
         match Http::open(&url, &opts.http) {
             Ok(http) => Ok(Some((url, Arc::new(http)))),
@@ -78,13 +76,6 @@ impl Place for HttpUrl {
             Err(e) => Err(named(&url.name(), e)),
         }
     }
-}
-
-fn named(name: &Path, e: io::Error) -> io::Error {
-    io::Error::new(
-        e.kind(),
-        format!("virtnbdbackup stream '{}': {e}", name.display()),
-    )
 }
 
 /// The stream in `file` (at `path`, already probed) with its chain.
@@ -158,6 +149,11 @@ fn find_parent<P: Place>(
     ];
     let mut seen = Vec::new();
     for name in names {
+        // The names come from the stream's metadata: one naming another
+        // directory names no stream beside it.
+        if name.contains('/') {
+            continue;
+        }
         let Some((p, st)) = place.sibling(&name, opts)? else {
             continue;
         };

@@ -111,7 +111,7 @@ pub fn verdict<M>(checked: Result<M, String>, force_rescan: bool) -> Verdict<M> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{save, side_path};
+    use crate::state::{save_side_of, side_path};
     use blkhash::Options;
     use blkmap::Map;
     use std::io::Write;
@@ -126,7 +126,8 @@ mod tests {
         let map = Map::compute(Options::new().block_size(BS), &data).unwrap();
         let state = dir.join("dst.map");
         let f = File::options().read(true).write(true).open(&path).unwrap();
-        save(&state, &map, Some(&f), &path, data.len() as u64).unwrap();
+        map.save(&state).unwrap();
+        save_side_of(&state, map.checksum(), Some(&f), &path, data.len() as u64).unwrap();
         (f, state, map)
     }
 

@@ -19,7 +19,7 @@ pub mod check;
 
 use crate::record::Record;
 use blkhash::{Algorithm, Checksum};
-use blkmap::{Map, MapFile, MapLike, Pieces};
+use blkmap::{MapFile, MapLike, Pieces};
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -64,14 +64,7 @@ pub fn is_side(prefix: &[u8]) -> bool {
 /// 2 TiB of data in 64 KiB blocks), no memory.
 pub fn open(path: &Path) -> Result<MapFile, String> {
     let map = MapFile::open(path).map_err(|e| e.to_string())?;
-    let h = map.header();
-    if h.is_partial() {
-        let e = blkmap::MapError::Partial {
-            range: h.range,
-            size: h.size,
-        };
-        return Err(e.to_string());
-    }
+    map.header().whole().map_err(|e| e.to_string())?;
     let mut pieces = map.pieces().map_err(|e| e.to_string())?;
     while pieces.next_piece().map_err(|e| e.to_string())?.is_some() {}
     drop(pieces);
@@ -181,23 +174,10 @@ pub fn remove(state: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Save `map` as the state of DST (already flushed; `dst`: the file at
-/// `dst_path`, none for an export), then its side record, each atomically
-/// (temporary file, fsync, rename, directory fsync).
-pub fn save(
-    state: &Path,
-    map: &Map,
-    dst: Option<&File>,
-    dst_path: &Path,
-    dst_size: u64,
-) -> io::Result<()> {
-    map.save(state)?;
-    save_side_of(state, map.checksum(), dst, dst_path, dst_size)
-}
-
 /// Save the side record of the state whose map (saved) has `checksum`:
 /// DST (already flushed) is `dst`, the file at `dst_path`, none for an
-/// export.
+/// export. Atomically (temporary file, fsync, rename, directory fsync),
+/// as the state itself is written.
 pub fn save_side_of(
     state: &Path,
     checksum: &Checksum,
@@ -245,6 +225,7 @@ fn sync_dir(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use blkmap::Map;
 
     #[test]
     fn samples_in_range() {

@@ -28,8 +28,7 @@ impl Known {
     pub fn new(pieces: Box<dyn Pieces + Send>) -> Known {
         let h = pieces.header();
         let (alg, blocks, block_size) = (h.algorithm, h.blocks(), h.block_size as u64);
-        let mut zero_digest = vec![0u8; alg.output_len()];
-        alg.digest_into(&vec![0u8; h.block_size], &mut zero_digest);
+        let zero_digest = blkmap::zero_digest(alg, h.block_size);
         Known {
             pieces,
             blocks,

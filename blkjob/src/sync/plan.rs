@@ -114,19 +114,12 @@ impl MapOut {
 /// where.
 pub(super) struct SrcMap(Header, MapOut);
 
-/// How [`hash_src_from`] keeps SRC's map.
-enum Keep {
-    /// A part covering the image in memory: the blocks read through a
-    /// dirty bitmap (the rest are holes to the hasher).
-    Part,
-    /// Written to a file as it is made.
-    Written(MapOut),
-}
-
-/// What [`hash_src_from`] made.
-enum Hashed {
-    Part(Part),
-    Written(Header, MapOut),
+/// What an update's hashing made: SRC's map, or (through a dirty bitmap)
+/// the part of it the bitmap's blocks make, with where the state spliced
+/// with it goes.
+enum Fresh {
+    Map(SrcMap),
+    Part(Part, MapOut),
 }
 
 /// What a run shares between its steps.
@@ -221,17 +214,12 @@ fn first_copy(c: &Ctx<'_>, hash: bool) -> Result<(Option<SrcMap>, Target), Error
             failed: failed.clone(),
             flush_later: c.req.state.is_some(),
         };
-        let keep = Keep::Written(out);
-        let src = c.src.clone();
-        let map = hash_src_from(c, src, Some(through), |_| {}, keep).map_err(|e| {
+        let map = hash_src_map(c, c.src.clone(), Some(through), |_| {}, out).map_err(|e| {
             // DST's failure first: it is why SRC's reading stopped.
             let failed = failed.lock().unwrap_or_else(|p| p.into_inner()).take();
             failed.unwrap_or_else(|| c.src_error(e))
         })?;
-        match map {
-            Hashed::Written(h, out) => Some(SrcMap(h, out)),
-            _ => return Err(c.src_error(io::Error::other("SRC's map was not written"))),
-        }
+        Some(map)
     } else {
         copy_src(c, dst.clone())?;
         None
@@ -275,19 +263,21 @@ fn update(c: &Ctx<'_>, known: &MapFile) -> Result<(Option<SrcMap>, Target), Erro
     };
     // Through a bitmap, the map is written once the dirty blocks are
     // hashed, spliced into the state's.
-    let (src, keep, splice_out) = match &c.changes {
+    let masked = match &c.changes {
         Some(ch) => {
             let visible = ch.byte_ranges(block_size, size);
             let m = blkimage::Masked::new(c.src.clone(), visible).map_err(|e| c.src_error(e))?;
-            (Arc::new(m) as Arc<dyn Source>, Keep::Part, Some(out))
+            Some(Arc::new(m) as Arc<dyn Source>)
         }
-        None => (c.src.clone(), Keep::Written(out), None),
+        None => None,
     };
     let (hashed, written) = std::thread::scope(|s| {
         // The hasher owns `watch`: once it is done, the writers' queue
         // closes and they end.
-        let spawned = std::thread::Builder::new()
-            .spawn_scoped(s, || hash_src_from(c, src, None, watch, keep));
+        let spawned = std::thread::Builder::new().spawn_scoped(s, || match masked {
+            Some(m) => hash_src_part(c, m, watch).map(|part| Fresh::Part(part, out)),
+            None => hash_src_map(c, c.src.clone(), None, watch, out).map(Fresh::Map),
+        });
         let hasher = match spawned {
             Ok(h) => h,
             // The hashing must run beside the writes it feeds: at the
@@ -309,13 +299,12 @@ fn update(c: &Ctx<'_>, known: &MapFile) -> Result<(Option<SrcMap>, Target), Erro
     if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(of_state(e));
     }
-    let map = match (hashed.map_err(|e| c.src_error(e))?, splice_out) {
-        (Hashed::Written(h, out), _) => SrcMap(h, out),
-        (Hashed::Part(fresh), Some(out)) => {
+    let map = match hashed.map_err(|e| c.src_error(e))? {
+        Fresh::Map(map) => map,
+        Fresh::Part(fresh, out) => {
             let ranges = c.changes.as_ref().map_or(&[][..], |ch| &ch.blocks[..]);
             splice_state(c, known, &fresh, ranges, out).map_err(of_state)?
         }
-        _ => return Err(c.src_error(io::Error::other("SRC's map was not kept"))),
     };
     Ok((Some(map), dst))
 }
@@ -358,7 +347,7 @@ fn compare(c: &mut Ctx<'_>, from: DstBlocks) -> Result<Compared, Error> {
     let c = &*c;
     let (src_map, dst_map) = std::thread::scope(|s| {
         // At the system's limit on threads, one after the other.
-        let hs = std::thread::Builder::new().spawn_scoped(s, || hash_src_written(c));
+        let hs = std::thread::Builder::new().spawn_scoped(s, || hash_src_whole(c));
         let dst_map: io::Result<Box<dyn MapLike>> = match (from, known) {
             (DstBlocks::State, Some(m)) => Ok(Box::new(m)),
             (DstBlocks::Zeros, _) => zeros_map(c.job, c.dst.size).map(|m| Box::new(m) as _),
@@ -366,11 +355,11 @@ fn compare(c: &mut Ctx<'_>, from: DstBlocks) -> Result<Compared, Error> {
         };
         let src_map = match hs {
             Ok(h) => h.join().expect("hashing thread"),
-            Err(_) => hash_src_written(c),
+            Err(_) => hash_src_whole(c),
         };
         (src_map, dst_map)
     });
-    let (header, out) = src_map?;
+    let SrcMap(header, out) = src_map?;
     let dst_map = dst_map.map_err(|e| c.dst_error(e))?;
     let src_file = (out.file().try_clone())
         .and_then(|f| MapFile::from_file(f).map_err(io::Error::from))
@@ -400,13 +389,9 @@ fn compare(c: &mut Ctx<'_>, from: DstBlocks) -> Result<Compared, Error> {
 }
 
 /// Hash SRC into its map, written where [`Ctx::map_out`] says.
-fn hash_src_written(c: &Ctx<'_>) -> Result<(Header, MapOut), Error> {
-    let keep = Keep::Written(c.map_out()?);
-    match hash_src_from(c, c.src.clone(), None, |_| {}, keep) {
-        Ok(Hashed::Written(h, out)) => Ok((h, out)),
-        Ok(_) => Err(c.src_error(io::Error::other("SRC's map was not written"))),
-        Err(e) => Err(c.src_error(e)),
-    }
+fn hash_src_whole(c: &Ctx<'_>) -> Result<SrcMap, Error> {
+    let out = c.map_out()?;
+    hash_src_map(c, c.src.clone(), None, |_| {}, out).map_err(|e| c.src_error(e))
 }
 
 /// After any plan: DST flushed, verified and its state saved, as asked.
@@ -464,31 +449,66 @@ struct Through {
     flush_later: bool,
 }
 
-/// Hash `src` (SRC, or a view of it) into its map, kept as `keep` says,
-/// counting what is compared; with `through`, each chunk is also written
-/// to DST. `watch` sees every block event.
-fn hash_src_from(
+/// Hash `src` (SRC, or a view of it) into its map, written to `out` as it
+/// is made, counting what is compared; with `through`, each chunk is also
+/// written to DST. `watch` sees every block event.
+fn hash_src_map(
     c: &Ctx<'_>,
     src: Arc<dyn Source>,
     through: Option<Through>,
+    watch: impl FnMut(BlockEvent<'_>) + Send + 'static,
+    out: MapOut,
+) -> io::Result<SrcMap> {
+    let file = Box::new(out.file().try_clone()?);
+    let identity = c.src_record.and_then(|r| r.identity());
+    let builder =
+        MapBuilder::writing(c.job.algorithm(), c.job.block_size(), file, false, identity)?;
+    let mut h = observed(c, &builder, watch)?;
+    read_src(c, &src, through, &mut h)?;
+    let header = builder.finalize_written(h)?.header;
+    // Only now are all reads done: is SRC still what we read?
+    src.finish()?;
+    Ok(SrcMap(header, out))
+}
+
+/// [`hash_src_map`] kept as a part in memory: the blocks read through a
+/// dirty bitmap (`src` masks the rest, holes to the hasher).
+fn hash_src_part(
+    c: &Ctx<'_>,
+    src: Arc<dyn Source>,
+    watch: impl FnMut(BlockEvent<'_>) + Send + 'static,
+) -> io::Result<Part> {
+    let builder = MapBuilder::new(c.job.algorithm(), c.job.block_size())?;
+    let mut h = observed(c, &builder, watch)?;
+    read_src(c, &src, None, &mut h)?;
+    let part = builder.finalize_part(h, src.size(), 0)?;
+    src.finish()?;
+    Ok(part)
+}
+
+/// A hasher whose block events go to `watch`, then to `builder`.
+fn observed(
+    c: &Ctx<'_>,
+    builder: &MapBuilder,
     mut watch: impl FnMut(BlockEvent<'_>) + Send + 'static,
-    keep: Keep,
-) -> io::Result<Hashed> {
-    let (alg, bs) = (c.job.algorithm(), c.job.block_size());
-    let builder = match &keep {
-        Keep::Written(out) => {
-            let file = Box::new(out.file().try_clone()?);
-            let identity = c.src_record.and_then(|r| r.identity());
-            MapBuilder::writing(alg, bs, file, false, identity)?
-        }
-        Keep::Part => MapBuilder::new(alg, bs)?,
-    };
+) -> io::Result<blkhash::Pipeline<blkimage::AlignedBuf>> {
     let mut h = blkhash::Pipeline::new(c.job.hasher_options())?;
     let mut build = builder.observer();
     h.set_observer(move |e| {
         watch(e);
         build(e);
     });
+    Ok(h)
+}
+
+/// Read `src` into the hasher `h`, counting what is compared; with
+/// `through`, each chunk is also written to DST.
+fn read_src(
+    c: &Ctx<'_>,
+    src: &Arc<dyn Source>,
+    through: Option<Through>,
+    h: &mut blkhash::Pipeline<blkimage::AlignedBuf>,
+) -> io::Result<()> {
     let read_size = c.job.read_size();
     let mut on_read = |n: u64| {
         c.counts.compared.fetch_add(n, Ordering::Relaxed);
@@ -501,8 +521,8 @@ fn hash_src_from(
             let depth = write_depth(c, read_size);
             let mut ahead = None;
             let hasher: &mut dyn Sink = match depth {
-                0 => &mut h,
-                d => ahead.insert(ReadAhead::new(scope, &mut h, d, read_size)?),
+                0 => h,
+                d => ahead.insert(ReadAhead::new(scope, &mut *h, d, read_size)?),
             };
             let mut sink = WriteThrough {
                 hasher,
@@ -526,24 +546,10 @@ fn hash_src_from(
         })?,
         None => {
             let depth = c.job.io_depth();
-            blkimage::read_image(
-                src.clone(),
-                &mut h,
-                read_size,
-                depth,
-                c.cancel,
-                &mut on_read,
-            )?;
+            blkimage::read_image(src.clone(), h, read_size, depth, c.cancel, &mut on_read)?;
         }
     }
-    let size = src.size();
-    let hashed = match keep {
-        Keep::Part => Hashed::Part(builder.finalize_part(h, size, 0)?),
-        Keep::Written(out) => Hashed::Written(builder.finalize_written(h)?.header, out),
-    };
-    // Only now are all reads done: is SRC still what we read?
-    src.finish()?;
-    Ok(hashed)
+    Ok(())
 }
 
 /// DST, to be read and hashed: its raw bytes through the page cache (it

@@ -34,6 +34,9 @@ pub struct Differ {
     pending: Option<Job>,
     ops: Sender<Job>,
     failed: Failed,
+    /// An error is in `failed`: nothing more is compared (a field of its
+    /// own: the events ask on every block, the lock is for the caller).
+    stopped: bool,
 }
 
 impl Differ {
@@ -55,6 +58,7 @@ impl Differ {
             pending: None,
             ops,
             failed,
+            stopped: false,
         };
         (d, rx)
     }
@@ -63,16 +67,13 @@ impl Differ {
     /// compared, and the op pending is dropped.
     fn fail(&mut self, e: MapError) {
         self.pending = None;
+        self.stopped = true;
         let mut slot = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         slot.get_or_insert(e);
     }
 
-    fn stopped(&self) -> bool {
-        (self.failed.lock().unwrap_or_else(|p| p.into_inner())).is_some()
-    }
-
     pub fn event(&mut self, e: BlockEvent<'_>) {
-        if self.stopped() {
+        if self.stopped {
             return;
         }
         match e {

@@ -248,15 +248,10 @@ fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Side>; 2], Strin
             continue;
         }
         match blkjob::try_open_map(path) {
-            Ok(Some(map)) if map.header().is_partial() => {
-                let h = map.header();
-                let e = blkmap::MapError::Partial {
-                    range: h.range,
-                    size: h.size,
-                };
-                return Err(format!("{name}: {e}"));
-            }
-            Ok(Some(map)) => *slot = Some(Side::Saved(map)),
+            Ok(Some(map)) => match map.header().whole() {
+                Ok(_) => *slot = Some(Side::Saved(map)),
+                Err(e) => return Err(format!("{name}: {e}")),
+            },
             Ok(None) => {}
             Err(e) => return Err(format!("{name}: {}", reason(&e))),
         }

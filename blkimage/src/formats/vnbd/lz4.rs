@@ -127,9 +127,6 @@ impl Cache {
 /// The guest bytes of lz4 frame `f`, checked against its checksums and
 /// the length its header promised.
 pub fn decompress(st: &dyn Storage, f: Lz4Frame) -> io::Result<Frame> {
-    // The compressed bytes' buffer is the thread's, kept: a fresh one of
-    // up to 32 MiB each frame cost as much in page faults as the
-    // decompression.
     let len = f.comp as usize;
     if st.lendable(f.pos, len) == len {
         // Decompressed from the file's pages where they are.
@@ -137,9 +134,12 @@ pub fn decompress(st: &dyn Storage, f: Lz4Frame) -> io::Result<Frame> {
         st.read_in_place(f.pos, len, &mut |comp| out = Some(inflate(comp, f)))?;
         return out.expect("read_in_place calls f");
     }
+    // Else copied into a buffer of the thread's, kept: a fresh one of up
+    // to 32 MiB each frame cost as much in page faults as the
+    // decompression.
     thread_local!(static COMP: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) });
     COMP.with_borrow_mut(|comp| {
-        comp.resize(f.comp as usize, 0);
+        comp.resize(len, 0);
         st.read_exact_at(comp, f.pos)?;
         inflate(comp, f)
     })

@@ -86,7 +86,8 @@ pub fn meta(name: &std::path::Path, storage: &dyn Storage) -> io::Result<Meta> {
     parse::meta(storage).map_err(|e| named(name, e))
 }
 
-fn named(name: &std::path::Path, e: io::Error) -> io::Error {
+/// `e` said of the stream `name`.
+pub(crate) fn named(name: &std::path::Path, e: io::Error) -> io::Error {
     io::Error::new(
         e.kind(),
         format!("virtnbdbackup stream '{}': {e}", name.display()),
