@@ -8,6 +8,7 @@ scattered 1 MiB pieces. Timed, alternately: the incremental map (`blkmap
 incremental blksync against one without the bitmap and against dd of the
 dirty bytes (the floor of the write side)."""
 
+import dataclasses
 import os
 import random
 import shutil
@@ -15,6 +16,10 @@ import tempfile
 from pathlib import Path
 
 from common import RELEASE, Cmd, GiB, human, MiB, run_case, run_once, serve, short
+
+
+# The commands --before also runs with another build's binaries.
+BEFORE = ("incr", "full", "incr_nbd", "full_nbd", "sync", "sync_full")
 
 
 class DirtyCases:
@@ -145,7 +150,7 @@ class DirtyCases:
                         "dd", f"if={floor}", f"of={dd_out}", "bs=1M", "conv=fsync"],
                         prep=rm_dd),
                 }
-                cmds = list(c.values())
+                cmds = self.dirty_before(c)
                 try:
                     run_case(cmds, self.a.runs, self.a.timeout)
                 except RuntimeError as e:
@@ -177,7 +182,8 @@ class DirtyCases:
         self.ratios([(c["incr"], c["floor"]), (c["incr"], c["floor_raw"]),
                      (c["full"], c["incr"]),
                      (c["full_nbd"], c["incr_nbd"]), (c["sync_full"], c["sync"]),
-                     (c["sync"], c["incr"])])
+                     (c["sync"], c["incr"])]
+                    + [(c[k], c[f"{k}_before"]) for k in BEFORE if f"{k}_before" in c])
         self.ratio_target(s, c, "incr", "floor", "≤", 1.3,
                           "incremental map within 1.3× of hashing the rewritten data alone")
         self.ratio_target(s, c, "full", "incr", "≥", 30,
@@ -192,6 +198,29 @@ class DirtyCases:
         for p in (out, out_nbd, full, full_nbd, dd_out, sparse):
             p.unlink(missing_ok=True)
         self.r()
+
+    def dirty_before(self, c):
+        """The commands in the order they run: with --before, each of
+        BEFORE followed by the same command with the binaries of that
+        directory (added to `c` as KEY_before), so that the two builds
+        alternate."""
+        if not self.a.before:
+            return list(c.values())
+        before = Path(self.a.before).resolve()
+        cmds = []
+        for k, cmd in list(c.items()):
+            cmds.append(cmd)
+            if k not in BEFORE:
+                continue
+            exe = before / Path(cmd.argv[0]).name
+            if not exe.exists():
+                self.r.problem(f"FAILED: dirty: {exe} missing (--before)")
+                continue
+            b = dataclasses.replace(cmd, name=f"{cmd.name} (before)",
+                                    argv=[str(exe), *cmd.argv[1:]], samples=[])
+            c[f"{k}_before"] = b
+            cmds.append(b)
+        return cmds
 
     def sum_target(self, section, num, dens, want, what):
         """A target on t(num) / (t(den1) + t(den2) + ...) ≤ want."""

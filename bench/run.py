@@ -17,6 +17,7 @@ targets from our issue with PASS/FAIL.
     python3 bench/run.py --only python   # the Python package against blksum and the library
     python3 bench/run.py --only remote --runs 3   # nbdkit exports with read delays, unix and TCP
     python3 bench/run.py --only dirty --dirty-size 2g --runs 1   # incremental maps, quick
+    python3 bench/run.py --only dirty --before ../old/target/release   # and another build's
     python3 bench/run.py --only mapsize --runs 3   # map commands' RSS at 64 GiB, 256 GiB, 1 TiB
     python3 bench/run.py --plots         # the charts of docs/, from the reports in docs/bench/
 
@@ -705,6 +706,10 @@ def main():
     ap.add_argument("--dirty-size", type=parse_size,
                     help="image size of the dirty case (default 16 GiB, half of it data; "
                          "1 GiB with --quick)")
+    ap.add_argument("--before",
+                    help="dirty case: also run its blkmap and blksync commands with the "
+                         "binaries in this directory (another commit's target/release), "
+                         "alternating with ours, rows marked (before)")
     ap.add_argument("--settle", type=float, default=0,
                     help="sync case: seconds to wait after removing a copy's target and "
                          "syncing, before each write (default 0: back to back). On a VM "
