@@ -136,8 +136,9 @@ pub struct InputArgs {
 
     /// Reads in flight at once, on reading threads apart from the digest
     /// threads (fio's iodepth); 0 runs each read on a digest thread
-    /// [default: 16 for files and devices read with direct I/O and for NBD
-    /// URLs (16 MiB of reads: fewer with a larger --read-size), up to 64 for
+    /// [default: 4 for files and devices read with direct I/O (4 MiB of
+    /// reads: up to 16 smaller ones, fewer larger ones), 16 for NBD URLs
+    /// (16 MiB of reads: fewer with a larger --read-size), up to 64 for
     /// HTTP(S) URLs (16 MiB of them: small reads of scattered clusters wait
     /// on the network as long as large ones), else 0]. At
     /// most 256 MiB / (2 × read size): each read may have a second buffer

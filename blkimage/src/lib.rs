@@ -64,8 +64,8 @@ pub use open::{Format, Input, OpenOptions, open, unknown_scheme};
 pub use oserror::{cause, caused_by, errno, with_context};
 pub use readahead::ReadAhead;
 pub use reader::{
-    DEFAULT_IO_DEPTH, InputRead, Stats, interrupted, io_depth_for, read_image, read_input,
-    read_stream,
+    DEFAULT_IO_DEPTH, DIRECT_BYTES_IN_FLIGHT, InputRead, Stats, direct_io_depth, interrupted,
+    io_depth_for, read_image, read_input, read_stream,
 };
 pub use sink::{Fill, Lend, Sink};
 pub use source::{Extent, ExtentKind, Origin, Remote, Role, Rounded, Source};

@@ -45,7 +45,7 @@ pub fn interrupted() -> io::Error {
     io::Error::new(io::ErrorKind::Interrupted, "interrupted")
 }
 
-pub use crate::source::DEFAULT_IO_DEPTH;
+pub use crate::source::{DEFAULT_IO_DEPTH, DIRECT_BYTES_IN_FLIGHT, direct_io_depth};
 
 /// Read all of `src` into `sink`, `read_size` bytes per read, `io_depth`
 /// reads in flight on reading threads of their own (`Some(0)`: on the
@@ -82,8 +82,8 @@ pub fn read_image(
 }
 
 /// The reads in flight for `src` with reads of `read_size` bytes: `asked`,
-/// else the source's default ([`Source::default_io_depth`]: 16 for direct
-/// I/O, 16 MiB of reads for an NBD export, else 0, reads on the sink's
+/// else the source's default ([`Source::default_io_depth`]: 4 MiB of reads
+/// for direct I/O, 16 MiB for an NBD export, else 0, reads on the sink's
 /// threads); before [`ReadAhead::new`] cuts it to the memory budget.
 pub fn io_depth_for(src: &dyn Source, asked: Option<usize>, read_size: usize) -> usize {
     asked.unwrap_or_else(|| src.default_io_depth(read_size))

@@ -3,10 +3,23 @@
 use std::io;
 use std::path::PathBuf;
 
-/// Reads in flight by default for a source read with direct I/O (see
-/// [`Source::is_direct`]): what a fast NVMe drive needs with 1 MiB reads;
-/// with the default read size its buffers take at most 2 × 16 MiB.
+/// The most reads a source keeps in flight by default: an NBD export's
+/// 16 MiB of 1 MiB reads, a local file's 4 MiB of small ones.
 pub const DEFAULT_IO_DEPTH: usize = 16;
+
+/// Bytes of reads a local source read with direct I/O keeps in flight by
+/// default (see [`direct_io_depth`]): 4 reads of the default 1 MiB, their
+/// buffers at most 8 MiB with those waiting for a digest worker, so that a
+/// local file is hashed in 16 MiB. 16 reads of 1 MiB (41 MiB of RSS) read
+/// no faster on machine D's disk (docs/performance.md, direct).
+pub const DIRECT_BYTES_IN_FLIGHT: usize = 4 << 20;
+
+/// Reads of `read_size` bytes in flight by default for a local source read
+/// with direct I/O: [`DIRECT_BYTES_IN_FLIGHT`] of them, at least one and
+/// at most [`DEFAULT_IO_DEPTH`].
+pub fn direct_io_depth(read_size: usize) -> usize {
+    (DIRECT_BYTES_IN_FLIGHT / read_size.max(1)).clamp(1, DEFAULT_IO_DEPTH)
+}
 
 /// Where some of a source's bytes come from (see [`Source::origin`]): what
 /// a record of the image must cover to tell later that it reads the same
@@ -256,14 +269,13 @@ pub trait Source: Send + Sync {
     }
 
     /// Reads of `read_size` bytes this source wants in flight on reading
-    /// threads when none are asked for: [`DEFAULT_IO_DEPTH`] for
+    /// threads when none are asked for: [`direct_io_depth`] for
     /// direct I/O, else 0 (reads run on the digest threads, which a page
     /// cache or a local server keeps busy). A source behind a network
     /// (an NBD export) wants more, to hide its latency.
     fn default_io_depth(&self, read_size: usize) -> usize {
-        let _ = read_size;
         if self.is_direct() {
-            DEFAULT_IO_DEPTH
+            direct_io_depth(read_size)
         } else {
             0
         }

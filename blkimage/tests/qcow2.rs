@@ -665,7 +665,7 @@ fn compressed_images_read_on_the_digest_workers() {
     assert!(u.is_direct());
     assert_eq!(
         blkimage::io_depth_for(&*u, None, 1 << 20),
-        blkimage::DEFAULT_IO_DEPTH
+        blkimage::direct_io_depth(1 << 20)
     );
     assert_eq!(blkimage::io_depth_for(&*c, None, 1 << 20), 0);
     // Asked for, reading threads serve a compressed image too.

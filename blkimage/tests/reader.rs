@@ -454,6 +454,21 @@ fn ctrl_c_stops_reads_in_flight() {
     assert!(reads < 10 + 2 * 16 + 1, "{reads} reads after Ctrl-C");
 }
 
+/// A local file read with direct I/O keeps 4 MiB of reads in flight by
+/// default (the 16 MiB of RSS): 4 of 1 MiB, more of smaller reads
+/// up to 16, one of a read that large or larger.
+#[test]
+fn direct_io_depth_is_bounded_by_bytes() {
+    assert_eq!(blkimage::direct_io_depth(1 << 20), 4);
+    assert_eq!(blkimage::direct_io_depth(256 << 10), 16);
+    assert_eq!(
+        blkimage::direct_io_depth(64 << 10),
+        blkimage::DEFAULT_IO_DEPTH
+    );
+    assert_eq!(blkimage::direct_io_depth(4 << 20), 1);
+    assert_eq!(blkimage::direct_io_depth(64 << 20), 1);
+}
+
 /// Direct I/O on a real file system (not tmpfs, which has none): the
 /// default reads with reading threads, and the bytes are the file's.
 #[test]
@@ -471,7 +486,7 @@ fn direct_io_on_a_real_file_system_reads_with_the_default_depth() {
     }
     assert_eq!(
         blkimage::io_depth_for(&src, None, 1 << 20),
-        blkimage::DEFAULT_IO_DEPTH
+        blkimage::direct_io_depth(1 << 20)
     );
     let want = std::fs::read(&path).unwrap();
     let (sink, _) = read_with(Arc::new(src), 1 << 20, None, &AtomicBool::new(false)).unwrap();

@@ -256,7 +256,7 @@ impl Source for Qcow2 {
     fn default_io_depth(&self, read_size: usize) -> usize {
         match self.data_file().default_io_depth(read_size) {
             Some(depth) => depth,
-            None if self.is_direct() => crate::source::DEFAULT_IO_DEPTH,
+            None if self.is_direct() => crate::source::direct_io_depth(read_size),
             None => 0,
         }
     }

@@ -474,7 +474,7 @@ impl Source for Vnbd {
     fn default_io_depth(&self, read_size: usize) -> usize {
         match self.streams[0].storage.default_io_depth(read_size) {
             Some(depth) => depth,
-            None if self.is_direct() => crate::DEFAULT_IO_DEPTH,
+            None if self.is_direct() => crate::direct_io_depth(read_size),
             None => 0,
         }
     }
