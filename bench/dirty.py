@@ -75,7 +75,7 @@ class DirtyCases:
                 ["qemu-img", "create", "-q", "-f", "qcow2", str(sparse), str(size)],
                 ["qemu-io", "-f", "qcow2", *writes, str(sparse)]):
             return None
-        return d, pre, img, old, offsets, floor, sparse
+        return d, pre, img, old, offsets, floor, sparse, (raw, writes)
 
     def case_dirty(self):
         size = self.a.dirty_size or (GiB if self.a.quick else 16 * GiB)
@@ -87,7 +87,7 @@ class DirtyCases:
         setup = self.dirty_setup(size)
         if not setup:
             return
-        d, pre, img, old, offsets, floor, sparse = setup
+        d, pre, img, old, offsets, floor, sparse, (raw, writes) = setup
         changed = len(offsets) * MiB
         self.r(f"Rewritten: {len(offsets)} pieces of 1 MiB ({human(changed)}); bitmap `b` "
                f"(64 KiB granularity) added after the first map")
@@ -102,15 +102,26 @@ class DirtyCases:
         # DST and its state: PRE's copy (untimed).
         if not self.steps([blksync, str(pre), str(dst), "--state", str(state)]):
             return
+        # blksync's SRC: a copy of IMG of its own (IMG is served while the
+        # syncs run), whose writes each run undoes and makes again.
+        simg, restore = self.dirty_sync_image(d, pre, raw, offsets, size)
+        if not simg:
+            return
 
         def back_to_pre(_r):
-            # DST and the state as they were before IMG was written: each
-            # update starts from the same point (blksync from PRE, reading
-            # it whole: untimed).
-            p = run_once([blksync, "--cache", str(pre), str(dst), "--state", str(state)],
-                         self.a.timeout)
-            if p.rc != 0:
-                raise RuntimeError(f"blksync PRE DST: {p.err.strip()[-300:]}")
+            # DST and the state as they were before SIMG was written, the
+            # state made from SIMG itself (an update through the bitmap
+            # refuses a state made from another file): SIMG's pieces
+            # written back with what they held, its bitmap cleared, DST
+            # updated from it, then the pieces written again (the bitmap
+            # marks them). Each update starts from the same point; untimed.
+            for argv in (["qemu-io", "-f", "qcow2", *restore, str(simg)],
+                         ["qemu-img", "bitmap", "--clear", str(simg), "b"],
+                         [blksync, "--cache", str(simg), str(dst), "--state", str(state)],
+                         ["qemu-io", "-f", "qcow2", *writes, str(simg)]):
+                p = run_once(argv, self.a.timeout)
+                if p.rc != 0:
+                    raise RuntimeError(f"{' '.join(argv[:3])}: {p.err.strip()[-300:]}")
             drop_caches()
 
         def rm_dd(_r):
@@ -141,10 +152,10 @@ class DirtyCases:
                     "full_nbd": Cmd("blkmap over NBD (full)", [blkmap, url, str(full_nbd)],
                                     ours=True, key=key),
                     "sync": Cmd("blksync --dirty-bitmap --state", [
-                        blksync, "--dirty-bitmap", "b", "--state", str(state), str(img),
+                        blksync, "--dirty-bitmap", "b", "--state", str(state), str(simg),
                         str(dst)], ours=True, prep=back_to_pre),
                     "sync_full": Cmd("blksync --state (no bitmap)", [
-                        blksync, "--state", str(state), str(img), str(dst)], ours=True,
+                        blksync, "--state", str(state), str(simg), str(dst)], ours=True,
                         prep=back_to_pre),
                     "dd": Cmd(f"dd of the dirty bytes ({human(changed)}, fsync)", [
                         "dd", f"if={floor}", f"of={dd_out}", "bs=1M", "conv=fsync"],
@@ -195,9 +206,32 @@ class DirtyCases:
                         "dirty bytes")
         self.ratio_target(s, c, "sync_full", "sync", "≥", 30,
                           "incremental blksync ≥ 30× faster than blksync without the bitmap")
-        for p in (out, out_nbd, full, full_nbd, dd_out, sparse):
+        for p in (out, out_nbd, full, full_nbd, dd_out, sparse, simg):
             p.unlink(missing_ok=True)
+        shutil.rmtree(d / "dirty-pieces", ignore_errors=True)
         self.r()
+
+    def dirty_sync_image(self, d, pre, raw, offsets, size):
+        """SIMG (PRE converted, bitmap b added, as IMG before its writes)
+        and the qemu-io arguments that write back what its rewritten
+        pieces held (RAW's bytes there, each in a file of its own under
+        `d`/dirty-pieces); (None, None) on trouble."""
+        simg, pieces = d / f"dirty-sync-{short(size)}.qcow2", d / "dirty-pieces"
+        simg.unlink(missing_ok=True)
+        shutil.rmtree(pieces, ignore_errors=True)
+        pieces.mkdir()
+        restore = []
+        with open(raw, "rb") as f:
+            for i, mib in enumerate(offsets):
+                f.seek(mib * MiB)
+                piece = pieces / f"{i}.bin"
+                piece.write_bytes(f.read(MiB))
+                restore += ["-c", f"write -s {piece} {mib * MiB} 1M"]
+        if not self.steps(["qemu-img", "convert", "-f", "qcow2", "-O", "qcow2", str(pre),
+                           str(simg)],
+                          ["qemu-img", "bitmap", "--add", str(simg), "b"]):
+            return None, None
+        return simg, restore
 
     def dirty_before(self, c):
         """The commands in the order they run: with --before, each of
