@@ -10,8 +10,8 @@ pub const DEFAULT_IO_DEPTH: usize = 16;
 /// Bytes of reads a local source read with direct I/O keeps in flight by
 /// default (see [`direct_io_depth`]): 4 reads of the default 1 MiB, their
 /// buffers at most 8 MiB with those waiting for a digest worker, so that a
-/// local file is hashed in 16 MiB. 16 reads of 1 MiB (41 MiB of RSS) read
-/// no faster on machine D's disk (docs/performance.md, direct).
+/// local file is hashed in 16 MiB. 16 reads of 1 MiB (37 MiB of RSS) read
+/// no faster on machine D's disk (docs/performance.md, mapsize).
 pub const DIRECT_BYTES_IN_FLIGHT: usize = 4 << 20;
 
 /// Reads of `read_size` bytes in flight by default for a local source read
