@@ -352,6 +352,11 @@ fn blksync_takes_an_index_as_dsts_state() {
         assert!(o.stderr.contains("--state"), "{}", o.stderr);
         assert!(o.stderr.contains("exists"), "{}", o.stderr);
     }
+    // The index (or another) as where to save: refused, naming it.
+    let o = from_index(&["--save-state", s(&fidx)]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(o.stderr.contains("never writes one"), "{}", o.stderr);
+    assert_eq!(std::fs::read(&fidx).unwrap(), bytes);
     // A map given as --state has nowhere else to be saved.
     let other = d.join("x.map");
     let o = run(

@@ -438,6 +438,12 @@ fn index_state_usable(req: &Request) -> Result<(), Error> {
         (true, None) => "a PBS fixed index is read as DST's state and never written (it is \
                          the backup's): give --save-state MAP for the state after the copy"
             .to_string(),
+        (true, Some(out)) if blkmap::is_fidx_file(out) => {
+            format!(
+                "--save-state {} is a PBS fixed index: blksync never writes one (give a map's path)",
+                out.display()
+            )
+        }
         (true, Some(out)) => match state::index_superseded(out) {
             Some(why) => why,
             None => return Ok(()),
