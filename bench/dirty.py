@@ -163,7 +163,8 @@ class DirtyCases:
                 }
                 cmds = self.dirty_before(c)
                 try:
-                    run_case(cmds, self.a.runs, self.a.timeout)
+                    for r in range(self.a.runs):
+                        run_case(self.dirty_order(c, cmds, r), 1, self.a.timeout)
                 except RuntimeError as e:
                     self.r.problem(f"FAILED: dirty: {e}")
                     return
@@ -255,6 +256,21 @@ class DirtyCases:
             c[f"{k}_before"] = b
             cmds.append(b)
         return cmds
+
+    @staticmethod
+    def dirty_order(c, cmds, r):
+        """The commands of round `r`: with --before, each pair's (ours and
+        before) order swapped every other round, so that neither build
+        always follows the page cache's drop (a blksync run's reset) or
+        reads what the other left in it."""
+        if r % 2 == 0:
+            return cmds
+        swapped = list(cmds)
+        for k in BEFORE:
+            if f"{k}_before" in c:
+                i, j = swapped.index(c[k]), swapped.index(c[f"{k}_before"])
+                swapped[i], swapped[j] = swapped[j], swapped[i]
+        return swapped
 
     def sum_target(self, section, num, dens, want, what):
         """A target on t(num) / (t(den1) + t(den2) + ...) ≤ want."""
