@@ -232,8 +232,9 @@ fn check_record(
             return Ok(None);
         }
         let why = format!(
-            "{} records nothing of the image it was made from (an earlier version wrote \
-             it), so the files the image reads besides itself cannot be checked",
+            "{} records nothing of the image it was made from (a PBS fixed index, or a map \
+             an earlier version wrote), so the files the image reads besides itself cannot be \
+             checked",
             base_name
         );
         return Err(io::Error::new(

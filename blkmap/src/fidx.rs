@@ -360,6 +360,76 @@ pub fn open_fidx(
     Ok(r)
 }
 
+/// The block map of the fixed index `r`, as [`fidx_map`] makes it, written
+/// to `out` (a new, empty file: a temporary one) and opened there
+/// ([`MapFile`](crate::MapFile)): memory bounded by one buffer whatever
+/// the index's size, for callers that read a map where it lies (blksync
+/// reads an index as its state so).
+///
+/// ```
+/// use blkhash::{checksum_with, Algorithm, Construction};
+/// use blkmap::{FidxReader, MapLike, FIDX_MAGIC};
+/// // An index of a 5 MiB image of 4 MiB chunks, the first all zeros.
+/// let mut data = vec![0u8; 5 << 20];
+/// data[4 << 20..].fill(7);
+/// let mut digests = Vec::new();
+/// for chunk in data.chunks(4 << 20) {
+///     let mut d = [0u8; 32];
+///     Algorithm::Sha256.digest_into(chunk, &mut d);
+///     digests.extend_from_slice(&d);
+/// }
+/// let csum = checksum_with(Construction::Pbs, Algorithm::Sha256, 4 << 20, &data);
+/// let mut file = vec![0u8; 4096];
+/// file[..8].copy_from_slice(&FIDX_MAGIC);
+/// file[32..64].copy_from_slice(csum.as_bytes());
+/// file[64..72].copy_from_slice(&(5u64 << 20).to_le_bytes());
+/// file[72..80].copy_from_slice(&(4u64 << 20).to_le_bytes());
+/// file.extend_from_slice(&digests);
+///
+/// let r = FidxReader::new(&file[..]).unwrap();
+/// let map = blkmap::fidx_map_file(r, tempfile::tempfile().unwrap()).unwrap();
+/// let want = blkhash::checksum_of(Algorithm::Sha256, 4 << 20, &data);
+/// assert_eq!(map.header().checksum, Some(want));
+/// assert_eq!(map.block(0).unwrap(), None); // a zero block
+/// assert_eq!(map.block(1).unwrap().unwrap(), &digests[32..]);
+/// ```
+pub fn fidx_map_file<R: Read>(
+    mut r: FidxReader<R>,
+    out: std::fs::File,
+) -> Result<crate::MapFile, MapError> {
+    let h = r.header().clone();
+    let bs = h.chunk_size;
+    let template = crate::Header {
+        algorithm: Algorithm::Sha256,
+        block_size: bs,
+        size: h.size,
+        range: crate::Range {
+            offset: 0,
+            len: h.size,
+        },
+        checksum: Some(crate::merge::placeholder(Algorithm::Sha256)),
+        identity: None,
+    };
+    let mut w = crate::RecordWriter::new(out, &template)?;
+    let zero = crate::zero_digest(Algorithm::Sha256, bs);
+    let full = h.size / bs as u64;
+    let mut index = 0u64;
+    while let Some(digests) = r.next_digests()? {
+        for d in digests.chunks_exact(DIGEST_LEN) {
+            match index < full && d == zero {
+                true => w.zeros(1)?,
+                false => w.data(d)?,
+            }
+            index += 1;
+        }
+    }
+    let header = crate::Header {
+        checksum: Some(r.checksum()?),
+        ..template
+    };
+    crate::MapFile::from_file(w.finish(&header)?)
+}
+
 /// The block map of the fixed index `r`: `sha256` digests of blocks of
 /// the chunk size, a chunk whose digest is that of a chunk of zeros kept
 /// as a zero block. Memory grows with the digests read, never with what

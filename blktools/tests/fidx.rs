@@ -255,3 +255,121 @@ fn bad_indexes_are_refused_naming_the_file() {
         o.stderr
     );
 }
+
+/// blksync takes an index as DST's state (DST restored from that backup):
+/// DST is read only in the sampled chunks, the index is never written,
+/// the state after the copy goes to --save-state, and the index is
+/// refused once a run from it has written DST.
+#[test]
+fn blksync_takes_an_index_as_dsts_state() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let chunk = 4 << 20;
+    let src = image(
+        d,
+        "src.qcow2",
+        "qcow2",
+        96 * MIB,
+        &["write -P 0x33 0 3m", "write -P 0x44 40m 8m"],
+    );
+    let dst = d.join("restored.raw");
+    let data = testkit::tools::guest_bytes(&src, &dst);
+    std::fs::write(&dst, &data).unwrap();
+    let fidx = d.join("drive-scsi0.img.fidx");
+    let (bytes, _) = fidx_bytes(&data, chunk);
+    std::fs::write(&fidx, &bytes).unwrap();
+    // A chunk the state check does not sample, made to differ in DST
+    // only: a run that takes the index does not see it.
+    let checksum = blkhash::checksum_of(Algorithm::Sha256, chunk, &data);
+    let jitter = u64::from_le_bytes(checksum.as_bytes()[..8].try_into().unwrap());
+    let sampled = blkjob::state::spread(24, jitter);
+    let hidden = (0..24u64)
+        .find(|i| !sampled.contains(i) && *i != 20)
+        .unwrap();
+    write(&dst, "raw", &[&format!("write -P 0x55 {}m 4k", hidden * 4)]);
+    write(&src, "qcow2", &["write -P 0x66 80m 4k"]);
+    let map = d.join("dst.map");
+    let from_index = |extra: &[&str]| {
+        let mut args = vec!["--state", s(&fidx), s(&src), s(&dst)];
+        args.extend(extra);
+        run(BLKSYNC, &args)
+    };
+
+    // The state after the copy must go somewhere: refused, DST untouched.
+    let before = std::fs::read(&dst).unwrap();
+    let o = from_index(&[]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(
+        o.stderr.contains(s(&fidx)) && o.stderr.contains("--save-state"),
+        "{}",
+        o.stderr
+    );
+    assert_eq!(std::fs::read(&dst).unwrap(), before);
+    // A dry run needs none: the chunk SRC changed, nothing else.
+    let o = from_index(&["-n"]);
+    assert_eq!(
+        (o.code, o.stdout.as_str()),
+        (0, "83886080+4194304\n"),
+        "{}",
+        o.stderr
+    );
+
+    let o = from_index(&["--save-state", s(&map)]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(crate::sync::written(&o.stderr), 4 * MIB);
+    assert_eq!(
+        std::fs::read(&fidx).unwrap(),
+        bytes,
+        "the index was written"
+    );
+    let off = (hidden * 4 * MIB) as usize;
+    let now = std::fs::read(&dst).unwrap();
+    assert_eq!(
+        now[off..off + 4096],
+        [0x55; 4096],
+        "DST was read and mended"
+    );
+    assert_eq!(now[80 * MIB as usize], 0x66);
+    // The saved state is SRC's map, in the index's digest and chunk size.
+    let sum = run(BLKMAP, &["checksum", s(&map)]);
+    let want = run(&blksum(), &["-d", "sha256", "--block-size", "4m", s(&src)]);
+    assert_eq!(
+        sum.stdout.split(' ').next(),
+        want.stdout.split(' ').next(),
+        "{} {}",
+        sum.stderr,
+        want.stderr
+    );
+
+    // The index no longer says what DST holds: refused, naming the map;
+    // so it is when only the record a run from it began with is left.
+    for remove in [false, true] {
+        if remove {
+            std::fs::remove_file(&map).unwrap();
+        }
+        let o = from_index(&["--save-state", s(&map)]);
+        assert_eq!(o.code, 1, "{}", o.stderr);
+        assert!(o.stderr.contains("--state"), "{}", o.stderr);
+        assert!(o.stderr.contains("exists"), "{}", o.stderr);
+    }
+    // The index (or another) as where to save: refused, naming it.
+    let o = from_index(&["--save-state", s(&fidx)]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(o.stderr.contains("never writes one"), "{}", o.stderr);
+    assert_eq!(std::fs::read(&fidx).unwrap(), bytes);
+    // A map given as --state has nowhere else to be saved.
+    let other = d.join("x.map");
+    let o = run(
+        BLKSYNC,
+        &[
+            "--state",
+            s(&map),
+            "--save-state",
+            s(&other),
+            s(&src),
+            s(&dst),
+        ],
+    );
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(o.stderr.contains("--save-state is for"), "{}", o.stderr);
+}

@@ -16,7 +16,7 @@ fn sync(args: &[&str]) -> (i32, String) {
 }
 
 /// Bytes written, from the summary line.
-fn written(stderr: &str) -> u64 {
+pub(crate) fn written(stderr: &str) -> u64 {
     let line = stderr.lines().last().unwrap();
     line.split(": ")
         .last()

@@ -41,6 +41,21 @@ fn check_one(bytes: &[u8]) {
     assert_eq!(map.blocks(), header.chunks());
     assert_eq!(map.checksum(), &sum);
     assert_eq!(map.derive_checksum(), sum);
+    // The same map written to a file and read where it lies (blksync's
+    // state of an index).
+    let out = tempfile::tempfile().expect("a temporary file");
+    let file = blkmap::fidx_map_file(FidxReader::new(bytes).unwrap(), out)
+        .expect("a checked index is a map file");
+    assert_eq!(blkmap::MapLike::header(&file).checksum.as_ref(), Some(&sum));
+    // The first blocks and the last: a block read costs a read of the file.
+    let last = map.blocks().checked_sub(1);
+    for i in (0..map.blocks().min(64)).chain(last) {
+        let want = match map.block(i) {
+            Some(blkmap::Block::Data(d)) => Some(d.to_vec()),
+            _ => None,
+        };
+        assert_eq!(file.block(i).unwrap(), want, "block {i}");
+    }
 }
 
 /// The target's check of one input.

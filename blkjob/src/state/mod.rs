@@ -62,7 +62,17 @@ pub fn is_side(prefix: &[u8]) -> bool {
 /// not is refused before anything is written, as a damaged one was when
 /// states were loaded whole; the pass costs a read of the file (1 GiB for
 /// 2 TiB of data in 64 KiB blocks), no memory.
+///
+/// A Proxmox Backup Server fixed index (probed by its magic) is read as
+/// the map of the disk it backed up ([`blkmap::fidx_map_file`]: copied to
+/// an unnamed temporary file, 32 bytes a chunk, and checked whole there).
 pub fn open(path: &Path) -> Result<MapFile, String> {
+    if blkmap::is_fidx_file(path) {
+        let out = crate::temp_file("the index's map").map_err(|e| crate::reason(&e))?;
+        return blkmap::open_fidx(path)
+            .and_then(|r| blkmap::fidx_map_file(r, out))
+            .map_err(|e| e.to_string());
+    }
     let map = MapFile::open(path).map_err(|e| e.to_string())?;
     map.header().whole().map_err(|e| e.to_string())?;
     let mut pieces = map.pieces().map_err(|e| e.to_string())?;
@@ -214,6 +224,42 @@ pub fn save_side(state: &Path, side: Option<Record>) -> io::Result<()> {
     blkmap::write_atomic(&path, |w| w.write_all(side.to_text().as_bytes()))
 }
 
+/// Before DST is written in a run whose state is the fixed index `index`:
+/// a side record at `out` (the state to come) bound to the index's
+/// checksum, for DST of `size` bytes. The index is never removed, and
+/// would describe DST again to a run started after this one stopped
+/// half-way; this record, left without its map, says a run from the index
+/// began writing DST (the next run with the index is refused; one with
+/// `--state out` reads DST, as with no state, and removes it).
+pub fn mark_from_index(out: &Path, index: &Path, size: u64) -> io::Result<()> {
+    let csum = blkmap::open_fidx(index)
+        .map_err(|e| io::Error::other(format!("{}: {e}", index.display())))?
+        .header()
+        .index_checksum();
+    let record = Record {
+        size,
+        map: Some(csum.to_hex()),
+        remote: Vec::new(),
+        files: Vec::new(),
+    };
+    save_side(out, Some(record))
+}
+
+/// Why a fixed index cannot be the state of a run that saves its state to
+/// `out`, if it cannot: a state there (or its side record, left by a run
+/// from the index that began writing DST) describes DST now.
+pub fn index_superseded(out: &Path) -> Option<String> {
+    let side = side_path(out);
+    let found = [out, side.as_path()].into_iter().find(|p| p.exists())?;
+    Some(format!(
+        "{} exists: a run from this index wrote DST since it was restored, so the index no \
+         longer says what DST holds; run with --state {} instead (DST is read and compared \
+         if it holds no map)",
+        found.display(),
+        out.display()
+    ))
+}
+
 fn sync_dir(path: &Path) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -239,5 +285,32 @@ mod tests {
         assert!(s.iter().all(|&i| i < m.blocks()));
         let one = Map::compute(blkhash::Options::new().block_size(512), &[1u8; 10]).unwrap();
         assert_eq!(samples(&one), [0]);
+    }
+
+    /// The record a run from an index leaves before writing DST refuses
+    /// the index to the next run, and describes no map saved there.
+    #[test]
+    fn a_run_from_an_index_marks_its_state() {
+        use blkhash::Algorithm::Sha256;
+        let dir = tempfile::tempdir().unwrap();
+        let (index, out) = (dir.path().join("x.fidx"), dir.path().join("dst.map"));
+        let mut digest = [0u8; 32];
+        Sha256.digest_into(&[7u8; 5000], &mut digest);
+        let mut csum = [0u8; 32];
+        Sha256.digest_into(&digest, &mut csum);
+        let mut f = vec![0u8; blkmap::FIDX_HEADER_LEN];
+        f[..8].copy_from_slice(&blkmap::FIDX_MAGIC);
+        f[32..64].copy_from_slice(&csum);
+        f[64..72].copy_from_slice(&5000u64.to_le_bytes());
+        f[72..80].copy_from_slice(&(4u64 << 20).to_le_bytes());
+        f.extend_from_slice(&digest);
+        std::fs::write(&index, &f).unwrap();
+        assert_eq!(index_superseded(&out), None);
+        mark_from_index(&out, &index, 5000).unwrap();
+        let why = index_superseded(&out).unwrap();
+        assert!(why.contains("dst.map.dst exists"), "{why}");
+        let map = Map::compute(blkhash::Options::new(), &[7u8; 5000]).unwrap();
+        assert!(load_side(&out, &map).unwrap().is_none());
+        assert_eq!(std::fs::read(&index).unwrap(), f);
     }
 }

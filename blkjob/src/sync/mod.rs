@@ -29,7 +29,7 @@ use dst::Dst;
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -40,8 +40,14 @@ pub struct Request {
     pub src: OsString,
     /// The file, device, NBD URL or image to bring up to date.
     pub dst: OsString,
-    /// DST's block map saved by the last run (`--state`).
+    /// DST's block map saved by the last run (`--state`), or a Proxmox
+    /// Backup Server fixed index of what DST holds (DST was restored from
+    /// that backup): read, never written.
     pub state: Option<PathBuf>,
+    /// Where the state after the run goes (`--save-state`): needed when
+    /// `state` is a fixed index, refused otherwise (a map given as the
+    /// state is replaced where it lies).
+    pub save_state: Option<PathBuf>,
     /// Ignore the state, whatever it holds; read DST and compare.
     pub force_rescan: bool,
     /// DST's format: a DST to create is created in it, an existing one
@@ -69,6 +75,19 @@ impl Request {
     /// Whether the run needs SRC's block digests, even for a first copy.
     fn needs_src_map(&self) -> bool {
         self.state.is_some() || self.verify || self.checksum
+    }
+
+    /// Where the state is written after the run (and removed before DST is
+    /// written, and locked during it): `--save-state`, else `--state`.
+    pub fn state_out(&self) -> Option<&Path> {
+        let index = self.state.as_deref().is_some_and(blkmap::is_fidx_file);
+        (self.save_state.as_deref()).or(self.state.as_deref().filter(|_| !index))
+    }
+
+    /// `--state` if it is a fixed index (read as DST's map, never
+    /// written).
+    fn index_state(&self) -> Option<&Path> {
+        self.state.as_deref().filter(|p| blkmap::is_fidx_file(p))
     }
 
     /// How to take a lock another run holds.
@@ -130,8 +149,9 @@ pub fn run(
     progress: &dyn Progress,
 ) -> Result<Report, Error> {
     let src_name = blkimage::http::redact(&req.src.to_string_lossy()).into_owned();
+    index_state_usable(req)?;
     let _state_lock = guard_outputs(req, &src_name, cancel)?;
-    if let (Some(p), false) = (&req.state, req.dry_run) {
+    if let (Some(p), false) = (req.state_out(), req.dry_run) {
         // A killed run's state, written beside it until DST was flushed:
         // never renamed, it describes nothing.
         let _ = blkmap::remove_stale_temps(p);
@@ -392,13 +412,44 @@ fn judge_state(
 /// record is taken once the server is gone.
 fn save_served_side(req: &Request, dst: &mut Dst, done: &plan::Done) -> Result<(), Error> {
     let checksum = done.src_map.as_ref().and_then(|h| h.checksum.as_ref());
-    if let (Some(t), Some(p), Some(c)) = (dst.served.take(), &req.state, checksum) {
+    if let (Some(t), Some(p), Some(c)) = (dst.served.take(), req.state_out(), checksum) {
         drop(t);
         let meta = std::fs::metadata(&dst.path).map_err(|e| Error::io(&dst.name, e))?;
         state::save_side(p, Some(state::side_of(c, &dst.path, &meta, meta.len())))
             .map_err(|e| Error::io(p.display(), e))?;
     }
     Ok(())
+}
+
+/// Whether `--state` and `--save-state` go together: a fixed index is read
+/// as DST's state and never written (it is the backup's), so the state
+/// after the run goes to `--save-state`, where no state describes DST yet;
+/// a map given as `--state` is replaced where it lies.
+fn index_state_usable(req: &Request) -> Result<(), Error> {
+    let Some(p) = &req.state else {
+        return Ok(());
+    };
+    let why = match (blkmap::is_fidx_file(p), &req.save_state) {
+        (false, None) => return Ok(()),
+        (true, None) if req.dry_run => return Ok(()),
+        (false, Some(_)) => "--save-state is for a PBS fixed index given as --state (a map given \
+                       as --state is replaced where it lies)"
+            .to_string(),
+        (true, None) => "a PBS fixed index is read as DST's state and never written (it is \
+                         the backup's): give --save-state MAP for the state after the copy"
+            .to_string(),
+        (true, Some(out)) if blkmap::is_fidx_file(out) => {
+            format!(
+                "--save-state {} is a PBS fixed index: blksync never writes one (give a map's path)",
+                out.display()
+            )
+        }
+        (true, Some(out)) => match state::index_superseded(out) {
+            Some(why) => why,
+            None => return Ok(()),
+        },
+    };
+    Err(Error::unusable(p.display(), why))
 }
 
 /// A lock refused: another run holds it (which [`Request::wait`] would
@@ -437,9 +488,16 @@ fn guard_outputs(
             format!("is SRC ({src_name}): nothing to copy"),
         ));
     }
-    let Some(p) = &req.state else {
+    let Some(p) = req.state_out() else {
         return Ok(None);
     };
+    let index = req.index_state();
+    let inputs: Vec<_> = (inputs.into_iter())
+        .chain(index.map(|name| guard::Input {
+            name: name.as_os_str(),
+            role: "the state (a PBS fixed index)",
+        }))
+        .collect();
     let (side, lock) = (state::side_path(p), state::lock_path(p));
     let outputs = [
         guard::Output {

@@ -167,8 +167,13 @@ impl Ctx<'_> {
 
     /// Remove the state: it must never describe a DST being written.
     fn remove_state(&self) -> Result<(), Error> {
-        match &self.req.state {
-            Some(p) => state::remove(p).map_err(|e| Error::io(p.display(), e)),
+        let Some(p) = self.req.state_out() else {
+            return Ok(());
+        };
+        let of_state = |e| Error::io(p.display(), e);
+        state::remove(p).map_err(of_state)?;
+        match self.req.index_state() {
+            Some(index) => state::mark_from_index(p, index, self.src.size()).map_err(of_state),
             None => Ok(()),
         }
     }
@@ -180,7 +185,7 @@ impl Ctx<'_> {
     /// Where SRC's map is written: beside the state, else (no state, a
     /// dry run) in an unnamed temporary file.
     fn map_out(&self) -> Result<MapOut, Error> {
-        match (&self.req.state, self.req.dry_run) {
+        match (self.req.state_out(), self.req.dry_run) {
             (Some(p), false) => Pending::create(p)
                 .map(MapOut::State)
                 .map_err(|e| Error::io(p.display(), e)),
@@ -212,7 +217,7 @@ fn first_copy(c: &Ctx<'_>, hash: bool) -> Result<(Option<SrcMap>, Target), Error
             dst: dst.clone(),
             name: Arc::from(c.dst.name.as_str()),
             failed: failed.clone(),
-            flush_later: c.req.state.is_some(),
+            flush_later: c.req.state_out().is_some(),
         };
         let map = hash_src_map(c, c.src.clone(), Some(through), |_| {}, out).map_err(|e| {
             // DST's failure first: it is why SRC's reading stopped.
@@ -423,7 +428,7 @@ fn finish(c: &Ctx<'_>, src_map: Option<SrcMap>, dst: Target) -> Result<Done, Err
     // export is always flushed: once blksync is gone nobody would flush
     // the server's cache (qemu-nbd keeps qcow2 metadata there; killed,
     // it loses the writes).
-    if c.req.state.is_some() || c.dst.kind == Kind::Nbd {
+    if c.req.state_out().is_some() || c.dst.kind == Kind::Nbd {
         dst.sync().map_err(|e| c.dst_error(e))?;
     }
     let header = src_map.as_ref().map(|SrcMap(h, _)| h.clone());
@@ -436,7 +441,7 @@ fn finish(c: &Ctx<'_>, src_map: Option<SrcMap>, dst: Target) -> Result<Done, Err
             });
         }
     }
-    if let (Some(p), Some(src_map)) = (&c.req.state, src_map) {
+    if let (Some(p), Some(src_map)) = (c.req.state_out(), src_map) {
         let file = match &dst {
             Target::File(f) => Some(f),
             Target::Nbd(_) => None,

@@ -45,9 +45,18 @@ struct Args {
 
     /// DST's block map: used instead of reading DST if it exists and
     /// matches DST, and replaced by SRC's map after the copy (with a side
-    /// record MAP.dst of DST's identity, size and times).
+    /// record MAP.dst of DST's identity, size and times). MAP may be a
+    /// Proxmox Backup Server fixed index (.fidx, probed by its magic) of
+    /// the backup DST was restored from: read, never written (the state
+    /// after the copy goes to --save-state).
     #[arg(long, value_name = "MAP")]
     state: Option<PathBuf>,
+
+    /// Where the state after the copy goes when --state is a PBS fixed
+    /// index (which blksync never writes): a map that must not exist yet;
+    /// later runs take it as --state.
+    #[arg(long, value_name = "MAP", requires = "state")]
+    save_state: Option<PathBuf>,
 
     /// Ignore the state, whatever it holds (a warning says why it would
     /// have been refused): read DST and compare. The state is then saved
@@ -182,6 +191,7 @@ fn main() -> ExitCode {
         src: args.src_path.clone(),
         dst: args.dst_path.clone(),
         state: args.state.clone(),
+        save_state: args.save_state.clone(),
         force_rescan: args.force_rescan,
         output_format: args.output_format,
         job: args.input.spec(),
