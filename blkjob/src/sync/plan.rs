@@ -322,7 +322,7 @@ fn update(c: &Ctx<'_>, known: &MapFile) -> Result<(Option<SrcMap>, Target), Erro
 fn compared(c: &Ctx<'_>, known: &MapFile) -> Result<Known, blkmap::MapError> {
     let blocks = match &c.changes {
         Some(ch) => ch.blocks.clone(),
-        None => vec![0..known.header().blocks()],
+        None => std::iter::once(0..known.header().blocks()).collect(),
     };
     Ok(Known::looked_up(known.lookup()?, blocks, known.header()))
 }
@@ -334,7 +334,8 @@ fn compared(c: &Ctx<'_>, known: &MapFile) -> Result<Known, blkmap::MapError> {
 /// decides the plan, and a damaged one is refused before DST is touched,
 /// long before the dirty blocks it is spliced with are known. So it is
 /// not checked again (a SHA-256 of the file and a digest of its digests),
-/// only found unwritten since.
+/// only found unwritten since. (A fixed index as the state was checked
+/// whole as it was copied into the map read here.)
 fn splice_state(
     c: &Ctx<'_>,
     known: &MapFile,
