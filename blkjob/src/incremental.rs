@@ -434,12 +434,22 @@ fn spread(v: &[Range<u64>], n: u64) -> Vec<u64> {
 /// base says; the bytes read. A block that does not: the base is not this
 /// image's earlier map, or the image changed behind the bitmap's back.
 pub fn check_clean(src: &dyn Source, base: &Base<'_>, changes: &Changes) -> io::Result<u64> {
+    check_picked(src, base, changes, &samples(base.map, changes)?)
+}
+
+/// [`check_clean`] of the clean blocks `picked` ([`samples`]).
+fn check_picked(
+    src: &dyn Source,
+    base: &Base<'_>,
+    changes: &Changes,
+    picked: &[u64],
+) -> io::Result<u64> {
     let map = base.map;
     let h = map.header();
     let bs = h.block_size as u64;
     let mut buf = blkhash::try_zeroed(bs as usize, "a sampled block")?;
     let mut read = 0;
-    for i in samples(map, changes)? {
+    for &i in picked {
         let offset = i * bs;
         let n = bs.min(h.size - offset) as usize;
         src.read_at(&mut buf[..n], offset)?;
@@ -615,10 +625,12 @@ pub fn update_map(
     changes.checks.insert(1, Check::Parameters);
     let conflicts = allocation_conflicts(&*src, base.map, &changes)?;
     let read = union(&changes.blocks, &conflicts);
+    // Picked once: each pick reads the base's runs.
+    let picked = samples(base.map, &changes)?;
     // The samples are read while the blocks are hashed (nothing is
     // written before both are done): their seeks then cost no time.
     let (sampled_bytes, hashed) = std::thread::scope(|s| {
-        let check = s.spawn(|| check_clean(&*src, base, &changes));
+        let check = s.spawn(|| check_picked(&*src, base, &changes, &picked));
         let hashed = hash_blocks(src.clone(), &read, job, progress);
         let sampled = check
             .join()
@@ -652,7 +664,7 @@ pub fn update_map(
         header: spliced.header,
         data_blocks: spliced.data_blocks,
         format: stats.format,
-        sampled: samples(base.map, &changes)?.len() as u64,
+        sampled: picked.len() as u64,
         conflicting: count(&conflicts),
         read_bytes: stats.stats.data + sampled_bytes + verified_bytes,
         changes,

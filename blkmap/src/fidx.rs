@@ -55,8 +55,14 @@ pub fn is_fidx(prefix: &[u8]) -> bool {
 }
 
 /// True if the file `path` starts with the fixed index magic (a `.fidx`,
-/// whatever its name); false if it does not or cannot be read.
+/// whatever its name); false if it does not or cannot be read, and for
+/// anything but a regular file: opening a FIFO waits for a writer, and
+/// reading a pipe would take the bytes its reader needs (a piped index is
+/// probed where the stream is read).
 pub fn is_fidx_file(path: &std::path::Path) -> bool {
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return false;
+    }
     let mut prefix = [0u8; 8];
     std::fs::File::open(path)
         .and_then(|mut f| f.read_exact(&mut prefix))

@@ -10,6 +10,7 @@ use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Records between two entries of the index: the index of a map of `r`
 /// records holds `r / INDEX_EVERY` entries, and a look-up reads at most
@@ -51,6 +52,22 @@ pub struct MapFile {
     records: u64,
     /// Every [`INDEX_EVERY`]th record: its first block and its offset.
     index: Vec<(u64, u64)>,
+    /// The file's size and times when it was opened.
+    stamp: Stamp,
+}
+
+/// What changes when a file is written: its size and modification time
+/// (not its change time: a file removed or renamed while it is read, as
+/// blksync removes its state before writing DST, is still the same).
+#[derive(Debug, PartialEq, Eq)]
+struct Stamp(u64, i64, i64);
+
+impl Stamp {
+    fn of(file: &File) -> io::Result<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata()?;
+        Ok(Stamp(m.len(), m.mtime(), m.mtime_nsec()))
+    }
 }
 
 impl MapFile {
@@ -63,6 +80,7 @@ impl MapFile {
     /// [`open`](MapFile::open) a file already open (read from its start,
     /// whatever its position).
     pub fn from_file(file: File) -> Result<MapFile, MapError> {
+        let stamp = Stamp::of(&file)?;
         let at = At {
             file: &file,
             pos: 0,
@@ -74,6 +92,7 @@ impl MapFile {
             header,
             records,
             index: Vec::new(),
+            stamp,
         };
         let (mut n, mut index) = (0u64, Vec::new());
         let mut heads = map.heads(0, map.records);
@@ -145,6 +164,30 @@ impl MapFile {
         Ok(Checked::new(reader))
     }
 
+    /// [`pieces`](MapFile::pieces) of a map already read whole through
+    /// them and found intact: every structural check made, not the
+    /// trailer's or the checksum's (they cost a SHA-256 of the file and
+    /// a digest of its digests). Once read, [`unchanged`](MapFile::unchanged)
+    /// says the file is still the one checked.
+    pub fn pieces_known_intact(&self) -> Result<MapReader<BufReader<At<&File>>>, MapError> {
+        let at = At {
+            file: &self.file,
+            pos: 0,
+        };
+        MapReader::known_intact(BufReader::with_capacity(1 << 20, at))
+    }
+
+    /// An error if the file was written since it was opened (its size or
+    /// times changed): what was read of it may not be what was checked.
+    pub fn unchanged(&self) -> Result<(), MapError> {
+        if Stamp::of(&self.file)? != self.stamp {
+            return Err(MapError::Io(io::Error::other(
+                "written by another program while this one read it",
+            )));
+        }
+        Ok(())
+    }
+
     /// [`pieces`](MapFile::pieces) read through a handle of their own (a
     /// duplicate of the file's, read at a position of its own), for a
     /// reader that must own them: a hasher's observer, on another thread.
@@ -157,20 +200,95 @@ impl MapFile {
         Ok(Box::new(Checked::new(reader)))
     }
 
-    fn heads(&self, block: u64, at: u64) -> Heads<'_> {
-        Heads {
-            r: BufReader::with_capacity(
-                64 << 10,
-                At {
-                    file: &self.file,
-                    pos: at,
-                },
-            ),
-            at,
-            block,
-            end: self.header.blocks(),
-            len: self.header.algorithm.output_len() as u64,
+    fn heads(&self, block: u64, at: u64) -> Heads<&File> {
+        let len = self.header.algorithm.output_len() as u64;
+        Heads::new(&self.file, self.header.blocks(), len, block, at)
+    }
+
+    /// The blocks read by index, forward, from a handle of its own: only
+    /// the digests asked for are read, never checked (the file is known
+    /// intact only once [`pieces`](MapFile::pieces) was read to its end:
+    /// read them first). What an update that has checked its state reads
+    /// the state's blocks with, beside SRC's.
+    pub fn lookup(&self) -> Result<Lookup, MapError> {
+        let file = Arc::new(self.file.try_clone()?);
+        let len = self.header.algorithm.output_len() as u64;
+        Ok(Lookup {
+            heads: Heads::new(file.clone(), self.header.blocks(), len, 0, self.records),
+            file,
+            index: self.index.clone(),
+            head: None,
+            len,
+        })
+    }
+}
+
+/// A saved map's blocks looked up by index, each at or after the last
+/// asked for ([`MapFile::lookup`]): a record's head is found through the
+/// map's index or by reading on, and only the digests asked for are read
+/// from the file. Memory: the index and a 64 KiB buffer of heads.
+pub struct Lookup {
+    file: Arc<File>,
+    heads: Heads<Arc<File>>,
+    index: Vec<(u64, u64)>,
+    /// The record holding the last block asked for.
+    head: Option<Head>,
+    len: u64,
+}
+
+impl Lookup {
+    /// The run holding block `index`: its end and whether it holds data;
+    /// `None` past the map's end. A block before the record of the last
+    /// one asked for is an error: the map is read forward.
+    pub fn run_at(&mut self, index: u64) -> Result<Option<(u64, bool)>, MapError> {
+        if index >= self.heads.end {
+            return Ok(None);
         }
+        if let Some(h) = &self.head {
+            if index < h.first {
+                return Err(MapError::Invalid(format!(
+                    "block {index} asked for after block {}: the map is read forward",
+                    h.first
+                )));
+            }
+            if index < h.first + h.count {
+                return Ok(Some((h.first + h.count, h.data)));
+            }
+        }
+        // Far ahead: start again from the index's last record at or
+        // before the block, rather than reading every head between.
+        let k = self.index.partition_point(|&(first, _)| first <= index) - 1;
+        let (first, at) = self.index[k];
+        if first > self.heads.block {
+            let (end, len) = (self.heads.end, self.len);
+            self.heads = Heads::new(self.file.clone(), end, len, first, at);
+        }
+        while let Some(h) = self.heads.next_head()? {
+            if index < h.first + h.count {
+                let run = (h.first + h.count, h.data);
+                self.head = Some(h);
+                return Ok(Some(run));
+            }
+        }
+        Err(MapError::Truncated)
+    }
+
+    /// The digests of the `n` blocks from `index` on, all in the data run
+    /// [`run_at`](Lookup::run_at) gave for `index`, read into `buf`
+    /// (replacing what it held).
+    pub fn digests(&mut self, index: u64, n: u64, buf: &mut Vec<u8>) -> Result<(), MapError> {
+        let h = match self.run_at(index)? {
+            Some((end, true)) if n <= end - index => self.head.as_ref().expect("a run"),
+            _ => {
+                return Err(MapError::Invalid(format!(
+                    "digests of blocks {index}+{n} asked for outside a data run"
+                )));
+            }
+        };
+        buf.resize((n * self.len) as usize, 0);
+        let pos = h.at + 9 + (index - h.first) * self.len;
+        self.file.read_exact_at(buf, pos)?;
+        Ok(())
     }
 }
 
@@ -216,8 +334,8 @@ struct Head {
 }
 
 /// Record heads read one after another, digests skipped.
-struct Heads<'a> {
-    r: BufReader<At<&'a File>>,
+struct Heads<F> {
+    r: BufReader<At<F>>,
     /// The next record's offset.
     at: u64,
     /// The next record's first block.
@@ -226,7 +344,20 @@ struct Heads<'a> {
     len: u64,
 }
 
-impl Heads<'_> {
+impl<F: Borrow<File>> Heads<F> {
+    /// The heads of the records of a map of `end` blocks whose digests
+    /// are `len` bytes, from the one at offset `at`, whose first block is
+    /// `block`.
+    fn new(file: F, end: u64, len: u64, block: u64, at: u64) -> Heads<F> {
+        Heads {
+            r: BufReader::with_capacity(64 << 10, At { file, pos: at }),
+            at,
+            block,
+            end,
+            len,
+        }
+    }
+
     fn next_head(&mut self) -> Result<Option<Head>, MapError> {
         if self.block >= self.end {
             return Ok(None);

@@ -60,7 +60,7 @@ pub use fidx::{
     FIDX_HEADER_LEN, FIDX_MAGIC, FidxHeader, FidxReader, fidx_map, fidx_map_file, is_fidx,
     is_fidx_file, open_fidx,
 };
-pub use file::{MapFile, MapLike};
+pub use file::{Lookup, MapFile, MapLike};
 pub use format::{
     Header, MAGIC, MAX_IDENTITY, MapReader, Piece, VERSION, check_range, is_map,
     remove_stale_temps, write_atomic,

@@ -43,7 +43,9 @@ pub struct Spliced {
 
 /// Write to `out` the map of `old` (a complete map, read to its end so
 /// that its checks are made: give a saved map as a
-/// [`Checked`](crate::Checked) reader) with the blocks `how.ranges` taken
+/// [`Checked`](crate::Checked) reader, or one checked whole before as
+/// [`MapFile::pieces_known_intact`](crate::MapFile::pieces_known_intact))
+/// with the blocks `how.ranges` taken
 /// from `how.fresh`; the checksum is derived anew. Byte for byte the map
 /// [`Map::splice_part`](crate::Map::splice_part) gives, without either map
 /// in memory.

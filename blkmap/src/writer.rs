@@ -165,6 +165,15 @@ impl<W: Output> RecordWriter<W> {
 
     /// Close the last record, write `header` (of the template's length)
     /// over the template, and sign what was written: the output, complete.
+    ///
+    /// The signature (the trailer) is SHA-256 of the header and then the
+    /// records, and the header holds the image checksum, known only once
+    /// the last block was written: the records cannot be hashed as they
+    /// go by, before the header's bytes are known. So they are read back
+    /// (from the page cache: they were just written). Hashing them as
+    /// they are written would need the checksum before the first record,
+    /// that is a pass over the blocks before the one that writes them: as
+    /// many reads, in another order, and a base read twice.
     pub fn finish(mut self, header: &Header) -> Result<W, MapError> {
         header.check()?;
         if header.encoded_len() != self.header_len {

@@ -460,3 +460,59 @@ fn pieces_are_checked_to_the_end() {
     );
     assert!(matches!(e, Err(MapError::Checksum)), "{e:?}");
 }
+
+/// A map's blocks looked up forward (only those asked for read), and its
+/// pieces read without the trailer's check once it is known intact; a
+/// write to the file since it was opened is told.
+#[test]
+fn map_file_lookup_and_pieces_known_intact() {
+    let bs = 512;
+    let data: Vec<u8> = (0..2000 * bs).map(|i| ((i / bs) % 3 % 2) as u8).collect();
+    let map = Map::compute(opts(Algorithm::Sha256, bs), &data).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.map");
+    map.save(&p).unwrap();
+    let f = MapFile::open(&p).unwrap();
+    let mut lookup = f.lookup().unwrap();
+    let mut buf = Vec::new();
+    for i in [0, 1, 2, 300, 301, 1200, 1998, 1999] {
+        let (end, data) = lookup.run_at(i).unwrap().unwrap();
+        assert!(end > i, "block {i}");
+        match map.block(i).unwrap() {
+            Block::Zero => assert!(!data, "block {i}"),
+            Block::Data(d) => {
+                lookup.digests(i, 1, &mut buf).unwrap();
+                assert_eq!(buf, d, "block {i}");
+            }
+        }
+    }
+    assert_eq!(lookup.run_at(2000).unwrap(), None);
+    assert!(lookup.run_at(5).is_err(), "a block behind is refused");
+    let d = diff_pieces(f.pieces_known_intact().unwrap(), map.pieces()).unwrap();
+    assert_eq!(d.ranges, []);
+    f.unchanged().unwrap();
+    // A byte of a digest changed: the trailer no longer matches, which
+    // only a checked read tells; the file's times tell it was written.
+    let mut bytes = std::fs::read(&p).unwrap();
+    let at = bytes.len() - 40;
+    bytes[at] ^= 1;
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .and_then(|mut w| std::io::Write::write_all(&mut w, &bytes))
+        .unwrap();
+    let e = f.unchanged().unwrap_err().to_string();
+    assert!(e.contains("written by another program"), "{e}");
+    let mut r = f.pieces_known_intact().unwrap();
+    while blkmap::Pieces::next_piece(&mut r).unwrap().is_some() {}
+    let mut r = f.pieces().unwrap();
+    let e = loop {
+        match blkmap::Pieces::next_piece(&mut r) {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("a damaged map read to its end"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(e, MapError::Damaged), "{e}");
+}

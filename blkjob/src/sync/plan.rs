@@ -255,8 +255,8 @@ fn update(c: &Ctx<'_>, known: &MapFile) -> Result<(Option<SrcMap>, Target), Erro
         dst.set_len(size).map_err(|e| c.dst_error(e))?;
     }
     let failed = update::Failed::default();
-    let dst_blocks = Known::new(known.pieces_owned().map_err(of_state)?);
     let block_size = c.job.block_size();
+    let dst_blocks = compared(c, known).map_err(of_state)?;
     let (mut differ, ops) = update::Differ::new(dst_blocks, size, block_size, failed.clone());
     let w = c.writer(&dst);
     // With a dirty bitmap, only its blocks are read (the rest are holes to
@@ -314,9 +314,28 @@ fn update(c: &Ctx<'_>, known: &MapFile) -> Result<(Option<SrcMap>, Target), Erro
     Ok((Some(map), dst))
 }
 
+/// DST's blocks an update compares SRC's with, from its state `known`:
+/// every block, or through a dirty bitmap the dirty ones. The state was
+/// read whole and found intact when it was opened (state::open): they
+/// are looked up in it, not read and checked again (through a bitmap,
+/// only the dirty blocks' digests are read).
+fn compared(c: &Ctx<'_>, known: &MapFile) -> Result<Known, blkmap::MapError> {
+    let blocks = match &c.changes {
+        Some(ch) => ch.blocks.clone(),
+        None => std::iter::once(0..known.header().blocks()).collect(),
+    };
+    Ok(Known::looked_up(known.lookup()?, blocks, known.header()))
+}
+
 /// The state `known` with the blocks `ranges` of `fresh` (SRC's, read
 /// through its dirty bitmap) spliced in, written where SRC's map goes:
-/// one pass over the state, checked as a load checks it.
+/// one pass over the state. It was read whole and checked when it was
+/// opened (state::open), which had to come first: whether it is intact
+/// decides the plan, and a damaged one is refused before DST is touched,
+/// long before the dirty blocks it is spliced with are known. So it is
+/// not checked again (a SHA-256 of the file and a digest of its digests),
+/// only found unwritten since. (A fixed index as the state was checked
+/// whole as it was copied into the map read here.)
 fn splice_state(
     c: &Ctx<'_>,
     known: &MapFile,
@@ -330,7 +349,9 @@ fn splice_state(
         compare: &[],
         identity: c.src_record.and_then(|r| r.identity()),
     };
-    let (spliced, _) = blkmap::splice(known.pieces()?, how, out.file().try_clone()?)?;
+    let old = known.pieces_known_intact()?;
+    let (spliced, _) = blkmap::splice(old, how, out.file().try_clone()?)?;
+    known.unchanged()?;
     Ok(SrcMap(spliced.header, out))
 }
 
