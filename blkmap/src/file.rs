@@ -12,6 +12,13 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
+/// The buffer in front of a map file's reader: its records' heads are
+/// small reads; the digests are read in chunks of their own past it (a
+/// read at least this long bypasses the buffer), so a larger one would
+/// only hold a second copy of them (1 MiB each, several readers open in
+/// an update).
+const READ_BUFFER: usize = 64 << 10;
+
 /// Records between two entries of the index: the index of a map of `r`
 /// records holds `r / INDEX_EVERY` entries, and a look-up reads at most
 /// this many record heads.
@@ -160,7 +167,7 @@ impl MapFile {
             file: &self.file,
             pos: 0,
         };
-        let reader = MapReader::new(BufReader::with_capacity(1 << 20, at))?;
+        let reader = MapReader::new(BufReader::with_capacity(READ_BUFFER, at))?;
         Ok(Checked::new(reader))
     }
 
@@ -174,7 +181,7 @@ impl MapFile {
             file: &self.file,
             pos: 0,
         };
-        MapReader::known_intact(BufReader::with_capacity(1 << 20, at))
+        MapReader::known_intact(BufReader::with_capacity(READ_BUFFER, at))
     }
 
     /// An error if the file was written since it was opened (its size or
@@ -196,7 +203,7 @@ impl MapFile {
             file: self.file.try_clone()?,
             pos: 0,
         };
-        let reader = MapReader::new(BufReader::with_capacity(1 << 20, at))?;
+        let reader = MapReader::new(BufReader::with_capacity(READ_BUFFER, at))?;
         Ok(Box::new(Checked::new(reader)))
     }
 
