@@ -366,6 +366,26 @@ pub fn open_fidx(
     Ok(r)
 }
 
+/// Visit the chunks of `r` in order, read to its end and checked: their
+/// index, and `None` for a full chunk with the digest of a chunk of zeros
+/// (a zero block of a map), else their digest.
+fn each_chunk<R: Read>(
+    r: &mut FidxReader<R>,
+    mut visit: impl FnMut(u64, Option<&[u8]>) -> io::Result<()>,
+) -> Result<(), MapError> {
+    let bs = r.header().chunk_size;
+    let zero = crate::zero_digest(Algorithm::Sha256, bs);
+    let full = r.header().size / bs as u64;
+    let mut index = 0u64;
+    while let Some(digests) = r.next_digests()? {
+        for d in digests.chunks_exact(DIGEST_LEN) {
+            visit(index, (index >= full || d != zero).then_some(d))?;
+            index += 1;
+        }
+    }
+    Ok(())
+}
+
 /// The block map of the fixed index `r`, as [`fidx_map`] makes it, written
 /// to `out` (a new, empty file: a temporary one) and opened there
 /// ([`MapFile`](crate::MapFile)): memory bounded by one buffer whatever
@@ -417,18 +437,10 @@ pub fn fidx_map_file<R: Read>(
         identity: None,
     };
     let mut w = crate::RecordWriter::new(out, &template)?;
-    let zero = crate::zero_digest(Algorithm::Sha256, bs);
-    let full = h.size / bs as u64;
-    let mut index = 0u64;
-    while let Some(digests) = r.next_digests()? {
-        for d in digests.chunks_exact(DIGEST_LEN) {
-            match index < full && d == zero {
-                true => w.zeros(1)?,
-                false => w.data(d)?,
-            }
-            index += 1;
-        }
-    }
+    each_chunk(&mut r, |_, digest| match digest {
+        None => w.zeros(1),
+        Some(d) => w.data(d),
+    })?;
     let header = crate::Header {
         checksum: Some(r.checksum()?),
         ..template
@@ -445,18 +457,13 @@ pub fn fidx_map<R: Read>(mut r: FidxReader<R>) -> Result<crate::Map, MapError> {
     let bs = header.chunk_size;
     let builder = crate::MapBuilder::new(Algorithm::Sha256, bs)?;
     let mut observe = builder.observer();
-    let zero = crate::zero_digest(Algorithm::Sha256, bs);
-    let full = header.size / bs as u64;
-    let mut index = 0u64;
-    while let Some(digests) = r.next_digests()? {
-        for d in digests.chunks_exact(DIGEST_LEN) {
-            match index < full && d == zero {
-                true => observe(blkhash::BlockEvent::Zeros { index, count: 1 }),
-                false => observe(blkhash::BlockEvent::Data { index, digest: d }),
-            }
-            index += 1;
-        }
-    }
+    each_chunk(&mut r, |index, digest| {
+        observe(match digest {
+            None => blkhash::BlockEvent::Zeros { index, count: 1 },
+            Some(digest) => blkhash::BlockEvent::Data { index, digest },
+        });
+        Ok(())
+    })?;
     let checksum = r.checksum()?;
     builder.finish(header.size, &checksum)
 }

@@ -432,13 +432,7 @@ fn pieces_are_checked_to_the_end() {
     let at = bytes.len() - 40;
     bytes[at] ^= 1;
     let mut r = Checked::new(MapReader::new(&bytes[..]).unwrap());
-    let e = loop {
-        match blkmap::Pieces::next_piece(&mut r) {
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("a damaged map read to its end"),
-            Err(e) => break e,
-        }
-    };
+    let e = damaged_read_fails(&mut r);
     assert!(matches!(e, MapError::Damaged), "{e}");
     let other = Map::compute(opts(Algorithm::Sha256, 512), &[6u8; 4096]).unwrap();
     let e = diff_pieces(
@@ -507,12 +501,17 @@ fn map_file_lookup_and_pieces_known_intact() {
     let mut r = f.pieces_known_intact().unwrap();
     while blkmap::Pieces::next_piece(&mut r).unwrap().is_some() {}
     let mut r = f.pieces().unwrap();
-    let e = loop {
-        match blkmap::Pieces::next_piece(&mut r) {
+    let e = damaged_read_fails(&mut r);
+    assert!(matches!(e, MapError::Damaged), "{e}");
+}
+
+/// The error reading `r` (a damaged map's pieces) ends with.
+fn damaged_read_fails(r: &mut impl blkmap::Pieces) -> MapError {
+    loop {
+        match r.next_piece() {
             Ok(Some(_)) => continue,
             Ok(None) => panic!("a damaged map read to its end"),
-            Err(e) => break e,
+            Err(e) => return e,
         }
-    };
-    assert!(matches!(e, MapError::Damaged), "{e}");
+    }
 }
