@@ -14,7 +14,9 @@
 //!
 //! Memory: at most `2 × depth` buffers of the read size are allocated (the
 //! reads in flight, and as many waiting in the hasher's queue or being
-//! digested), on top of what the hasher itself holds; the depth is cut so
+//! digested; `depth` + its workers for a hasher that says how many it has,
+//! [`Sink::busy_with`]: 6 MiB, not 8, for 4 reads of 1 MiB in front of 2
+//! workers), on top of what the hasher itself holds; the depth is cut so
 //! that they fit in [`blkhash::IN_FLIGHT_BUDGET`] (256 MiB), whatever depth
 //! and read size are asked for.
 //!
@@ -157,8 +159,8 @@ impl<'sink> ReadAhead<'sink> {
     }
 
     /// A buffer of at least `len` bytes: one given back by the hasher, else
-    /// a new one while fewer than `2 × depth` exist, else the next one the
-    /// hasher gives back.
+    /// a new one while fewer than [`ReadAhead::most_buffers`] exist, else
+    /// the next one the hasher gives back.
     fn buffer(&mut self, len: usize) -> io::Result<AlignedBuf> {
         if let Some(m) = self.max_bytes {
             return self.buffer_within(len, m);
@@ -168,7 +170,7 @@ impl<'sink> ReadAhead<'sink> {
         }
         let buf = match self.spare.pop() {
             Some(b) => b,
-            None if self.allocated < 2 * self.depth => {
+            None if self.allocated < self.most_buffers() => {
                 let buf = AlignedBuf::try_new(len, "a read")?;
                 self.allocated += 1;
                 return Ok(buf);
@@ -187,6 +189,13 @@ impl<'sink> ReadAhead<'sink> {
             drop(buf);
             AlignedBuf::try_new(len, "a read")
         }
+    }
+
+    /// Buffers allocated at most under a bound in reads: those in flight,
+    /// and those the hasher digests (as many again if it does not say).
+    fn most_buffers(&self) -> usize {
+        let busy = self.inner.busy_with().unwrap_or(self.depth);
+        self.depth + busy.clamp(1, self.depth)
     }
 
     /// A buffer for a read of `len` bytes when reads are bounded by `m`
@@ -329,6 +338,8 @@ mod tests {
     /// queue does) and gives the older ones back.
     struct Keeps {
         keep: usize,
+        /// What it says it keeps busy ([`Sink::busy_with`]).
+        busy: Option<usize>,
         held: VecDeque<AlignedBuf>,
         back: Vec<AlignedBuf>,
     }
@@ -354,6 +365,9 @@ mod tests {
         fn zeros(&mut self, _: u64) -> io::Result<()> {
             Ok(())
         }
+        fn busy_with(&self) -> Option<usize> {
+            self.busy
+        }
         fn reclaim(&mut self) -> Option<AlignedBuf> {
             self.back.pop()
         }
@@ -370,6 +384,7 @@ mod tests {
         let bound = 4 << 20;
         let mut sink = Keeps {
             keep: 16,
+            busy: None,
             held: VecDeque::new(),
             back: Vec::new(),
         };
@@ -399,6 +414,32 @@ mod tests {
                 assert!(ahead.bytes <= bound + (1 << 20));
             }
             ahead.flush().unwrap();
+        });
+    }
+
+    /// Reads bounded by count in front of a sink that says it keeps 2
+    /// buffers busy (and would queue every buffer it is given): 4 reads in
+    /// flight take at most 6 buffers, not 8.
+    #[test]
+    fn buffers_are_the_reads_and_what_the_sink_keeps_busy() {
+        let mut sink = Keeps {
+            keep: 100,
+            busy: Some(2),
+            held: VecDeque::new(),
+            back: Vec::new(),
+        };
+        std::thread::scope(|scope| {
+            let mut ahead = ReadAhead::new(scope, &mut sink, 4, 1 << 20).unwrap();
+            for _ in 0..200 {
+                let fill = Box::new(|b: &mut [u8]| {
+                    b.fill(7);
+                    Ok(())
+                });
+                ahead.read(1 << 20, fill).unwrap();
+                assert!(ahead.allocated <= 6, "{} buffers", ahead.allocated);
+            }
+            ahead.flush().unwrap();
+            assert_eq!(ahead.allocated, 6);
         });
     }
 }

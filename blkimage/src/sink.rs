@@ -47,6 +47,13 @@ pub trait Sink {
     fn data(&mut self, buf: AlignedBuf) -> io::Result<()>;
     /// The next `len` bytes read as zeros.
     fn zeros(&mut self, len: u64) -> io::Result<()>;
+    /// Buffers given with [`Sink::data`] the sink needs at once to keep
+    /// busy (one per digest worker), if it knows: a
+    /// [`ReadAhead`](crate::ReadAhead) in front then allocates that many
+    /// besides its reads in flight, not as many again.
+    fn busy_with(&self) -> Option<usize> {
+        None
+    }
     /// A buffer the sink is done with, if any.
     fn reclaim(&mut self) -> Option<AlignedBuf>;
     /// A buffer the sink is done with, waiting for one if it holds any.
@@ -71,6 +78,9 @@ impl Sink for blkhash::Pipeline<AlignedBuf> {
     }
     fn zeros(&mut self, len: u64) -> io::Result<()> {
         self.add_zeros(len)
+    }
+    fn busy_with(&self) -> Option<usize> {
+        Some(self.threads())
     }
     fn reclaim(&mut self) -> Option<AlignedBuf> {
         blkhash::Pipeline::reclaim(self)
