@@ -252,6 +252,32 @@ build_wheel_arm64() {
     say "aarch64 wheel in $(took "$start")"
 }
 
+# `cargo publish --dry-run` of the workspace, again (at most 3 times) when,
+# and only when, it failed reaching the registry: it asks crates.io's index
+# about every crate, and a network error there says nothing of the crates.
+# cargo's own retries (CARGO_NET_RETRY) come first.
+publish_dry_run() {
+    local attempt log
+    log=$(mktemp)
+    for attempt in 1 2 3; do
+        if CARGO_NET_RETRY=${CARGO_NET_RETRY:-5} cargo publish --dry-run --workspace --allow-dirty 2>&1 |
+            tee "$log"; then
+            rm -f "$log"
+            return 0
+        fi
+        # curl's errors as cargo words them ("[28] Timeout was reached"),
+        # and the registry's own failures.
+        if ! grep -qE 'spurious network error|\[[0-9]+\] [A-Z]|failed to query replaced source|status (429|5[0-9][0-9])' "$log"; then
+            rm -f "$log"
+            fail "cargo publish --dry-run failed (above)"
+        fi
+        say "cargo publish --dry-run could not reach the registry (try $attempt of 3)"
+        if [ "$attempt" -lt 3 ]; then sleep $((attempt * 20)); fi
+    done
+    rm -f "$log"
+    fail "cargo publish --dry-run: the registry could not be reached in 3 tries (above)"
+}
+
 build_crates() {
     local start=$SECONDS
     # The workspace's publishable crates (publish not false), from cargo
@@ -280,7 +306,7 @@ print(" ".join(sorted(p["name"] for p in m["packages"]
     # dependencies on crates.io and fail). --allow-dirty: a release is cut
     # from a clean tag, but this runs on work trees too.
     rm -rf "$dist/crates"
-    cargo publish --dry-run --workspace --allow-dirty
+    publish_dry_run
     # The .crate files themselves (the same packages: nothing built again).
     # Named one by one: --workspace would package the crates that are not
     # published too, and refuses libblkhash's path-only dependency.

@@ -19,16 +19,35 @@ failed=0
 # nothing behind. Made in the TMPDIR the run was given, removed at the end.
 outer_tmp=${TMPDIR:-/tmp}
 run_tmp=$(mktemp -d "$outer_tmp/blkhash-test.XXXXXX")
-trap 'rm -rf "$run_tmp"' EXIT
 export TMPDIR=$run_tmp
+
+# Each step's output is also kept (outside the run's temporary directory,
+# which must end empty), so that the end of the run can repeat the last
+# lines of the steps that failed: CI shows only the end of a run's output.
+logs=$(mktemp -d "$outer_tmp/blkhash-test-logs.XXXXXX")
+trap 'rm -rf "$run_tmp" "$logs"' EXIT
+failures=()
 
 # step NAME COMMAND...: run COMMAND (its output as it comes), record the result.
 step() {
-    local name=$1 start=$SECONDS rc
+    local name=$1 start=$SECONDS rc log
     shift
+    log=$logs/$((passed + failed)).log
     echo "==> $name"
-    "$@"
+    # tee through a process substitution, not a pipe: the step runs in this
+    # shell, and a server a test failed to stop, holding the output, cannot
+    # stall the run (tee is waited for 10 s at most, its last lines printed
+    # before the step's result).
+    local out tee_pid
+    exec {out}> >(tee "$log")
+    tee_pid=$!
+    "$@" >&"$out" 2>&1
     rc=$?
+    exec {out}>&-
+    for _ in $(seq 100); do
+        kill -0 "$tee_pid" 2>/dev/null || break
+        sleep 0.1
+    done
     local took=$((SECONDS - start))
     local t
     t=$(printf '%dm%02ds' $((took / 60)) $((took % 60)))
@@ -38,8 +57,21 @@ step() {
     else
         failed=$((failed + 1))
         summary+=("$(printf 'FAIL  %8s  %s (exit %d)' "$t" "$name" "$rc")")
+        failures+=("$name|$log")
     fi
     echo "==> $name: $([ "$rc" -eq 0 ] && echo PASS || echo "FAIL (exit $rc)") in $t"
+}
+
+# The last lines each failed step printed (the build's progress lines left
+# out).
+failed_tails() {
+    local f name log
+    for f in "${failures[@]}"; do
+        name=${f%%|*} log=${f#*|}
+        echo
+        echo "==> the last lines of the failed step: $name"
+        grep -v '^ *\(Compiling\|Checking\|Downloaded\|Fresh\) ' "$log" | tail -n 25
+    done
 }
 
 step "setup (scripts/setup.sh)" scripts/setup.sh
@@ -104,5 +136,6 @@ step "nothing left in the temporary directory" left_behind
 echo
 echo "==> summary"
 printf '%s\n' "${summary[@]}"
+failed_tails
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
