@@ -23,7 +23,7 @@ use std::process::{Command, Stdio};
 /// a little more, whatever the map's size.
 const NBD_LIMIT: u64 = 48 * MIB;
 /// What reading and writing maps alone may use.
-const LOCAL_LIMIT: u64 = 16 * MIB;
+pub(crate) const LOCAL_LIMIT: u64 = 16 * MIB;
 
 /// Run `bin args` under GNU time: its exit status, stdout, stderr and
 /// peak RSS in bytes. Not wait4(2) from here: a child spawned by this
@@ -52,7 +52,7 @@ fn measured(dir: &Path, bin: &str, args: &[&str]) -> (i32, String, String, u64) 
 }
 
 /// Run a map command that must succeed within `limit` bytes of RSS.
-fn bounded(dir: &Path, bin: &str, args: &[&str], limit: u64, expect: i32) -> String {
+pub(crate) fn bounded(dir: &Path, bin: &str, args: &[&str], limit: u64, expect: i32) -> String {
     let (code, out, err, rss) = measured(dir, bin, args);
     assert_eq!(code, expect, "{bin} {args:?}: {err}");
     assert!(

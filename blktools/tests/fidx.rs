@@ -21,16 +21,22 @@ fn fidx_bytes(data: &[u8], chunk: usize) -> (Vec<u8>, [u8; 32]) {
         Algorithm::Sha256.digest_into(c, &mut d);
         digests.extend_from_slice(&d);
     }
+    fidx_of_digests(&digests, data.len() as u64, chunk as u64)
+}
+
+/// The fixed index of a disk of `size` bytes in chunks of `chunk` whose
+/// chunk digests are `digests`: the file's bytes, and its index_csum.
+fn fidx_of_digests(digests: &[u8], size: u64, chunk: u64) -> (Vec<u8>, [u8; 32]) {
     let mut csum = [0u8; 32];
-    Algorithm::Sha256.digest_into(&digests, &mut csum);
+    Algorithm::Sha256.digest_into(digests, &mut csum);
     let mut f = vec![0u8; 4096];
     f[..8].copy_from_slice(&blkmap::FIDX_MAGIC);
     f[8..24].copy_from_slice(b"\x51\x0e\x8e\x5c\x5a\x6e\x4b\x0c\x9d\x41\x70\x3e\x11\x22\x33\x44");
     f[24..32].copy_from_slice(&1_764_201_600i64.to_le_bytes());
     f[32..64].copy_from_slice(&csum);
-    f[64..72].copy_from_slice(&(data.len() as u64).to_le_bytes());
-    f[72..80].copy_from_slice(&(chunk as u64).to_le_bytes());
-    f.extend_from_slice(&digests);
+    f[64..72].copy_from_slice(&size.to_le_bytes());
+    f[72..80].copy_from_slice(&chunk.to_le_bytes());
+    f.extend_from_slice(digests);
     (f, csum)
 }
 
@@ -153,6 +159,40 @@ fn blkdiff_names_the_chunks_that_differ() {
     let o = run(BLKDIFF, &["--block-size", "1m", s(&img), s(&fidx)]);
     assert_eq!(o.code, 2);
     assert!(o.stderr.contains(s(&fidx)), "{}", o.stderr);
+}
+
+/// blkdiff of two indexes of an 8 TiB disk (2 Mi chunks of 4 MiB: 64 MiB
+/// of digests each) peaks well under one index's size: each is streamed
+/// into a map in a temporary file, never held whole (as they were before,
+/// 64 MiB and more each).
+#[test]
+fn blkdiff_of_indexes_in_bounded_memory() {
+    if !require(&["/usr/bin/time"]) {
+        return;
+    }
+    let Some(dir) = scratch() else { return };
+    let (chunks, chunk, differs) = (2u64 << 20, 4 * MIB, 1_234_567u64);
+    let index = |name: &str, differ: Option<u64>| {
+        let mut digests = Vec::with_capacity(chunks as usize * 32);
+        for i in 0..chunks {
+            let seed = if Some(i) == differ { i + chunks } else { i };
+            let mut d = [0u8; 32];
+            Algorithm::Sha256.digest_into(&seed.to_le_bytes(), &mut d);
+            digests.extend_from_slice(&d);
+        }
+        let path = dir.path().join(name);
+        std::fs::write(&path, fidx_of_digests(&digests, chunks * chunk, chunk).0).unwrap();
+        path
+    };
+    let (a, b) = (index("a.fidx", None), index("b.fidx", Some(differs)));
+    let out = crate::bounded::bounded(
+        dir.path(),
+        BLKDIFF,
+        &[s(&a), s(&b)],
+        crate::bounded::LOCAL_LIMIT,
+        1,
+    );
+    assert_eq!(out, format!("{}+{}\n", differs * chunk, chunk));
 }
 
 #[test]

@@ -64,14 +64,11 @@ pub fn is_side(prefix: &[u8]) -> bool {
 /// 2 TiB of data in 64 KiB blocks), no memory.
 ///
 /// A Proxmox Backup Server fixed index (probed by its magic) is read as
-/// the map of the disk it backed up ([`blkmap::fidx_map_file`]: copied to
-/// an unnamed temporary file, 32 bytes a chunk, and checked whole there).
+/// the map of the disk it backed up ([`crate::open_index`]: copied to an
+/// unnamed temporary file, 32 bytes a chunk, and checked whole there).
 pub fn open(path: &Path) -> Result<MapFile, String> {
     if blkmap::is_fidx_file(path) {
-        let out = crate::temp_file("the index's map").map_err(|e| crate::reason(&e))?;
-        return blkmap::open_fidx(path)
-            .and_then(|r| blkmap::fidx_map_file(r, out))
-            .map_err(|e| e.to_string());
+        return crate::open_index(path).map_err(|e| crate::reason(&e));
     }
     let map = MapFile::open(path).map_err(|e| e.to_string())?;
     map.header().whole().map_err(|e| e.to_string())?;

@@ -181,8 +181,10 @@ fn main() -> ExitCode {
 /// A side of the comparison: a saved map read where it lies (streamed,
 /// never loaded whole), or the map of an input hashed now.
 enum Side {
-    Saved(blkmap::MapFile),
-    /// A map read from standard input, or a PBS fixed index, in memory.
+    /// A saved map, or a PBS fixed index as a map in a temporary file,
+    /// and which ("map" or "fidx").
+    Saved(blkmap::MapFile, &'static str),
+    /// A map read from standard input, in memory.
     Hashed(Mapped),
     /// An image's map, written to an unnamed temporary file as it was
     /// made.
@@ -192,7 +194,7 @@ enum Side {
 impl Side {
     fn map(&self) -> &dyn MapLike {
         match self {
-            Side::Saved(m) | Side::Written(m, _) => m,
+            Side::Saved(m, _) | Side::Written(m, _) => m,
             Side::Hashed(m) => &m.map,
         }
     }
@@ -203,7 +205,7 @@ impl Side {
 
     fn format(&self) -> &str {
         match self {
-            Side::Saved(_) => "map",
+            Side::Saved(_, format) => format,
             Side::Hashed(m) => &m.format,
             Side::Written(_, w) => &w.format,
         }
@@ -211,7 +213,7 @@ impl Side {
 
     fn rounded(&self) -> Option<blkimage::Rounded> {
         match self {
-            Side::Saved(_) => None,
+            Side::Saved(..) => None,
             Side::Hashed(m) => m.rounded,
             Side::Written(_, w) => w.rounded,
         }
@@ -230,26 +232,15 @@ fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Side>; 2], Strin
         if !detect || path == "-" {
             continue;
         }
-        // A PBS fixed index is read whole: 32 bytes a chunk (16 MiB for a
-        // 2 TiB disk in 4 MiB chunks), checked against its index_csum.
-        if blkmap::is_fidx_file(path.as_ref()) {
-            match blkjob::try_load_map(path) {
-                Ok(Some(map)) => {
-                    *slot = Some(Side::Hashed(Mapped {
-                        map,
-                        format: "fidx".to_string(),
-                        rounded: None,
-                        stats: Default::default(),
-                    }))
-                }
-                Ok(None) => {}
-                Err(e) => return Err(format!("{name}: {}", reason(&e))),
-            }
-            continue;
-        }
+        // A PBS fixed index is streamed into a map in a temporary file
+        // (32 bytes a chunk), checked against its index_csum on the way.
+        let format = match blkmap::is_fidx_file(path.as_ref()) {
+            true => "fidx",
+            false => "map",
+        };
         match blkjob::try_open_map(path) {
             Ok(Some(map)) => match map.header().whole() {
-                Ok(_) => *slot = Some(Side::Saved(map)),
+                Ok(_) => *slot = Some(Side::Saved(map, format)),
                 Err(e) => return Err(format!("{name}: {e}")),
             },
             Ok(None) => {}
