@@ -455,31 +455,41 @@ fn prefix_of(name: &std::path::Path) -> io::Result<Option<Vec<u8>>> {
     Ok(Some(prefix))
 }
 
-/// Standard input: a saved map if `detect_map` and it starts with the map
-/// magic, else a stream hashed by `job`.
-pub fn map_stdin(job: &Job, detect_map: bool, progress: &mut dyn FnMut(u64)) -> io::Result<Mapped> {
+/// Standard input's map, in an unnamed temporary file and read there
+/// where it lies ([`map_stdin`]): memory stays bounded whatever its size.
+pub enum StdinMap {
+    /// A saved map ("map") or a PBS fixed index ("fidx") piped in, and
+    /// which: the map's bytes copied, the index made a map on the way.
+    Saved(blkmap::MapFile, &'static str),
+    /// A stream hashed by the job, as [`map_to_temp`] writes it.
+    Written(blkmap::MapFile, Written),
+}
+
+/// Standard input's map: if `detect_map`, a saved map or a PBS fixed
+/// index as it is (probed by its first bytes), else the stream hashed by
+/// `job`; written to an unnamed temporary file either way, never held in
+/// memory.
+pub fn map_stdin(
+    job: &Job,
+    detect_map: bool,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<StdinMap> {
     let mut stdin = io::stdin();
     let mut prefix = Vec::with_capacity(8);
     (&mut stdin).take(8).read_to_end(&mut prefix)?;
-    let rest = io::Cursor::new(prefix.clone()).chain(stdin);
+    let mut rest = io::Cursor::new(prefix.clone()).chain(stdin);
     if detect_map && blkmap::is_fidx(&prefix) {
         let reader = blkmap::FidxReader::new(io::BufReader::with_capacity(1 << 20, rest))?;
-        return Ok(Mapped {
-            map: blkmap::fidx_map(reader)?,
-            format: "fidx".to_string(),
-            rounded: None,
-            stats: Stats::default(),
-        });
+        let out = temp_file("the index's map")?;
+        return Ok(StdinMap::Saved(blkmap::fidx_map_file(reader, out)?, "fidx"));
     }
     if detect_map && blkmap::is_map(&prefix) {
-        return Ok(Mapped {
-            map: Map::read(io::BufReader::with_capacity(1 << 20, rest))?,
-            format: "map".to_string(),
-            rounded: None,
-            stats: Stats::default(),
-        });
+        let mut file = temp_file("the map read from standard input")?;
+        io::copy(&mut rest, &mut file)?;
+        return Ok(StdinMap::Saved(blkmap::MapFile::from_file(file)?, "map"));
     }
-    map(Input::Stream(Box::new(rest)), job, job.cancel(), progress)
+    let (map, written) = map_to_temp(Input::Stream(Box::new(rest)), job, job.cancel(), progress)?;
+    Ok(StdinMap::Written(map, written))
 }
 
 /// An I/O error's reason as the front ends print it: without Rust's

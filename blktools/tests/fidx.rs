@@ -162,9 +162,9 @@ fn blkdiff_names_the_chunks_that_differ() {
 }
 
 /// blkdiff of two indexes of an 8 TiB disk (2 Mi chunks of 4 MiB: 64 MiB
-/// of digests each) peaks well under one index's size: each is streamed
-/// into a map in a temporary file, never held whole (as they were before,
-/// 64 MiB and more each).
+/// of digests each), named or on standard input, peaks well under one
+/// index's size: each is streamed into a map in a temporary file, never
+/// held whole (as they were before: 265 MiB for the two).
 #[test]
 fn blkdiff_of_indexes_in_bounded_memory() {
     if !require(&["/usr/bin/time"]) {
@@ -189,6 +189,16 @@ fn blkdiff_of_indexes_in_bounded_memory() {
         dir.path(),
         BLKDIFF,
         &[s(&a), s(&b)],
+        crate::bounded::LOCAL_LIMIT,
+        1,
+    );
+    assert_eq!(out, format!("{}+{}\n", differs * chunk, chunk));
+    // The same with one of them on standard input (exec: GNU time
+    // measures blkdiff, not a shell).
+    let out = crate::bounded::bounded(
+        dir.path(),
+        "sh",
+        &["-c", "exec \"$0\" \"$1\" - < \"$2\"", BLKDIFF, s(&a), s(&b)],
         crate::bounded::LOCAL_LIMIT,
         1,
     );

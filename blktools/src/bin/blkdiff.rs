@@ -5,7 +5,7 @@ use blkcli::manual::Page;
 use blkcli::output::{Form, Stdout};
 use blkcli::progress::Progress;
 use blkcli::units::reason;
-use blkjob::{Job, Mapped};
+use blkjob::{Job, StdinMap};
 use blkmap::{Diff, Header, MapLike};
 use clap::Parser;
 use serde_json::json;
@@ -178,14 +178,12 @@ fn main() -> ExitCode {
     compare(&args, &a, &b, &job)
 }
 
-/// A side of the comparison: a saved map read where it lies (streamed,
-/// never loaded whole), or the map of an input hashed now.
+/// A side of the comparison, a map read where it lies (streamed, never
+/// loaded whole): saved, or of an input hashed now.
 enum Side {
     /// A saved map, or a PBS fixed index as a map in a temporary file,
     /// and which ("map" or "fidx").
     Saved(blkmap::MapFile, &'static str),
-    /// A map read from standard input, in memory.
-    Hashed(Mapped),
     /// An image's map, written to an unnamed temporary file as it was
     /// made.
     Written(blkmap::MapFile, blkjob::Written),
@@ -195,7 +193,6 @@ impl Side {
     fn map(&self) -> &dyn MapLike {
         match self {
             Side::Saved(m, _) | Side::Written(m, _) => m,
-            Side::Hashed(m) => &m.map,
         }
     }
 
@@ -206,7 +203,6 @@ impl Side {
     fn format(&self) -> &str {
         match self {
             Side::Saved(_, format) => format,
-            Side::Hashed(m) => &m.format,
             Side::Written(_, w) => &w.format,
         }
     }
@@ -214,7 +210,6 @@ impl Side {
     fn rounded(&self) -> Option<blkimage::Rounded> {
         match self {
             Side::Saved(..) => None,
-            Side::Hashed(m) => m.rounded,
             Side::Written(_, w) => w.rounded,
         }
     }
@@ -265,7 +260,13 @@ fn hash_both(
             Some(m) => Ok(m),
             None if name == "-" => progress
                 .track("-", None, |p| blkjob::map_stdin(job, detect, p))
-                .map(Side::Hashed),
+                .and_then(|m| match m {
+                    StdinMap::Saved(map, format) => {
+                        map.header().whole().map_err(io::Error::other)?;
+                        Ok(Side::Saved(map, format))
+                    }
+                    StdinMap::Written(map, written) => Ok(Side::Written(map, written)),
+                }),
             None => {
                 let input = job.open(name)?;
                 progress
