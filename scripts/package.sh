@@ -252,30 +252,22 @@ build_wheel_arm64() {
     say "aarch64 wheel in $(took "$start")"
 }
 
-# `cargo publish --dry-run` of the workspace, again (at most 3 times) when,
-# and only when, it failed reaching the registry: it asks crates.io's index
-# about every crate, and a network error there says nothing of the crates.
-# cargo's own retries (CARGO_NET_RETRY) come first.
-publish_dry_run() {
-    local attempt log
-    log=$(mktemp)
-    for attempt in 1 2 3; do
-        if CARGO_NET_RETRY=${CARGO_NET_RETRY:-5} cargo publish --dry-run --workspace --allow-dirty 2>&1 |
-            tee "$log"; then
-            rm -f "$log"
-            return 0
-        fi
-        # curl's errors as cargo words them ("[28] Timeout was reached"),
-        # and the registry's own failures.
-        if ! grep -qE 'spurious network error|\[[0-9]+\] [A-Z]|failed to query replaced source|status (429|5[0-9][0-9])' "$log"; then
-            rm -f "$log"
-            fail "cargo publish --dry-run failed (above)"
-        fi
-        say "cargo publish --dry-run could not reach the registry (try $attempt of 3)"
-        if [ "$attempt" -lt 3 ]; then sleep $((attempt * 20)); fi
+# The dry run puts the packages it made in a registry of its own under
+# target/package and builds each crate against the ones before it, as
+# extracted into $CARGO_HOME/registry/src/-HASH/NAME-VERSION, the hash
+# being the registry's path. Cargo extracts a package only once there: a
+# later run from the same directory (CI's checkout, with CARGO_HOME kept)
+# would build against the sources of an earlier commit of the same
+# version, and fail to compile whatever uses what they lack. So they are
+# removed, before and after: only our crates' directories, only under
+# such local registries (crates.io's is index.crates.io-HASH).
+forget_packaged_sources() {
+    local name dir
+    for name in "$@"; do
+        for dir in "${CARGO_HOME:-$HOME/.cargo}/registry/src/"-*/"$name-$version"; do
+            if [ -d "$dir" ]; then rm -rf "$dir"; fi
+        done
     done
-    rm -f "$log"
-    fail "cargo publish --dry-run: the registry could not be reached in 3 tries (above)"
 }
 
 build_crates() {
@@ -306,7 +298,9 @@ print(" ".join(sorted(p["name"] for p in m["packages"]
     # dependencies on crates.io and fail). --allow-dirty: a release is cut
     # from a clean tag, but this runs on work trees too.
     rm -rf "$dist/crates"
-    publish_dry_run
+    forget_packaged_sources $names
+    cargo publish --dry-run --workspace --allow-dirty
+    forget_packaged_sources $names
     # The .crate files themselves (the same packages: nothing built again).
     # Named one by one: --workspace would package the crates that are not
     # published too, and refuses libblkhash's path-only dependency.
