@@ -417,15 +417,17 @@ pub fn map_range_to(
 /// A saved map opened where it lies ([`blkmap::MapFile`]), if `name` is
 /// a regular file that starts with the map magic: its header and runs
 /// read, its digests left in the file, for a reader that streams it (a
-/// diff) or looks up a few blocks (an update). A Proxmox Backup Server
-/// fixed index (`.fidx`) is opened as the map of the disk it backed up
-/// ([`open_index`]). `None` if it is something else (an image, a device,
-/// a URL).
-pub fn try_open_map(name: impl AsRef<std::path::Path>) -> io::Result<Option<blkmap::MapFile>> {
+/// diff) or looks up a few blocks (an update), and "map". A Proxmox Backup
+/// Server fixed index (`.fidx`) is opened as the map of the disk it backed
+/// up ([`open_index`]), and "fidx". `None` if it is something else (an
+/// image, a device, a URL).
+pub fn try_open_map(
+    name: impl AsRef<std::path::Path>,
+) -> io::Result<Option<(blkmap::MapFile, &'static str)>> {
     let name = name.as_ref();
     match prefix_of(name)? {
-        Some(p) if blkmap::is_fidx(&p) => Ok(Some(open_index(name)?)),
-        Some(p) if blkmap::is_map(&p) => Ok(Some(blkmap::MapFile::open(name)?)),
+        Some(p) if blkmap::is_fidx(&p) => Ok(Some((open_index(name)?, "fidx"))),
+        Some(p) if blkmap::is_map(&p) => Ok(Some((blkmap::MapFile::open(name)?, "map"))),
         _ => Ok(None),
     }
 }

@@ -229,12 +229,8 @@ fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Side>; 2], Strin
         }
         // A PBS fixed index is streamed into a map in a temporary file
         // (32 bytes a chunk), checked against its index_csum on the way.
-        let format = match blkmap::is_fidx_file(path.as_ref()) {
-            true => "fidx",
-            false => "map",
-        };
         match blkjob::try_open_map(path) {
-            Ok(Some(map)) => match map.header().whole() {
+            Ok(Some((map, format))) => match map.header().whole() {
                 Ok(_) => *slot = Some(Side::Saved(map, format)),
                 Err(e) => return Err(format!("{name}: {e}")),
             },
