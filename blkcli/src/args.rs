@@ -87,7 +87,8 @@ pub struct InputArgs {
 
     /// Read files through the page cache with copies (read(2)) instead of
     /// hashing them in place from memory maps, the default with --cache
-    /// (as b3sum's --no-mmap).
+    /// (as b3sum's --no-mmap); implied under an address-space limit
+    /// (ulimit -v).
     #[arg(long)]
     pub no_mmap: bool,
 

@@ -141,7 +141,9 @@ pub use algorithm::{ALGORITHMS, Algorithm, Streaming, UnknownAlgorithm};
 pub use checksum::{Checksum, ParseChecksumError, to_hex};
 pub use construction::{CONSTRUCTIONS, Construction, UnknownConstruction};
 pub use hasher::Hasher;
-pub use memory::{out_of_memory, room_for_thread, try_zeroed};
+pub use memory::{
+    address_space_limited, one_heap_under_a_limit, out_of_memory, room_for_thread, try_zeroed,
+};
 pub use options::{
     DEFAULT_BLOCK_SIZE, IN_FLIGHT_BUDGET, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE, Options,
     OptionsError, default_threads, depth_within_budget,

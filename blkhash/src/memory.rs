@@ -5,22 +5,45 @@
 
 use std::alloc::Layout;
 use std::io;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Memory set aside for the way out: when a buffer cannot be had, what is
 /// left may not hold the error's own few bytes, its message with the
 /// input's name, or the line printed, and a failed allocation of those
-/// aborts. Large enough to be mapped on its own (glibc maps blocks of 128
-/// KiB and more), so that freeing it gives the room back to every thread.
-static RESERVE: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+/// aborts. Mapped, not allocated: a block malloc frees may stay in one
+/// arena's free lists, out of reach of a thread that allocates elsewhere
+/// (under a limit, glibc gives a thread that cannot have an arena of its
+/// own a mapping of its own for every allocation), while unmapping gives
+/// the room back to every thread. Writable, so that it also holds commit
+/// charge where overcommit is off; never touched, so it takes no memory.
+/// The address, 0 while none is set aside.
+static RESERVE: AtomicUsize = AtomicUsize::new(0);
 const RESERVE_BYTES: usize = 256 << 10;
 
 /// Set [`RESERVE`] aside if it is not (at the start of a run, when there is
 /// room).
 fn keep_reserve() {
-    let mut r = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
-    if r.capacity() == 0 {
-        let _ = r.try_reserve_exact(RESERVE_BYTES);
+    if RESERVE.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    // SAFETY: a fresh private anonymous mapping, never touched; unmapped
+    // here if another thread set one aside first.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            RESERVE_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p != libc::MAP_FAILED
+            && RESERVE
+                .compare_exchange(0, p as usize, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            libc::munmap(p, RESERVE_BYTES);
+        }
     }
 }
 
@@ -28,11 +51,57 @@ fn keep_reserve() {
 /// bytes for WHAT" ([`io::ErrorKind::OutOfMemory`]). The memory set aside
 /// for the way out is freed first, to build and report it.
 pub fn out_of_memory(len: usize, what: &str) -> io::Error {
-    *RESERVE.lock().unwrap_or_else(|p| p.into_inner()) = Vec::new();
+    let p = RESERVE.swap(0, Ordering::AcqRel);
+    if p != 0 {
+        // SAFETY: the mapping keep_reserve made, taken out of RESERVE
+        // above, so unmapped once.
+        unsafe { libc::munmap(p as *mut libc::c_void, RESERVE_BYTES) };
+    }
     io::Error::new(
         io::ErrorKind::OutOfMemory,
         format!("cannot allocate {len} bytes for {what}"),
     )
+}
+
+/// True if the process runs under an address-space limit (`ulimit -v`,
+/// RLIMIT_AS): every mapping counts against it, whether or not it holds
+/// memory.
+///
+/// ```
+/// // As blkimage decides whether to map reads.
+/// let map_reads = !blkhash::address_space_limited();
+/// # let _ = map_reads;
+/// ```
+pub fn address_space_limited() -> bool {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_AS, &mut limit) == 0 && limit.rlim_cur != libc::RLIM_INFINITY
+    }
+}
+
+/// For a program that owns its process (the commands, not a library in
+/// a host's): under an address-space limit, every thread allocates from
+/// the one heap. glibc gives each thread an arena of its own and reserves
+/// 64 MiB of address space for it; under a lower limit that fails, and the
+/// thread then maps a page of its own for every allocation. Seen with
+/// reads mapped under a limit (which `blkimage` no longer does): every job
+/// in flight failed, each error a worker built took 8 KiB, until one could
+/// not be had and the run aborted instead of exiting 1. Nothing to do
+/// without a limit, or with another C library.
+///
+/// ```
+/// blkhash::one_heap_under_a_limit();
+/// ```
+pub fn one_heap_under_a_limit() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if address_space_limited() {
+        // SAFETY: mallopt takes plain integers.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+    }
 }
 
 /// Room for one more thread, checked before it is started: its stack

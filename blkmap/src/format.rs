@@ -31,8 +31,13 @@ pub(crate) const TAG_DATA: u8 = b'D';
 /// Digest bytes read (and allocated) at a time.
 const READ_CHUNK: usize = 1 << 20;
 
-/// The write buffer of [`write_atomic`].
-const WRITE_BUFFER: usize = 1 << 20;
+/// The write buffer of [`write_atomic`]: below glibc's least threshold
+/// for mapping a block of its own (128 KiB), so that the room asked for
+/// first is the block BufWriter then gets. A 1 MiB one was mapped, and
+/// unmapping it raised that threshold: BufWriter's then came from the
+/// heap, which could not grow under a limit (`ulimit -v 13000`: blkmap
+/// aborted, "memory allocation of 1048576 bytes failed").
+const WRITE_BUFFER: usize = 64 << 10;
 /// Header flag: the records cover one byte range of the image (a part);
 /// the range follows the fixed header instead of the checksum.
 const FLAG_PARTIAL: u32 = 1;

@@ -26,6 +26,7 @@ enum Stop {
 }
 
 fn main() -> ExitCode {
+    blkhash::one_heap_under_a_limit();
     let args: cli::Args = blkcli::help::parse(cli::command());
     if args.list_digests {
         return blkcli::output::print_code("blksum", |out| {

@@ -151,8 +151,15 @@ impl RawFile {
     /// the digest workers read the cached pages without a copy. Installs
     /// the process's SIGBUS handler ([`crate::mapped::install`]), which
     /// turns a file that shrinks under a map into an error.
+    ///
+    /// Not under an address-space limit (`ulimit -v`): each lend maps
+    /// address space of its own and unmaps it when digested, so the room
+    /// left rises and falls, and at the moment a lend holds it an
+    /// allocation elsewhere that cannot fail cleanly (a small one) may
+    /// find none: at 20 MB, 24 runs of 40 aborted. Reads are then copied
+    /// into buffers each worker allocates once.
     pub fn map_reads(&mut self) -> io::Result<()> {
-        if !self.is_direct() {
+        if !self.is_direct() && !blkhash::address_space_limited() {
             crate::storage::mapped::install()?;
             self.mapped = true;
         }

@@ -129,6 +129,7 @@ fn trouble(msg: impl std::fmt::Display) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    blkhash::one_heap_under_a_limit();
     if let Some(code) = blkcli::manual::early::<Args>(&PAGE) {
         return code;
     }

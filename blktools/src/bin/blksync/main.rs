@@ -179,6 +179,7 @@ const PAGE: Page = Page {
 };
 
 fn main() -> ExitCode {
+    blkhash::one_heap_under_a_limit();
     if let Some(code) = blkcli::manual::early::<Args>(&PAGE) {
         return code;
     }
