@@ -37,14 +37,26 @@ impl Signals {
         let signal = Arc::new(AtomicUsize::new(0));
         let message = interrupted.to_string();
         let (c, s) = (cancel.clone(), signal.clone());
+        // Without handlers the default action still ends the process: so
+        // it is where the thread that handles them has no room to start
+        // (under `ulimit -v`).
+        if blkhash::room_for_thread().is_err() {
+            return Signals { cancel, signal };
+        }
         let mut iter = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
             Ok(i) => i,
-            // Without handlers the default action still ends the process.
             Err(_) => return Signals { cancel, signal },
         };
-        let _ = std::thread::Builder::new()
+        // The thread is waited for until it runs: std maps its signal stack
+        // as it starts, and aborts if it cannot. Left to start while this
+        // thread allocated the run's buffers, it lost that race under a
+        // limit (`ulimit -v 12000`, a loaded machine: "failed to allocate
+        // an alternative stack", exit 134).
+        let (ready, started) = std::sync::mpsc::sync_channel::<()>(1);
+        let spawned = std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
+                let _ = ready.send(());
                 for sig in iter.forever() {
                     if s.load(Ordering::Relaxed) != 0 {
                         exit_now(&message, s.load(Ordering::Relaxed));
@@ -60,6 +72,9 @@ impl Signals {
                         });
                 }
             });
+        if spawned.is_ok() {
+            let _ = started.recv();
+        }
         Signals { cancel, signal }
     }
 

@@ -273,6 +273,32 @@ impl Algorithm {
 }
 
 impl Algorithm {
+    /// The digest of `len` zero bytes (a zero block's, the constant a map
+    /// and the construction use), hashed from a small static block of
+    /// zeros: a buffer of a block's size, allocated as it cannot fail
+    /// cleanly, aborted runs under a memory limit (blkmap of a qcow2 image,
+    /// `ulimit -v 12000`: "memory allocation of 65536 bytes failed").
+    ///
+    /// ```
+    /// use blkhash::Algorithm;
+    /// let mut want = [0u8; 32];
+    /// Algorithm::Sha256.digest_into(&vec![0u8; 100_000], &mut want);
+    /// assert_eq!(Algorithm::Sha256.digest_zeros(100_000), want);
+    /// ```
+    pub fn digest_zeros(self, len: usize) -> Vec<u8> {
+        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        let mut s = self.streaming();
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(ZEROS.len());
+            s.update(&ZEROS[..n]);
+            left -= n;
+        }
+        s.finalize()
+    }
+}
+
+impl Algorithm {
     /// Its name in oVirt imageio's checksum API (Python's `hashlib` names,
     /// `blake2b` and `blake2s` with imageio's 32-byte output), if imageio
     /// computes it: imageio lists `shake_128` and `shake_256` too, but
@@ -412,6 +438,17 @@ impl Streaming for NullState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zeros_digest_as_a_buffer_of_zeros() {
+        for &alg in ALGORITHMS {
+            for len in [0, 1, 65535, 65536, 65537, 200_000] {
+                let mut want = vec![0u8; alg.output_len()];
+                alg.digest_into(&vec![0u8; len], &mut want);
+                assert_eq!(alg.digest_zeros(len), want, "{alg} {len}");
+            }
+        }
+    }
 
     fn hex(b: &[u8]) -> String {
         b.iter().map(|x| format!("{x:02x}")).collect()

@@ -104,8 +104,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
         let alg = opts.algorithm;
         let bs = opts.block_size;
         let out_len = alg.output_len();
-        let mut zero_digest = vec![0u8; out_len];
-        alg.digest_into(&vec![0u8; bs], &mut zero_digest);
+        let zero_digest = alg.digest_zeros(bs);
         let zero_run_blocks = (ZERO_RUN_BYTES / out_len.max(1)).max(1);
         let zero_run = zero_digest.repeat(zero_run_blocks);
         let staging_cap = (STAGING_SIZE / bs).max(1) * bs;

@@ -53,6 +53,7 @@ impl AlignedBuf {
         let cap = capacity.max(1).next_multiple_of(ALIGN);
         Layout::from_size_align(cap, ALIGN)
             .ok()
+            .filter(|_| blkhash::leaves_headroom(cap))
             .and_then(Self::alloc)
             .ok_or_else(|| blkhash::out_of_memory(cap, what))
     }

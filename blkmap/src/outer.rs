@@ -118,7 +118,5 @@ pub fn checksum_in(
 /// assert_eq!(zero, map.zero_digest());
 /// ```
 pub fn zero_digest(algorithm: Algorithm, block_size: usize) -> Vec<u8> {
-    let mut d = vec![0u8; algorithm.output_len()];
-    algorithm.digest_into(&vec![0u8; block_size], &mut d);
-    d
+    algorithm.digest_zeros(block_size)
 }
