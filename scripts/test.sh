@@ -62,13 +62,17 @@ step() {
     echo "==> $name: $([ "$rc" -eq 0 ] && echo PASS || echo "FAIL (exit $rc)") in $t"
 }
 
-# The last lines each failed step printed (the build's progress lines left
-# out).
+# What each failed step said of its failures (a Rust test's panic and the
+# lines after it, pytest's FAILED lines: cargo test's last lines are its
+# doc tests, printed after the failure), then its last lines (the build's
+# progress lines left out).
 failed_tails() {
     local f name log
     for f in "${failures[@]}"; do
         name=${f%%|*} log=${f#*|}
         echo
+        echo "==> the failures the failed step reported: $name"
+        grep -E -A4 "panicked at |^FAILED |^ERROR " "$log" | head -n 40
         echo "==> the last lines of the failed step: $name"
         grep -v '^ *\(Compiling\|Checking\|Downloaded\|Fresh\) ' "$log" | tail -n 25
     done

@@ -37,9 +37,9 @@ impl Signals {
         let signal = Arc::new(AtomicUsize::new(0));
         let message = interrupted.to_string();
         let (c, s) = (cancel.clone(), signal.clone());
-        // Without handlers the default action still ends the process: so
-        // it is where the thread that handles them has no room to start
-        // (under `ulimit -v`).
+        // Without handlers the default action still ends the process;
+        // the handlers are left out where the thread that would run them
+        // has no room to start (under `ulimit -v`).
         if blkhash::room_for_thread().is_err() {
             return Signals { cancel, signal };
         }
