@@ -126,8 +126,9 @@ pub fn room_for_thread() -> io::Result<()> {
 /// worker's send, after the reading threads' buffers took the room).
 const HEADROOM: usize = 1 << 20;
 
-/// True if a buffer of `len` bytes leaves [`HEADROOM`] free, or no limit
-/// applies. Small buffers come from the heap's room and are not checked.
+/// True if a buffer of `len` bytes leaves 1 MiB of address space free
+/// (for what follows it, see `HEADROOM`), or no limit applies. Small
+/// buffers come from the heap's room and are not checked.
 ///
 /// ```
 /// assert!(blkhash::leaves_headroom(1 << 20));
