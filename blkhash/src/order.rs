@@ -15,9 +15,8 @@ use std::io;
 const STAGING_SIZE: usize = 1 << 20;
 /// Bytes of repeated zero-block digests given to the outer digest per update:
 /// long updates are much faster than one per block (blake3 above all: 16
-/// KiB fill its widest SIMD lanes). Under 64 KiB: a buffer every run
-/// allocates infallibly must stay small (a memory limit fails the buffers
-/// that can say so, not this one).
+/// KiB fill its widest SIMD lanes). Under 64 KiB, from the heap's room
+/// (see [`zero_run`]).
 const ZERO_RUN_BYTES: usize = 32 << 10;
 
 /// What the hasher saw of one block or run of blocks, reported in block order
@@ -98,6 +97,22 @@ impl<B> Engine<B> {
     }
 }
 
+/// [`ZERO_RUN_BYTES`] of zero-block digests in a row, and how many; just
+/// the one where even that much cannot be had (blkdiff, two engines at 15
+/// MB of address space: "memory allocation of 32768 bytes failed"). Only
+/// the speed of zero runs depends on its length.
+fn zero_run(zero_digest: &[u8], out_len: usize) -> (Vec<u8>, usize) {
+    let blocks = (ZERO_RUN_BYTES / out_len.max(1)).max(1);
+    let mut run = Vec::new();
+    if run.try_reserve_exact(blocks * out_len).is_err() {
+        return (zero_digest.to_vec(), 1);
+    }
+    for _ in 0..blocks {
+        run.extend_from_slice(zero_digest);
+    }
+    (run, blocks)
+}
+
 impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
     pub(crate) fn new(opts: Options) -> Result<Self, OptionsError> {
         opts.validate()?;
@@ -105,8 +120,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
         let bs = opts.block_size;
         let out_len = alg.output_len();
         let zero_digest = alg.digest_zeros(bs);
-        let zero_run_blocks = (ZERO_RUN_BYTES / out_len.max(1)).max(1);
-        let zero_run = zero_digest.repeat(zero_run_blocks);
+        let (zero_run, zero_run_blocks) = zero_run(&zero_digest, out_len);
         let staging_cap = (STAGING_SIZE / bs).max(1) * bs;
         let max_in_flight = opts.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH).max(2);
         let pool =

@@ -93,6 +93,27 @@ fn blksync_threads_that_cannot_start() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
+/// blkdiff of two equal files under a sweep of memory limits (`ulimit -v`,
+/// 12 to 64 MB, every megabyte), with reading threads and through the page
+/// cache: exit 0, or its trouble status with the buffer or thread it could
+/// not have, never an abort ("memory allocation of 3232 bytes failed" at
+/// 36-48 MB, "of 32768 bytes" at 15 MB: two reads and two digests at once).
+#[test]
+fn blkdiff_under_memory_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.raw");
+    let b = dir.path().join("b.raw");
+    let data: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&a, &data).unwrap();
+    std::fs::write(&b, &data).unwrap();
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    for mb in 12..=64 {
+        for args in [&[a, b][..], &["--cache", a, b]] {
+            testkit::tools::assert_clean_under_memory_limit(common::BLKDIFF, mb * 1000, args, "");
+        }
+    }
+}
+
 /// blkmap under a sweep of memory limits (`ulimit -v`, 12 to 64 MB, every
 /// megabyte), with reading threads, through the page cache (`--cache`:
 /// copied under such a limit, not mapped) and with workers' buffers
