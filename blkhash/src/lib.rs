@@ -149,7 +149,7 @@ pub use options::{
     DEFAULT_BLOCK_SIZE, IN_FLIGHT_BUDGET, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE, Options,
     OptionsError, default_threads, depth_within_budget,
 };
-pub use order::BlockEvent;
+pub use order::{BlockEvent, zero_run};
 pub use pipeline::Pipeline;
 pub use pool::{Fill, Lend};
 pub use zero::is_zero;

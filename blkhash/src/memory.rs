@@ -111,11 +111,7 @@ pub fn one_heap_under_a_limit() {
 /// (`ulimit -v`) a thread may start, then take the process down.
 pub fn room_for_thread() -> io::Result<()> {
     keep_reserve();
-    const ROOM: usize = 3 << 20;
-    match can_map(ROOM) {
-        true => Ok(()),
-        false => Err(io::Error::last_os_error()),
-    }
+    room_for(3 << 20)
 }
 
 /// Address space a large buffer must leave free under an address-space
@@ -134,15 +130,16 @@ const HEADROOM: usize = 1 << 20;
 /// assert!(blkhash::leaves_headroom(1 << 20));
 /// ```
 pub fn leaves_headroom(len: usize) -> bool {
-    static LIMITED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     len < (64 << 10)
-        || !*LIMITED.get_or_init(address_space_limited)
-        || len.checked_add(HEADROOM).is_some_and(can_map)
+        || !address_space_limited()
+        || len
+            .checked_add(HEADROOM)
+            .is_some_and(|n| room_for(n).is_ok())
 }
 
-/// True if `len` bytes of address space can be had now: mapped (PROT_NONE:
-/// address space only) and unmapped at once.
-fn can_map(len: usize) -> bool {
+/// Whether `len` bytes of address space can be had now: mapped
+/// (PROT_NONE: address space only) and unmapped at once, or mmap's error.
+fn room_for(len: usize) -> io::Result<()> {
     // SAFETY: a fresh anonymous mapping, unmapped below; no memory is
     // touched.
     unsafe {
@@ -155,11 +152,11 @@ fn can_map(len: usize) -> bool {
             0,
         );
         if p == libc::MAP_FAILED {
-            return false;
+            return Err(io::Error::last_os_error());
         }
         libc::munmap(p, len);
     }
-    true
+    Ok(())
 }
 
 /// `len` zero bytes, or the error naming `what` they were for when the

@@ -97,14 +97,22 @@ impl<B> Engine<B> {
     }
 }
 
-/// [`ZERO_RUN_BYTES`] of zero-block digests in a row, and how many; just
-/// the one where even that much cannot be had (blkdiff, two engines at 15
-/// MB of address space: "memory allocation of 32768 bytes failed"). Only
-/// the speed of zero runs depends on its length.
-fn zero_run(zero_digest: &[u8], out_len: usize) -> (Vec<u8>, usize) {
-    let blocks = (ZERO_RUN_BYTES / out_len.max(1)).max(1);
+/// 32 KiB (`ZERO_RUN_BYTES`) of `zero_digest` in a row, and how many:
+/// what an outer digest is given per update for a run of zero blocks (the
+/// hasher's, and a map's checks). Just the one where even that much
+/// cannot be had (blkdiff, two hashers and two maps at 15 MB of address
+/// space: "memory allocation of 32768 bytes failed"): only the speed of
+/// zero runs depends on its length.
+///
+/// ```
+/// let (run, n) = blkhash::zero_run(&[7u8; 32]);
+/// assert_eq!((run.len(), n), (32 << 10, 1024));
+/// assert!(run.iter().all(|&b| b == 7));
+/// ```
+pub fn zero_run(zero_digest: &[u8]) -> (Vec<u8>, usize) {
+    let blocks = (ZERO_RUN_BYTES / zero_digest.len().max(1)).max(1);
     let mut run = Vec::new();
-    if run.try_reserve_exact(blocks * out_len).is_err() {
+    if run.try_reserve_exact(blocks * zero_digest.len()).is_err() {
         return (zero_digest.to_vec(), 1);
     }
     for _ in 0..blocks {
@@ -120,7 +128,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
         let bs = opts.block_size;
         let out_len = alg.output_len();
         let zero_digest = alg.digest_zeros(bs);
-        let (zero_run, zero_run_blocks) = zero_run(&zero_digest, out_len);
+        let (zero_run, zero_run_blocks) = zero_run(&zero_digest);
         let staging_cap = (STAGING_SIZE / bs).max(1) * bs;
         let max_in_flight = opts.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH).max(2);
         let pool =

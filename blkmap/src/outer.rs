@@ -11,21 +11,20 @@ use std::io;
 pub(crate) struct Outer {
     algorithm: Algorithm,
     digest: Box<dyn blkhash::Streaming>,
-    /// [`Outer::BATCH`] zero-block digests.
+    /// `batch` zero-block digests in a row ([`blkhash::zero_run`]).
     zeros: Vec<u8>,
+    batch: usize,
     len: usize,
 }
 
 impl Outer {
-    // 32 KiB of sha256 digests: updates of a useful size, and little memory
-    // (a map being written keeps two of these).
-    const BATCH: usize = 1024;
-
     pub(crate) fn new(algorithm: Algorithm, zero_digest: &[u8]) -> Outer {
+        let (zeros, batch) = blkhash::zero_run(zero_digest);
         Outer {
             algorithm,
             digest: algorithm.streaming(),
-            zeros: zero_digest.repeat(Outer::BATCH),
+            zeros,
+            batch,
             len: zero_digest.len(),
         }
     }
@@ -53,7 +52,7 @@ impl Outer {
                     "interrupted",
                 )));
             }
-            let k = count.min(Outer::BATCH as u64);
+            let k = count.min(self.batch as u64);
             self.digest.update(&self.zeros[..k as usize * self.len]);
             count -= k;
         }
