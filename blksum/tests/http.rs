@@ -9,6 +9,7 @@ use crate::common;
 use common::qemu::{create_qcow2, run_timeout};
 use common::*;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use testkit::http::{
     ConnectProxy, Hostile, Logged, Misbehave, Nginx, PythonServer, Tls, have_nginx,
@@ -438,6 +439,11 @@ fn every_bad_server_is_an_error_naming_the_url() {
             "changed while it was read: its ETag was \"v1\"",
         ),
         (Misbehave::Gzip, &[], "encoded the reply (gzip)"),
+        (
+            Misbehave::TwoLengths,
+            &[],
+            "two Content-Lengths that differ",
+        ),
     ];
     for (how, opts, said) in cases {
         let server = Hostile::start(data(), *how);
@@ -472,6 +478,69 @@ fn a_server_that_drops_every_third_connection_gives_the_same_checksum() {
     for h in &heads[1..] {
         assert!(h.to_ascii_lowercase().contains("if-match: \"v1\""), "{h}");
     }
+}
+
+/// Ranges of a plain-HTTP file are read on connections of our own,
+/// straight into the buffers hashed (blkimage's storage/http/direct.rs):
+/// every request after the first (ureq's) is ours, on kept-alive
+/// connections. A reply framed otherwise (chunked) is asked again through
+/// ureq, and one that closes its connection is not waited for.
+#[test]
+fn ranges_are_read_on_connections_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = file_checksum(dir.path(), &data());
+    let server = Hostile::start(data(), Misbehave::Nothing);
+    let sum = |url: &str| checksum(&["--read-size", "64k", "--io-depth", "2", url]);
+    assert_eq!(sum(&server.url), want);
+    // How our requests begin (ureq's name their headers in lower case).
+    let ours = |url: &str| {
+        let host = url
+            .trim_start_matches("http://")
+            .trim_end_matches("/disk.img");
+        format!("GET /disk.img HTTP/1.1\r\nHost: {host}\r\nUser-Agent: blkhash/")
+    };
+    let heads = server.stats.heads.lock().unwrap().clone();
+    let ours_here = ours(&server.url);
+    assert!(
+        !heads[0].starts_with(&ours_here),
+        "the first request is ureq's: {}",
+        heads[0]
+    );
+    assert!(heads.len() > 8);
+    for h in &heads[1..] {
+        assert!(h.starts_with(&ours_here), "{h}");
+    }
+    let connections = server.stats.connections.load(Ordering::SeqCst);
+    assert!(
+        connections <= 4,
+        "{connections} connections for {} requests",
+        heads.len()
+    );
+    // Chunked: each range asked twice, ours first.
+    let server = Hostile::start(data(), Misbehave::Chunked);
+    assert_eq!(sum(&server.url), want);
+    let chunked = server.stats.heads.lock().unwrap().clone();
+    assert_eq!(chunked.len(), 2 * heads.len() - 1);
+    let (by_us, by_ureq): (Vec<_>, Vec<_>) = chunked[1..]
+        .iter()
+        .partition(|h| h.starts_with(&ours(&server.url)));
+    let range = |h: &&String| {
+        h.to_ascii_lowercase()
+            .split("range: ")
+            .nth(1)
+            .map(str::to_string)
+    };
+    let mut by_us: Vec<_> = by_us.iter().map(range).collect();
+    let mut by_ureq: Vec<_> = by_ureq.iter().map(range).collect();
+    by_us.sort();
+    by_ureq.sort();
+    assert_eq!(by_us.len(), heads.len() - 1);
+    assert_eq!(by_us, by_ureq);
+    // Connection: close: a connection for each range.
+    let server = Hostile::start(data(), Misbehave::CloseEach);
+    assert_eq!(sum(&server.url), want);
+    assert_eq!(server.stats.requests.load(Ordering::SeqCst), heads.len());
+    assert!(server.stats.connections.load(Ordering::SeqCst) >= heads.len());
 }
 
 #[test]

@@ -11,6 +11,7 @@
 pub mod blkmap;
 pub mod check_file;
 pub mod fidx;
+pub mod http_direct;
 pub mod http_reply;
 pub mod nbd_handshake;
 pub mod nbd_reply;

@@ -259,6 +259,15 @@ pub enum Misbehave {
     DropEveryThird,
     /// Replies marked `Content-Encoding: gzip` (the bytes as they are).
     Gzip,
+    /// Range replies (after the first) in chunks (`Transfer-Encoding:
+    /// chunked`, no length): valid HTTP/1.1.
+    Chunked,
+    /// Range replies (after the first) with `Connection: close`, the
+    /// connection then closed: valid HTTP/1.1.
+    CloseEach,
+    /// Range replies (after the first) with two Content-Lengths, the
+    /// range's and one more.
+    TwoLengths,
 }
 
 /// What a [`Hostile`] server saw.
@@ -580,6 +589,31 @@ fn send_range(
         }
         Misbehave::Status(code) => {
             write!(w, "HTTP/1.1 {code} Hostile\r\nContent-Length: 0\r\n\r\n")?;
+        }
+        Misbehave::Chunked => {
+            w.write_all(
+                head(&range, None)
+                    .replace("\r\n\r\n", "\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    .as_bytes(),
+            )?;
+            for chunk in body.chunks(5000) {
+                write!(w, "{:x}\r\n", chunk.len())?;
+                w.write_all(chunk)?;
+                w.write_all(b"\r\n")?;
+            }
+            w.write_all(b"0\r\n\r\n")?;
+        }
+        Misbehave::CloseEach => {
+            let range = format!("{range}Connection: close\r\n");
+            w.write_all(head(&range, Some(body.len())).as_bytes())?;
+            w.write_all(body)?;
+            return Ok(Answered::Closing);
+        }
+        Misbehave::TwoLengths => {
+            let second = format!("\r\nContent-Length: {}\r\n\r\n", body.len() + 1);
+            let head = head(&range, Some(body.len())).replace("\r\n\r\n", &second);
+            w.write_all(head.as_bytes())?;
+            w.write_all(body)?;
         }
         _ => {
             w.write_all(head(&range, Some(body.len())).as_bytes())?;

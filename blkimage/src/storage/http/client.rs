@@ -37,6 +37,9 @@ impl Fail {
     }
 }
 
+/// Who asks, in every request.
+pub(crate) const USER_AGENT: &str = concat!("blkhash/", env!("CARGO_PKG_VERSION"));
+
 /// Idle connections kept per host: more than the reads in flight
 /// (`DEFAULT_IO_DEPTH`, or what --io-depth asks, up to 256 reads), so that
 /// each reading thread keeps its connection alive between requests.
@@ -69,7 +72,7 @@ impl Client {
             // to http refused, and the target kept for every range.
             .max_redirects(0)
             .max_redirects_will_error(false)
-            .user_agent(concat!("blkhash/", env!("CARGO_PKG_VERSION")))
+            .user_agent(USER_AGENT)
             // The bytes as stored: a compressed reply would be hashed as
             // data (ureq has no decoder without its gzip feature anyway).
             .accept_encoding("identity")
@@ -123,6 +126,25 @@ impl Client {
         })
     }
 
+    /// The user's headers and credentials, for requests to `url`: none
+    /// unless it is the client's origin.
+    pub(crate) fn users_headers(&self, url: &HttpUrl) -> Vec<(&str, &str)> {
+        if url.origin() != self.origin {
+            return vec![];
+        }
+        let auth = self.auth.as_deref().map(|a| ("Authorization", a));
+        self.headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .chain(auth)
+            .collect()
+    }
+
+    /// True if requests go through a proxy.
+    pub(crate) fn proxied(&self) -> bool {
+        self.proxy.is_some()
+    }
+
     /// The timeout asked for, if any.
     pub(crate) fn timeout(&self) -> Option<Duration> {
         self.timeout
@@ -136,13 +158,8 @@ impl Client {
         extra: &[(&str, String)],
     ) -> Result<Response<Body>, Fail> {
         let mut req = self.agent.get(url.request_url());
-        if url.origin() == self.origin {
-            for (name, value) in &self.headers {
-                req = req.header(name, value);
-            }
-            if let Some(auth) = &self.auth {
-                req = req.header("Authorization", auth);
-            }
+        for (name, value) in self.users_headers(url) {
+            req = req.header(name, value);
         }
         for (name, value) in extra {
             req = req.header(*name, value);
@@ -161,10 +178,7 @@ impl Client {
                         Some(p) => p.clone(),
                         None => url.authority().to_string(),
                     };
-                    Fail::Final(io::Error::new(
-                        e.kind(),
-                        format!("cannot connect to {to}: {e}"),
-                    ))
+                    cannot_connect(&to, e)
                 }
                 // Whatever else failed before a reply (a SOCKS proxy's refusal
                 // to reach the server, a timeout...) went through the proxy.
@@ -179,6 +193,14 @@ impl Client {
                 (f, None) => f,
             })
     }
+}
+
+/// A connection to `to` that could not be made.
+pub(crate) fn cannot_connect(to: &str, e: io::Error) -> Fail {
+    Fail::Final(io::Error::new(
+        e.kind(),
+        format!("cannot connect to {to}: {e}"),
+    ))
 }
 
 /// ureq's TLS settings for `opts`: the roots and client certificate as
@@ -332,7 +354,7 @@ pub(crate) fn classify(e: ureq::Error, timeout: Option<Duration>) -> Fail {
 
 /// An I/O error of a request or its body as a [`Fail`]: a connection
 /// reset, dropped or timed out is worth another try.
-fn io_fail(e: io::Error, timeout: Option<Duration>) -> Fail {
+pub(crate) fn io_fail(e: io::Error, timeout: Option<Duration>) -> Fail {
     if e.get_ref().is_some_and(|i| i.is::<ureq::Error>()) {
         return classify(ureq::Error::from(e), timeout);
     }

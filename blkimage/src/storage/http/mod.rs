@@ -24,8 +24,12 @@
 //!   plain HTTP, and the target is where every range goes.
 //! - **Servers without ranges** (a 200 with the whole body): a raw image
 //!   is read as one stream (padded to 512 as a file is); qcow2 is refused.
-//! - **Connections**: ureq's keep-alive pool, one connection per reading
-//!   thread; TLS with rustls, trusting what
+//! - **Connections**: one per reading thread, kept alive. Ranges of a
+//!   plain `http://` file without a proxy are read on connections of our
+//!   own, the body straight from the socket into the buffer hashed
+//!   (`direct.rs`: no copy out of a client's buffer); the
+//!   first request, HTTPS, proxies and any reply framed otherwise go
+//!   through ureq's pool. TLS with rustls, trusting what
 //!   [`HttpOptions::tls_certificates`] names (a CA file, or a directory as
 //!   for `nbds://`) or the system's CAs; a proxy from `https_proxy`,
 //!   `http_proxy`, `all_proxy` and `no_proxy` as curl reads them.
@@ -39,6 +43,7 @@
 //! ```
 
 mod client;
+mod direct;
 mod reply;
 mod url;
 
@@ -203,6 +208,9 @@ fn header<'a>(resp: &'a ureq::http::Response<ureq::Body>, name: &str) -> Option<
     resp.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
+/// A reply's headers, looked up by name (ureq's or [`direct`]'s).
+type Headers<'a, 'b> = &'a dyn Fn(&str) -> Option<&'b str>;
+
 /// The server refused the request for want of credentials, or refused the
 /// ones sent (401 or 403; the `io::Error`'s inner error, of kind
 /// [`io::ErrorKind::PermissionDenied`]): a program recognizes it to name
@@ -227,21 +235,20 @@ impl std::fmt::Display for Unauthorized {
 impl std::error::Error for Unauthorized {}
 
 /// An error for a status that is neither a success nor worth a retry.
-fn status_error(status: ureq::http::StatusCode) -> Fail {
-    let said = format!(
-        "HTTP {} {}",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or("")
-    )
-    .trim_end()
-    .to_string();
-    if matches!(status.as_u16(), 401 | 403) {
+fn status_error(status: u16) -> Fail {
+    let reason = ureq::http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason());
+    let said = format!("HTTP {status} {}", reason.unwrap_or(""))
+        .trim_end()
+        .to_string();
+    if matches!(status, 401 | 403) {
         return Fail::Final(io::Error::new(
             io::ErrorKind::PermissionDenied,
             Unauthorized { status: said },
         ));
     }
-    let kind = match status.as_u16() {
+    let kind = match status {
         404 | 410 => io::ErrorKind::NotFound,
         _ => io::ErrorKind::Other,
     };
@@ -255,8 +262,8 @@ fn transient(status: u16) -> bool {
 }
 
 /// A reply whose body is encoded (gzip...) holds other bytes than the file.
-fn identity(resp: &ureq::http::Response<ureq::Body>) -> Result<(), Fail> {
-    match header(resp, "content-encoding") {
+fn identity(h: Headers) -> Result<(), Fail> {
+    match h("content-encoding") {
         None => Ok(()),
         Some(e) if e.trim().eq_ignore_ascii_case("identity") => Ok(()),
         Some(e) => Err(Fail::final_with(
@@ -283,6 +290,9 @@ pub struct Http {
     /// The first bytes, from the first request.
     head: Vec<u8>,
     retries: u32,
+    /// Ranges read on connections of our own, for plain HTTP without a
+    /// proxy (see [`direct`]).
+    direct: Option<direct::Direct>,
 }
 
 /// A server's answer to the first request.
@@ -376,20 +386,34 @@ impl Http {
         .map_err(|e| self.in_context(e))
     }
 
-    /// One request for bytes `offset..=last` into `buf`.
+    /// One request for bytes `offset..=last` into `buf`: on a plain HTTP
+    /// connection of our own where the reply allows ([`direct`]), else
+    /// through ureq.
     fn try_range(&self, buf: &mut [u8], offset: u64, last: u64) -> Result<(), Fail> {
         let mut extra = vec![("Range", format!("bytes={offset}-{last}"))];
         extra.extend(self.version.condition());
         let deadline = self.client.timeout().map(|t| Instant::now() + t);
+        if let Some(direct) = &self.direct {
+            let check = |status: u16, h: Headers| self.check_reply(status, h, offset, last);
+            if direct.range(&extra, buf, deadline, check)? == direct::Read::Done {
+                return Ok(());
+            }
+        }
         let mut resp = self.client.get(&self.target, &extra)?;
-        let status = resp.status();
-        match status.as_u16() {
+        self.check_reply(resp.status().as_u16(), &|n| header(&resp, n), offset, last)?;
+        let mut body = resp.body_mut().as_reader();
+        read_body(&mut body, buf, deadline, self.client.timeout())
+    }
+
+    /// Whether a reply of `status` with the headers `h` brings bytes
+    /// `offset..=last` of the version opened, and nothing else. (A reply
+    /// refused here is dropped unread: its connection closes, and a whole
+    /// file sent by a 200 is not read.)
+    fn check_reply(&self, status: u16, h: Headers, offset: u64, last: u64) -> Result<(), Fail> {
+        match status {
             206 => {}
             200 => {
-                // Dropped unread: its connection closes, the file is not sent.
-                let why = self
-                    .version
-                    .differs(header(&resp, "etag"), header(&resp, "last-modified"));
+                let why = self.version.differs(h("etag"), h("last-modified"));
                 return Err(Fail::Final(match why {
                     Some(why) => changed(&why),
                     None => io::Error::new(
@@ -412,40 +436,36 @@ impl Http {
                     self.version.len
                 ))));
             }
-            s if transient(s) => return Err(Fail::Again(status_error(status).into_error())),
+            s if transient(s) => return Err(Fail::Again(status_error(s).into_error())),
             300..=399 => {
                 return Err(Fail::final_with(
                     io::ErrorKind::InvalidData,
-                    format!(
-                        "the server redirects ({}) a range it served before",
-                        status.as_u16()
-                    ),
+                    format!("the server redirects ({status}) a range it served before"),
                 ));
             }
-            _ => return Err(status_error(status)),
+            s => return Err(status_error(s)),
         }
-        identity(&resp)?;
+        identity(h)?;
         check_range(
             &self.version,
             offset,
             last,
-            header(&resp, "content-range"),
-            header(&resp, "etag"),
-            header(&resp, "last-modified"),
+            h("content-range"),
+            h("etag"),
+            h("last-modified"),
         )
         .map_err(|e| match e {
             RangeError::Changed(why) => Fail::Final(changed(&why)),
             RangeError::Wrong(why) => Fail::final_with(io::ErrorKind::InvalidData, why),
         })?;
-        let len = buf.len() as u64;
-        if let Some(n) = header(&resp, "content-length").filter(|n| n.parse() != Ok(len)) {
+        let len = last - offset + 1;
+        if let Some(n) = h("content-length").filter(|n| n.parse() != Ok(len)) {
             return Err(Fail::final_with(
                 io::ErrorKind::InvalidData,
                 format!("a reply of Content-Length {n} for the {len} bytes {offset}-{last}"),
             ));
         }
-        let mut body = resp.body_mut().as_reader();
-        read_body(&mut body, buf, deadline, self.client.timeout())
+        Ok(())
     }
 }
 
@@ -473,7 +493,9 @@ pub(crate) fn open_url(url: &HttpUrl, opts: &HttpOptions) -> io::Result<Opening>
             || {
                 let resp = client.get(&at, &range)?;
                 if transient(resp.status().as_u16()) {
-                    return Err(Fail::Again(status_error(resp.status()).into_error()));
+                    return Err(Fail::Again(
+                        status_error(resp.status().as_u16()).into_error(),
+                    ));
                 }
                 Ok(resp)
             },
@@ -509,7 +531,7 @@ pub(crate) fn open_url(url: &HttpUrl, opts: &HttpOptions) -> io::Result<Opening>
                 client, url, at, resp, opts,
             )?))),
             200 => Ok(Opening::Whole(Whole::new(resp)?)),
-            _ => Err(status_error(resp.status()).into_error()),
+            _ => Err(status_error(resp.status().as_u16()).into_error()),
         };
     }
 }
@@ -524,7 +546,7 @@ fn first_range(
     opts: &HttpOptions,
 ) -> io::Result<Http> {
     let bad = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
-    identity(&resp).map_err(Fail::into_error)?;
+    identity(&|n| header(&resp, n)).map_err(Fail::into_error)?;
     let value = header(&resp, "content-range").unwrap_or("");
     let (len, last) = match (resp.status().as_u16(), ContentRange::parse(value)) {
         (416, Some(ContentRange::Unsatisfied { complete: 0 })) => (0, None),
@@ -560,6 +582,7 @@ fn first_range(
         .map_err(Fail::into_error)?;
     }
     Ok(Http {
+        direct: direct::Direct::new(&client, &url),
         client,
         url: given.clone(),
         target: url,
@@ -620,7 +643,7 @@ pub struct Whole {
 
 impl Whole {
     fn new(resp: ureq::http::Response<ureq::Body>) -> io::Result<Whole> {
-        identity(&resp).map_err(Fail::into_error)?;
+        identity(&|n| header(&resp, n)).map_err(Fail::into_error)?;
         let len = header(&resp, "content-length").and_then(|n| n.parse().ok());
         Ok(Whole {
             body: resp.into_body().into_reader(),
@@ -696,4 +719,80 @@ pub fn fuzz_reply(data: &[u8]) {
     let _ = version.condition();
     assert_eq!(version.differs(etag, lm), None);
     let _ = check_range(&version, 0, 4095, cr, etag, lm);
+}
+
+#[doc(hidden)]
+/// Fuzz entry point: `reply` is what a hostile server sends, and then
+/// closes, for a range of 4096 bytes at 4096 of a 1 MiB file asked on a
+/// connection of our own (the `direct` module: its head parsed, checked
+/// and its body read into the buffer). Every outcome is fine but a panic,
+/// a hang, or a range taken whose bytes are not in the reply as they
+/// stand. Not API.
+pub fn fuzz_direct(reply: &[u8]) {
+    use std::io::Write;
+    use std::sync::mpsc::{Receiver, Sender, channel};
+    use std::sync::{Mutex, OnceLock};
+    // One server for every input: a listener per input would use up the
+    // ephemeral ports (each closed connection waits in TIME_WAIT).
+    type Server = (u16, Mutex<(Sender<Vec<u8>>, Receiver<()>)>);
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    let (port, server) = SERVER.get_or_init(|| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (replies, to_send) = channel::<Vec<u8>>();
+        let (served, done) = channel();
+        std::thread::spawn(move || {
+            for reply in to_send {
+                if let Ok((mut s, _)) = listener.accept() {
+                    // The request, up to its blank line, then the reply.
+                    let mut got = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !got.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
+                        got.push(byte[0]);
+                    }
+                    let _ = s.write_all(&reply);
+                }
+                let _ = served.send(());
+            }
+        });
+        (port, Mutex::new((replies, done)))
+    });
+    let server = server
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    server.0.send(reply.to_vec()).unwrap();
+    let port = *port;
+    let url = HttpUrl::parse(&format!("http://127.0.0.1:{port}/disk.img")).unwrap();
+    let opts = HttpOptions {
+        timeout: Some(Duration::from_secs(2)),
+        retries: 0,
+        ..HttpOptions::default()
+    };
+    let client = Client::new(&url, &url, &opts).unwrap();
+    let direct = direct::Direct::new(&client, &url).unwrap();
+    let http = Http {
+        direct: None,
+        client,
+        url: url.clone(),
+        target: url,
+        context: None,
+        version: Version {
+            len: 1 << 20,
+            etag: ETag::parse("\"v1\""),
+            last_modified: Some("Mon, 01 Jan 2024 00:00:00 GMT".into()),
+        },
+        head: Vec::new(),
+        retries: 0,
+    };
+    let mut buf = vec![0xeeu8; 4096];
+    let extra = [("Range", "bytes=4096-8191".to_string())];
+    let check = |status: u16, h: Headers| http.check_reply(status, h, 4096, 8191);
+    let read = direct.range(&extra, &mut buf, None, check);
+    server.1.recv().unwrap();
+    if let Ok(direct::Read::Done) = read {
+        assert!(
+            reply.windows(buf.len()).any(|w| w == buf.as_slice()),
+            "a range taken that the reply does not hold"
+        );
+    }
 }

@@ -167,6 +167,22 @@ impl HttpUrl {
         u.to_string()
     }
 
+    /// What an HTTP/1.1 request line names: the path and query.
+    pub(crate) fn request_target(&self) -> &str {
+        &self.url[url::Position::BeforePath..url::Position::AfterQuery]
+    }
+
+    /// A request's `Host` header: the host, and the port if the URL gives
+    /// one.
+    pub(crate) fn host_header(&self) -> &str {
+        &self.url[url::Position::BeforeHost..url::Position::AfterPort]
+    }
+
+    /// The addresses the host resolves to, with the URL's port.
+    pub(crate) fn socket_addrs(&self) -> io::Result<Vec<std::net::SocketAddr>> {
+        self.url.socket_addrs(|| None)
+    }
+
     /// The user and password in the URL, percent-decoded, for basic auth.
     pub(crate) fn credentials(&self) -> Option<(String, String)> {
         let decode = |s: &str| {
