@@ -141,9 +141,20 @@ impl Direct {
                 "a reply with two Content-Lengths that differ".into(),
             ));
         }
-        // check() took the one Content-Length there is as the range's.
         if lengths.is_empty() || h("transfer-encoding").is_some() {
             return Ok(Read::Declined);
+        }
+        // check() refused a length in words that is not the range's; this
+        // refuses what it could not read (not text, not digits only).
+        let digits = |v: &[u8]| !v.is_empty() && v.iter().all(u8::is_ascii_digit);
+        if !digits(lengths[0]) {
+            return Err(Fail::final_with(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "a reply whose Content-Length is not a number: '{}'",
+                    lengths[0].escape_ascii()
+                ),
+            ));
         }
         let keep = reply.version == Some(1)
             && !h("connection")
