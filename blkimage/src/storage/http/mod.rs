@@ -727,7 +727,7 @@ pub fn fuzz_reply(data: &[u8]) {
 /// connection of our own (the `direct` module: its head parsed, checked
 /// and its body read into the buffer). Every outcome is fine but a panic,
 /// a hang, or a range taken whose bytes are not in the reply as they
-/// stand. Not API.
+/// stand or without a Content-Length of exactly its size. Not API.
 pub fn fuzz_direct(reply: &[u8]) {
     use std::io::Write;
     use std::sync::mpsc::{Receiver, Sender, channel};
@@ -794,5 +794,12 @@ pub fn fuzz_direct(reply: &[u8]) {
             reply.windows(buf.len()).any(|w| w == buf.as_slice()),
             "a range taken that the reply does not hold"
         );
+        // Taken only as the length the reply gave, in digits.
+        let said = reply.split(|&b| b == b'\n').any(|line| {
+            let line = line.to_ascii_lowercase();
+            line.strip_prefix(b"content-length:")
+                .is_some_and(|v| v.trim_ascii() == b"4096")
+        });
+        assert!(said, "a range taken without a Content-Length of 4096");
     }
 }
