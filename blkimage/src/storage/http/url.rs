@@ -341,6 +341,19 @@ mod tests {
     }
 
     #[test]
+    fn request_parts() {
+        let u = HttpUrl::parse("http://u:p@[::1]:8080/d/disk.raw?sig=a%20b#frag").unwrap();
+        assert_eq!(u.request_target(), "/d/disk.raw?sig=a%20b");
+        assert_eq!(u.host_header(), "[::1]:8080");
+        let u = HttpUrl::parse("http://images.example:80/disk.raw").unwrap();
+        assert_eq!(u.request_target(), "/disk.raw");
+        assert_eq!(u.host_header(), "images.example");
+        let u = HttpUrl::parse("http://127.0.0.1:9").unwrap();
+        assert_eq!(u.request_target(), "/");
+        assert_eq!(u.socket_addrs().unwrap(), ["127.0.0.1:9".parse().unwrap()]);
+    }
+
+    #[test]
     fn backing_names() {
         let u = HttpUrl::parse("http://h:81/d/top.qcow2").unwrap();
         assert_eq!(
