@@ -97,6 +97,12 @@ impl Client {
         if url.is_https() || https_proxy {
             config = config.tls_config(tls_config(opts)?);
         }
+        // The rules the front ends parse headers by, for every caller: a
+        // header is written into requests as it is (see direct.rs).
+        for (name, value) in &opts.headers {
+            super::check_header(name, value)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        }
         // Credentials from one place only: both would send two
         // Authorization headers, which servers take as they please.
         if given.credentials().is_some()

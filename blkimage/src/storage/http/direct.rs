@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 /// The largest reply head taken, as ureq's limit.
 const MAX_HEAD: usize = 64 << 10;
-/// Headers a reply may have here (nginx sends 8); one with more is left
-/// to ureq.
-const MAX_HEADERS: usize = 64;
+/// Headers a reply may have (nginx sends 8): ureq-proto's limit, so a
+/// reply either path refuses the other refuses too.
+const MAX_HEADERS: usize = 128;
 /// Idle connections kept: one per reading thread, as ureq's pool.
 const POOL: usize = 256;
 
@@ -49,8 +49,8 @@ pub(crate) struct Direct {
 }
 
 impl Direct {
-    /// Requests for `url` with what `client` sends: `None` for HTTPS, a
-    /// proxy, or a user's header that is not plain text.
+    /// Requests for `url` with what `client` sends (its headers checked
+    /// when it was made): `None` for HTTPS or a proxy.
     pub(crate) fn new(client: &Client, url: &HttpUrl) -> Option<Direct> {
         if url.is_https() || client.proxied() {
             return None;
@@ -62,12 +62,6 @@ impl Direct {
             client::USER_AGENT
         );
         for (name, value) in client.users_headers(url) {
-            // Never a line break into the request: ureq refuses such a
-            // header, so leave it to ureq to say so.
-            let plain = |s: &str| s.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b));
-            if !plain(name) || !plain(value) || name.contains(':') {
-                return None;
-            }
             request += &format!("{name}: {value}\r\n");
         }
         Some(Direct {
@@ -129,30 +123,29 @@ impl Direct {
                 .and_then(|h| std::str::from_utf8(h.value).ok())
         };
         check(status, &h)?;
-        let lengths: Vec<&[u8]> = reply
+        let mut lengths = reply
             .headers
             .iter()
             .filter(|h| h.name.eq_ignore_ascii_case("content-length"))
-            .map(|h| h.value)
-            .collect();
-        if lengths.windows(2).any(|w| w[0] != w[1]) {
+            .map(|h| h.value);
+        let length = lengths.next();
+        if lengths.any(|v| Some(v) != length) {
             return Err(Fail::final_with(
                 io::ErrorKind::InvalidData,
                 "a reply with two Content-Lengths that differ".into(),
             ));
         }
-        if lengths.is_empty() || h("transfer-encoding").is_some() {
+        let Some(length) = length.filter(|_| h("transfer-encoding").is_none()) else {
             return Ok(Read::Declined);
-        }
+        };
         // check() refused a length in words that is not the range's; this
         // refuses what it could not read (not text, not digits only).
-        let digits = |v: &[u8]| !v.is_empty() && v.iter().all(u8::is_ascii_digit);
-        if !digits(lengths[0]) {
+        if length.is_empty() || !length.iter().all(u8::is_ascii_digit) {
             return Err(Fail::final_with(
                 io::ErrorKind::InvalidData,
                 format!(
                     "a reply whose Content-Length is not a number: '{}'",
-                    lengths[0].escape_ascii()
+                    length.escape_ascii()
                 ),
             ));
         }

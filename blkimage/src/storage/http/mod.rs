@@ -125,6 +125,16 @@ pub fn parse_header(s: &str) -> Result<(String, String), String> {
     let (name, value) = s
         .split_once(':')
         .ok_or_else(|| format!("'{s}' is not a header: write 'Name: value'"))?;
+    let value = value.trim_matches([' ', '\t']);
+    check_header(name, value)?;
+    Ok((name.to_string(), value.to_string()))
+}
+
+/// Whether a header a user gives may be sent: its name a token, not one
+/// the client sets itself, its value without a control character (never a
+/// line break into a request). [`parse_header`]'s rules, also applied to
+/// [`HttpOptions::headers`] however they were made.
+fn check_header(name: &str, value: &str) -> Result<(), String> {
     let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
     if name.is_empty() || !name.chars().all(token) {
         return Err(format!("'{name}' is not a header name"));
@@ -134,11 +144,10 @@ pub fn parse_header(s: &str) -> Result<(String, String), String> {
             "the {name} header is blkhash's own to set (it asks for ranges and checks them)"
         ));
     }
-    let value = value.trim_matches([' ', '\t']);
     if value.chars().any(|c| c.is_control() && c != '\t') {
         return Err(format!("the value of {name} has a control character"));
     }
-    Ok((name.to_string(), value.to_string()))
+    Ok(())
 }
 
 /// Bytes asked for by the first request: the header and tables of most
