@@ -444,6 +444,30 @@ pub(crate) fn read_body(
 mod tests {
     use super::*;
 
+    /// Headers given to the library directly meet the rules the commands
+    /// and Python parse them by: nothing breaks a request's lines.
+    #[test]
+    fn headers_are_checked_for_every_caller() {
+        let url = HttpUrl::parse("http://127.0.0.1:9/disk.raw").unwrap();
+        let with = |name: &str, value: &str| {
+            let opts = HttpOptions {
+                headers: vec![(name.into(), value.into())],
+                ..HttpOptions::default()
+            };
+            Client::new(&url, &url, &opts).map(|_| ())
+        };
+        assert!(with("Authorization", "Bearer abc").is_ok());
+        for (name, value) in [
+            ("X-Token", "a\r\nRange: bytes=0-1"),
+            ("X Token", "a"),
+            ("Range", "bytes=0-1"),
+            ("", "a"),
+        ] {
+            let e = with(name, value).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{name}: {e}");
+        }
+    }
+
     #[test]
     fn no_proxy_as_curl() {
         assert!(no_proxy("*", "anything"));
