@@ -16,8 +16,8 @@
 
 use crate::OpenOptions;
 use crate::formats::vnbd::{self, Stream, Vnbd, named};
-use crate::qcow2::{ImageFile, MAX_CHAIN_DEPTH, Storage};
-use crate::storage::RawFile;
+use crate::qcow2::MAX_CHAIN_DEPTH;
+use crate::storage::{ImageFile, RawFile, Storage};
 use crate::storage::http::{Http, HttpUrl};
 use std::io;
 use std::path::{Path, PathBuf};

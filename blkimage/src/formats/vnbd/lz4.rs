@@ -2,7 +2,7 @@
 //! a frame's blocks, so a part cannot be had alone), the last few kept.
 
 use super::parse::{Lz4Frame, bad};
-use crate::qcow2::Storage;
+use crate::storage::Storage;
 use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, Ordering};

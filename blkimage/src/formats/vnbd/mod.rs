@@ -20,7 +20,7 @@
 mod lz4;
 pub mod parse;
 
-use crate::qcow2::Storage;
+use crate::storage::Storage;
 use crate::source::{Extent, ExtentKind, Source};
 use parse::{Kind, Lz4Frame, Meta, Range};
 use std::io;

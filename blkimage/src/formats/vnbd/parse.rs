@@ -24,7 +24,7 @@
 //! the virtual size; the data frames must hold `dataSize` bytes, and a
 //! trailer must describe exactly the stream's payloads.
 
-use crate::qcow2::Storage;
+use crate::storage::Storage;
 use serde_json::Value;
 use std::io;
 
