@@ -188,12 +188,15 @@ fn deep_queues_of_large_reads_stay_within_the_budget() {
 /// A sweep of memory limits (`ulimit -v`, 12 to 64 MB) over the ways
 /// blksum reads: direct I/O with reading threads, the page cache with
 /// `--cache` (copied, not mapped, under such a limit:
-/// `RawFile::map_reads`) and `--no-mmap` (workers' buffers), qcow2. Every
-/// run succeeds or fails with the buffer or thread it could not have; the
-/// aborts "memory allocation of 1048576 bytes failed" (direct I/O), "of
-/// 1052672 bytes" (`--no-mmap --cache`) and "of 54 bytes" (mapped reads,
-/// at 20 MB only, in about half the runs) were exit 134: hence every
-/// megabyte, twice.
+/// `RawFile::map_reads`) and `--no-mmap` (workers' buffers), qcow2, and a
+/// virtnbdbackup lz4 stream (written by virtnbdbackup's writer; skipped
+/// without it). Every run succeeds or fails with the buffer or thread it
+/// could not have; the aborts "memory allocation of 1048576 bytes failed"
+/// (direct I/O), "of 1052672 bytes" (`--no-mmap --cache`) and "of 54
+/// bytes" (mapped reads, at 20 MB only, in about half the runs) were exit
+/// 134: hence every megabyte, twice. The lz4 stream aborted at 24 to
+/// 48 MB ("of 8389655 bytes": an lz4 frame's compressed bytes; "of 4194304
+/// bytes": the lz4 decoder's own block buffer).
 #[test]
 fn memory_limits_fail_cleanly() {
     let dir = tempfile::tempdir().unwrap();
@@ -207,18 +210,44 @@ fn memory_limits_fail_cleanly() {
         eprintln!("qemu-img missing: test skipped");
         return;
     }
-    let out = Command::new(BLKSUM).arg(r).output().unwrap();
-    let want = text(&out.stdout)[..64].to_string();
-    let runs: [&[&str]; 5] = [
-        &[r],
-        &["--cache", r],
-        &["--cache", "--no-mmap", r],
-        &[q],
-        &["--cache", "--no-mmap", q],
+    let want = checksum(r);
+    let mut runs: Vec<(Vec<&str>, &str)> = vec![
+        (vec![r], &want),
+        (vec!["--cache", r], &want),
+        (vec!["--cache", "--no-mmap", r], &want),
+        (vec![q], &want),
+        (vec!["--cache", "--no-mmap", q], &want),
     ];
+    let lz4 = lz4_stream(dir.path());
+    if let Some((stream, want)) = &lz4 {
+        runs.push((vec![stream.to_str().unwrap()], want));
+    }
     for mb in 12..=64 {
-        for args in runs.iter().chain(&runs) {
-            testkit::tools::assert_clean_under_memory_limit(BLKSUM, mb * 1000, args, &want);
+        for (args, want) in runs.iter().chain(&runs) {
+            testkit::tools::assert_clean_under_memory_limit(BLKSUM, mb * 1000, args, want);
         }
     }
+}
+
+/// The checksum blksum prints for `image`.
+fn checksum(image: &str) -> String {
+    let out = Command::new(BLKSUM).arg(image).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)[..64].to_string()
+}
+
+/// An lz4-compressed virtnbdbackup stream of 24 MiB holding 16 MiB of
+/// data (one lz4 frame of 16 MiB: 8 MiB of text in compressed blocks, then
+/// 8 MiB of random bytes stored as they are), in `dir`, and the checksum
+/// of the raw file it holds; `None` without virtnbdbackup's writer.
+fn lz4_stream(dir: &Path) -> Option<(PathBuf, String)> {
+    let py = testkit::vnbd::writer()?;
+    let raw = dir.join("text.raw");
+    testkit::Recipe::parse("8m:t 8m:r 8m:-")
+        .unwrap()
+        .write_image(&raw)
+        .unwrap();
+    let stream = dir.join("sda.full.data");
+    testkit::vnbd::write_stream(&py, &raw, &stream, &["--compress", "2"]);
+    Some((stream, checksum(raw.to_str().unwrap())))
 }

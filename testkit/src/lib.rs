@@ -2,7 +2,8 @@
 //! and the helpers every crate's tests share: QEMU's tools ([`tools`]),
 //! NBD servers ([`nbd`]) and one that misbehaves on purpose ([`hostile`]),
 //! HTTP servers (nginx, Python's, and a hostile one: [`http`]),
-//! qemu-storage-daemon driven over QMP ([`qsd`]), a SOCKS proxy ([`socks`]).
+//! qemu-storage-daemon driven over QMP ([`qsd`]), a SOCKS proxy ([`socks`]),
+//! virtnbdbackup's streams written and restored by its own code ([`vnbd`]).
 //!
 //! A recipe is segments separated by spaces, each `SIZE:KIND` (see
 //! `vectors.json`'s README in the shared vectors): `-` a hole, `0` written
@@ -19,6 +20,7 @@ pub mod nbd;
 pub mod qsd;
 pub mod socks;
 pub mod tools;
+pub mod vnbd;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};

@@ -17,8 +17,8 @@
 use crate::OpenOptions;
 use crate::formats::vnbd::{self, Stream, Vnbd, named};
 use crate::qcow2::MAX_CHAIN_DEPTH;
-use crate::storage::{ImageFile, RawFile, Storage};
 use crate::storage::http::{Http, HttpUrl};
+use crate::storage::{ImageFile, RawFile, Storage};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,10 +1,14 @@
-//! lz4 frames of compressed streams: decompressed whole (python-lz4 links
-//! a frame's blocks, so a part cannot be had alone), the last few kept.
+//! lz4 frames of compressed streams: decoded whole (python-lz4 links a
+//! frame's blocks, so a part cannot be had alone) straight into the buffer
+//! the digest workers then hash in place ([`super::lz4frame`]), by the
+//! digest worker that first needs the frame, the last few kept.
 
+use super::lz4frame;
+use super::memory::grow;
 use super::parse::{Lz4Frame, bad};
 use crate::storage::Storage;
 use std::collections::VecDeque;
-use std::io::{self, Read};
+use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -45,15 +49,13 @@ impl Drop for Frame {
     }
 }
 
-/// A buffer of `len` bytes, from the pool if it holds one.
+/// A buffer of `len` bytes, from the pool if it holds one; else allocated,
+/// or an error if the memory cannot be had. A recycled buffer of a full
+/// frame is reused as it is (the decoder writes every byte).
 fn buffer(len: usize) -> io::Result<Vec<u8>> {
     let pooled = POOL.lock().unwrap_or_else(|e| e.into_inner()).pop();
     let mut buf = pooled.unwrap_or_default();
-    // Only the bytes past the buffer's old length are zeroed: a recycled
-    // buffer of a full frame is reused as it is.
-    buf.try_reserve_exact(len.saturating_sub(buf.len()))
-        .map_err(|_| blkhash::out_of_memory(len, "an lz4 frame"))?;
-    buf.resize(len, 0);
+    grow(&mut buf, len, "an lz4 frame")?;
     Ok(buf)
 }
 
@@ -139,41 +141,15 @@ pub fn decompress(st: &dyn Storage, f: Lz4Frame) -> io::Result<Frame> {
     // decompression.
     thread_local!(static COMP: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) });
     COMP.with_borrow_mut(|comp| {
-        comp.resize(len, 0);
+        grow(comp, len, "an lz4 frame's compressed bytes")?;
         st.read_exact_at(comp, f.pos)?;
         inflate(comp, f)
     })
 }
 
+/// The frame `comp` decoded into a buffer of its own.
 fn inflate(comp: &[u8], f: Lz4Frame) -> io::Result<Frame> {
     let mut out = Frame(buffer(f.len as usize)?);
-    let mut dec = lz4_flex::frame::FrameDecoder::new(comp);
-    let short = |e: io::Error| bad(f.pos, format!("bad lz4 frame: {e}"));
-    let mut got = 0;
-    while got < out.0.len() {
-        match dec.read(&mut out.0[got..]).map_err(short)? {
-            0 => break,
-            n => got += n,
-        }
-    }
-    // Past the promised length the frame must end: the read that finds
-    // its end checks its content checksum.
-    let more = match got == out.0.len() {
-        true => dec.read(&mut [0u8]).map_err(short)?,
-        false => 0,
-    };
-    if got + more != f.len as usize {
-        let holds = match more {
-            0 => got.to_string(),
-            _ => format!("more than {got}"),
-        };
-        return Err(bad(
-            f.pos,
-            format!(
-                "the lz4 frame holds {holds} bytes, its header says {}",
-                f.len
-            ),
-        ));
-    }
+    lz4frame::decode(comp, &mut out.0).map_err(|(at, why)| bad(f.pos + at as u64, why))?;
     Ok(out)
 }

@@ -18,10 +18,13 @@
 //! the digest workers, not copied.
 
 mod lz4;
+mod lz4frame;
+mod memory;
 pub mod parse;
+mod trailer;
 
-use crate::storage::Storage;
 use crate::source::{Extent, ExtentKind, Source};
+use crate::storage::Storage;
 use parse::{Kind, Lz4Frame, Meta, Range};
 use std::io;
 use std::path::PathBuf;
@@ -102,6 +105,9 @@ struct Seg {
     stream: u32,
 }
 
+/// What the chain's index is called when it cannot grow.
+const INDEX: &str = "the index of a chain of streams";
+
 /// The most ranges a chain is indexed in: 64 MiB of them.
 const MAX_SEGS: usize = (64 << 20) / std::mem::size_of::<Seg>();
 
@@ -151,17 +157,17 @@ impl Vnbd {
             ));
         }
         let size = top.meta.virtual_size;
+        let oom = |e: io::Error| named(&top.name, e);
         // Oldest first, each newer stream over what is below it.
         let mut segs: Vec<Seg> = Vec::new();
         for (i, ranges) in all.into_iter().enumerate().rev() {
-            let newer: Vec<Seg> = ranges
-                .into_iter()
-                .map(|range| Seg {
-                    range,
-                    stream: i as u32,
-                })
-                .collect();
-            segs = overlay(segs, newer);
+            let mut newer = Vec::new();
+            memory::reserve(&mut newer, ranges.len(), INDEX).map_err(oom)?;
+            newer.extend(ranges.into_iter().map(|range| Seg {
+                range,
+                stream: i as u32,
+            }));
+            segs = overlay(segs, newer).map_err(oom)?;
             if segs.len() > MAX_SEGS {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -299,11 +305,13 @@ fn check_link(child: &Stream, parent: &Stream) -> io::Result<()> {
 
 /// `newer` laid over `older` (each sorted, not overlapping): what `newer`
 /// covers is its, the rest `older`'s, cut where they meet.
-fn overlay(older: Vec<Seg>, newer: Vec<Seg>) -> Vec<Seg> {
+fn overlay(older: Vec<Seg>, newer: Vec<Seg>) -> io::Result<Vec<Seg>> {
     if older.is_empty() {
-        return newer;
+        return Ok(newer);
     }
-    let mut out = Vec::with_capacity(older.len() + newer.len());
+    // Each range of `newer` cuts at most one of `older` in two.
+    let mut out = Vec::new();
+    memory::reserve(&mut out, older.len() + 2 * newer.len(), INDEX)?;
     let mut old = older.into_iter();
     let mut head = old.next();
     for n in newer {
@@ -337,7 +345,7 @@ fn overlay(older: Vec<Seg>, newer: Vec<Seg>) -> Vec<Seg> {
     }
     out.extend(head);
     out.extend(old);
-    out
+    Ok(out)
 }
 
 /// Extents, merged by kind.
@@ -535,7 +543,7 @@ mod tests {
         let old = vec![seg(0, 100, 1), seg(200, 100, 1)];
         let new = vec![seg(50, 10, 0), seg(90, 120, 0), seg(290, 20, 0)];
         assert_eq!(
-            shape(&overlay(old, new)),
+            shape(&overlay(old, new).unwrap()),
             vec![
                 (0, 50, 1, 0),
                 (50, 10, 0, 500),
@@ -547,7 +555,7 @@ mod tests {
         );
         let old = vec![seg(0, 100, 1)];
         assert_eq!(
-            shape(&overlay(old, vec![seg(200, 5, 0)])),
+            shape(&overlay(old, vec![seg(200, 5, 0)]).unwrap()),
             vec![(0, 100, 1, 0), (200, 5, 0, 2000)]
         );
     }

@@ -24,6 +24,8 @@
 //! the virtual size; the data frames must hold `dataSize` bytes, and a
 //! trailer must describe exactly the stream's payloads.
 
+use super::memory::{grow, push};
+use super::{lz4frame, trailer};
 use crate::storage::Storage;
 use serde_json::Value;
 use std::io;
@@ -33,8 +35,9 @@ pub const FRAME_LEN: u64 = 40;
 const TERM: &[u8] = b"\r\n";
 /// The first bytes of every stream: a meta frame at offset 0.
 pub const MAGIC: &[u8] = b"meta 0000000000000000 ";
-/// The largest metadata accepted (virtnbdbackup writes about 400 bytes).
-const MAX_META: u64 = 1 << 20;
+/// The largest metadata accepted (virtnbdbackup writes about 400 bytes):
+/// its JSON values, some 32 bytes for each 2 of its bytes, stay small.
+const MAX_META: u64 = 64 << 10;
 /// The largest compression trailer accepted: some 8 bytes per data frame.
 const MAX_TRAILER: u64 = 64 << 20;
 /// The most guest bytes one lz4 frame may hold: virtnbdbackup cuts longer
@@ -187,7 +190,7 @@ impl<'a> Cursor<'a> {
         let inside = off >= self.at && off + n <= self.at + self.buf.len() as u64;
         if !inside {
             let want = n.max(WINDOW).min(self.len - off);
-            self.buf.resize(want as usize, 0);
+            grow(&mut self.buf, want as usize, "the stream's headers")?;
             self.st.read_exact_at(&mut self.buf, off)?;
             self.at = off;
         }
@@ -306,64 +309,6 @@ fn parse_meta(json: &[u8]) -> Result<Meta, String> {
     })
 }
 
-/// The compressed sizes of one data frame's lz4 frames, from the trailer.
-fn trailer(json: &[u8]) -> Result<Vec<Vec<u64>>, String> {
-    let v: Value = serde_json::from_slice(json).map_err(|e| e.to_string())?;
-    let list = v.as_array().ok_or("not a JSON list")?;
-    list.iter()
-        .enumerate()
-        .map(|(i, e)| match e {
-            Value::Number(n) => n
-                .as_u64()
-                .map(|n| vec![n])
-                .ok_or(format!("entry {i} is not a size")),
-            Value::Object(o) if o.len() == 1 => {
-                let (total, sizes) = o.iter().next().expect("one entry");
-                let total: u64 = total
-                    .parse()
-                    .map_err(|_| format!("entry {i}: '{total}' is not a size"))?;
-                let sizes = sizes
-                    .as_array()
-                    .ok_or(format!("entry {i} lists no sizes"))?
-                    .iter()
-                    .map(|s| s.as_u64().ok_or(format!("entry {i} holds a bad size")))
-                    .collect::<Result<Vec<u64>, String>>()?;
-                if sizes.is_empty()
-                    || sizes.iter().try_fold(0u64, |a, &s| a.checked_add(s)) != Some(total)
-                {
-                    return Err(format!("entry {i}: its sizes do not add up to {total}"));
-                }
-                Ok(sizes)
-            }
-            _ => Err(format!(
-                "entry {i} is neither a size nor {{TOTAL: [SIZES]}}"
-            )),
-        })
-        .collect()
-}
-
-/// The guest bytes an lz4 frame says it holds, from its header (python-lz4,
-/// which virtnbdbackup writes with, stores it): read here, since the lz4
-/// crates decode frames but do not show this field alone.
-fn lz4_content_size(head: &[u8]) -> Result<Option<u64>, &'static str> {
-    if head.len() < 6 || head[..4] != [0x04, 0x22, 0x4d, 0x18] {
-        return Err("not an lz4 frame");
-    }
-    let flg = head[4];
-    if flg >> 6 != 1 {
-        return Err("an lz4 frame of an unknown version");
-    }
-    if flg & 0x08 == 0 {
-        return Ok(None);
-    }
-    let b: [u8; 8] = head
-        .get(6..14)
-        .ok_or("a truncated lz4 frame header")?
-        .try_into()
-        .expect("8 bytes");
-    Ok(Some(u64::from_le_bytes(b)))
-}
-
 /// Read the stream in `st`: its metadata and the ranges of its frames.
 pub fn parse(st: &dyn Storage) -> io::Result<Parsed> {
     let mut c = Cursor::new(st);
@@ -371,7 +316,7 @@ pub fn parse(st: &dyn Storage) -> io::Result<Parsed> {
     // A compressed stream's trailer, read first: it sizes the payloads.
     let (sizes, end) = match meta.compressed {
         true => read_trailer(&mut c, pos)?,
-        false => (Vec::new(), c.len),
+        false => (trailer::Sizes::default(), c.len),
     };
     let mut index = Index {
         ranges: Vec::new(),
@@ -394,7 +339,7 @@ pub fn parse(st: &dyn Storage) -> io::Result<Parsed> {
         let header_at = pos;
         pos += FRAME_LEN;
         if &kind == b"zero" {
-            index.zeros(start, flen);
+            index.zeros(start, flen)?;
             continue;
         }
         let frame = DataFrame {
@@ -448,7 +393,7 @@ pub fn parse(st: &dyn Storage) -> io::Result<Parsed> {
 /// A compressed stream's trailer (after the frames, from `pos`): the
 /// compressed sizes of each data frame's lz4 frames, and where the frames
 /// end.
-fn read_trailer(c: &mut Cursor, pos: u64) -> io::Result<(Vec<Vec<u64>>, u64)> {
+fn read_trailer(c: &mut Cursor, pos: u64) -> io::Result<(trailer::Sizes, u64)> {
     let len = c.len;
     let at = len
         .checked_sub(FRAME_LEN)
@@ -472,7 +417,8 @@ fn read_trailer(c: &mut Cursor, pos: u64) -> io::Result<(Vec<Vec<u64>>, u64)> {
             )
         })?;
     let json = c.bytes(json_at, tlen, "compression trailer")?;
-    let sizes = trailer(json).map_err(|e| bad(json_at, format!("bad compression trailer: {e}")))?;
+    let sizes = trailer::parse(json, MAX_RANGES)?
+        .map_err(|e| bad(json_at, format!("bad compression trailer: {e}")))?;
     c.term(json_at + tlen, "compression trailer")?;
     Ok((sizes, json_at))
 }
@@ -542,6 +488,9 @@ struct DataFrame {
     len: u64,
 }
 
+/// What the index's lists are called when they cannot grow.
+const INDEX: &str = "the stream's index";
+
 /// The index being built.
 struct Index {
     ranges: Vec<Range>,
@@ -561,15 +510,17 @@ impl Index {
     }
 
     /// A zero frame, merged with a zero range it follows.
-    fn zeros(&mut self, start: u64, len: u64) {
+    fn zeros(&mut self, start: u64, len: u64) -> io::Result<()> {
         match self.ranges.last_mut() {
             Some(r) if r.kind == Kind::Zero && r.end() == start => r.len += len,
-            _ => self.ranges.push(Range {
-                start,
-                len,
-                kind: Kind::Zero,
-            }),
+            _ => self.range(start, len, Kind::Zero)?,
         }
+        Ok(())
+    }
+
+    /// One more range.
+    fn range(&mut self, start: u64, len: u64, kind: Kind) -> io::Result<()> {
+        push(&mut self.ranges, Range { start, len, kind }, INDEX)
     }
 
     /// The payload of the data frame `f` (plain), from `pos`: where it ends.
@@ -583,11 +534,7 @@ impl Index {
                 ),
             ));
         }
-        self.ranges.push(Range {
-            start: f.start,
-            len: f.len,
-            kind: Kind::Data { pos },
-        });
+        self.range(f.start, f.len, Kind::Data { pos })?;
         Ok(pos + f.len)
     }
 
@@ -616,14 +563,16 @@ impl Index {
             if comp > MAX_LZ4_FRAME * 2 || pos.checked_add(comp).is_none_or(|e| e > end) {
                 return Err(lies(format!("lz4 frame {i} of {comp} bytes does not fit")));
             }
-            let head = c.bytes(pos, comp.min(14), "lz4 frame header")?;
-            let n = match lz4_content_size(head) {
-                Ok(Some(n)) => n,
-                Ok(None) if entry.len() == 1 => flen,
-                Ok(None) => {
-                    return Err(bad(pos, "an lz4 frame without its content size"));
-                }
-                Err(e) => return Err(lies(format!("lz4 frame {i} at {pos:#x}: {e}"))),
+            // The guest bytes the frame holds, from its header (python-lz4,
+            // which virtnbdbackup writes with, stores them).
+            let head = c.bytes(pos, comp.min(15), "lz4 frame header")?;
+            let n = match lz4frame::header(head) {
+                Ok(h) => match h.content_size {
+                    Some(n) => n,
+                    None if entry.len() == 1 => flen,
+                    None => return Err(bad(pos, "an lz4 frame without its content size")),
+                },
+                Err((_, e)) => return Err(lies(format!("lz4 frame {i} at {pos:#x}: {e}"))),
             };
             if n == 0 || n > MAX_LZ4_FRAME || n > start + flen - g {
                 return Err(lies(format!(
@@ -631,19 +580,14 @@ impl Index {
                 )));
             }
             self.room(pos)?;
-            self.ranges.push(Range {
-                start: g,
-                len: n,
-                kind: Kind::Lz4 {
-                    frame: self.frames.len() as u32,
-                    skip: 0,
-                },
-            });
-            self.frames.push(Lz4Frame {
+            let frame = self.frames.len() as u32;
+            self.range(g, n, Kind::Lz4 { frame, skip: 0 })?;
+            let lz4 = Lz4Frame {
                 pos,
                 comp: comp as u32,
                 len: n as u32,
-            });
+            };
+            push(&mut self.frames, lz4, INDEX)?;
             g += n;
             pos += comp;
         }
