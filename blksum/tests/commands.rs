@@ -21,3 +21,4 @@ mod rounding;
 mod shrink;
 mod signals;
 mod verify;
+mod vnbd;

@@ -161,9 +161,16 @@ impl Vnbd {
         // Oldest first, each newer stream over what is below it.
         let mut segs: Vec<Seg> = Vec::new();
         for (i, ranges) in all.into_iter().enumerate().rev() {
+            let incremental = streams[i].meta.incremental;
             let mut newer = Vec::new();
             memory::reserve(&mut newer, ranges.len(), INDEX).map_err(oom)?;
-            newer.extend(ranges.into_iter().map(|range| Seg {
+            // A zero frame of an incremental stream (virtnbdbackup writes
+            // none) leaves its parents' bytes, as virtnbdrestore, which
+            // skips zero frames, leaves them on the disk it restores to.
+            let kept = ranges
+                .into_iter()
+                .filter(|r| !(incremental && r.kind == Kind::Zero));
+            newer.extend(kept.map(|range| Seg {
                 range,
                 stream: i as u32,
             }));

@@ -38,6 +38,8 @@ pub const MAGIC: &[u8] = b"meta 0000000000000000 ";
 /// The largest metadata accepted (virtnbdbackup writes about 400 bytes):
 /// its JSON values, some 32 bytes for each 2 of its bytes, stay small.
 const MAX_META: u64 = 64 << 10;
+/// The largest virtual size accepted: QEMU's (an `int64_t`).
+pub const MAX_VIRTUAL_SIZE: u64 = i64::MAX as u64;
 /// The largest compression trailer accepted: some 8 bytes per data frame.
 const MAX_TRAILER: u64 = 64 << 20;
 /// The most guest bytes one lz4 frame may hold: virtnbdbackup cuts longer
@@ -297,8 +299,15 @@ fn parse_meta(json: &[u8]) -> Result<Meta, String> {
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err("'incremental' is not true or false".into()),
     };
+    let virtual_size = num("virtualSize", "virtual-size")?;
+    if virtual_size > MAX_VIRTUAL_SIZE {
+        return Err(format!(
+            "a virtual size of {virtual_size} bytes, over QEMU's limit ({MAX_VIRTUAL_SIZE}: \
+             2^63-1)"
+        ));
+    }
     Ok(Meta {
-        virtual_size: num("virtualSize", "virtual-size")?,
+        virtual_size,
         data_size: num("dataSize", "data-size")?,
         disk: text("diskName")?,
         checkpoint: text("checkpointName")?,
