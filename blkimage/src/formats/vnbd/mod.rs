@@ -626,6 +626,24 @@ mod tests {
         assert_eq!(content(&v), want);
     }
 
+    /// A stream of `virtual_size` bytes, no data.
+    fn empty(virtual_size: u64) -> Vec<u8> {
+        let json = format!(r#"{{"virtualSize": {virtual_size}, "dataSize": 0}}"#);
+        let mut s = format!("meta {:016x} {:016x}\r\n{json}\r\n", 0, json.len());
+        s += &format!("stop {:016x} {:016x}\r\n", 0, 0);
+        s.into_bytes()
+    }
+
+    #[test]
+    fn sizes_over_qemus_limit_are_refused() {
+        let v = Vnbd::from_storage(Arc::new(empty(i64::MAX as u64))).unwrap();
+        assert_eq!(v.size(), i64::MAX as u64);
+        for size in [1 << 63, u64::MAX] {
+            let e = Vnbd::from_storage(Arc::new(empty(size))).err().unwrap();
+            assert!(e.to_string().contains("over QEMU's limit"), "{e}");
+        }
+    }
+
     #[test]
     fn an_incremental_stream_alone_is_refused() {
         let e = Vnbd::from_storage(Arc::new(seed("seed-inc")))
