@@ -27,7 +27,7 @@ KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
 CASES = ["speed", "random", "holes", "zero", "empty", "ranges", "qcow2", "compressed", "direct",
-         "nbd", "remote", "http",
+         "nbd", "remote", "http", "virtnbdbackup",
          "sync", "sync_nbd", "lib", "python"]
 # Run only when named (--only): dirty needs about 24 GiB of disk at its
 # default size; mapsize hashes 10.5 GiB over NBD and writes 1.3 GiB of maps;

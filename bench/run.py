@@ -19,6 +19,7 @@ targets from our issue with PASS/FAIL.
     python3 bench/run.py --only dirty --dirty-size 2g --runs 1   # incremental maps, quick
     python3 bench/run.py --only dirty --before ../old/target/release   # and another build's
     python3 bench/run.py --only mapsize --runs 3   # map commands' RSS at 64 GiB, 256 GiB, 1 TiB
+    python3 bench/run.py --only virtnbdbackup --before ../old/target/release  # streams, 2 builds
     python3 bench/run.py --plots         # the charts of docs/, from the reports in docs/bench/
 
 Environment:
@@ -81,6 +82,7 @@ from web import HttpCases
 from library import LibCases
 from net import NetCases
 from ovirt import IMAGEIO_CASE
+from vnbd import VnbdCases
 
 # ---------------------------------------------------------------- the image cases
 
@@ -211,7 +213,7 @@ IMAGE_CASES["imageio"] = IMAGEIO_CASE
 # ---------------------------------------------------------------- the bench
 
 
-class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases):
+class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases, VnbdCases):
     def __init__(self, args, report):
         self.a = args
         self.r = report
@@ -709,7 +711,8 @@ def main():
     ap.add_argument("--before",
                     help="dirty case: also run its blkmap and blksync commands with the "
                          "binaries in this directory (another commit's target/release), "
-                         "alternating with ours, rows marked (before)")
+                         "alternating with ours, rows marked (before); virtnbdbackup case: "
+                         "its blksum on the raw file and the lz4 stream")
     ap.add_argument("--settle", type=float, default=0,
                     help="sync case: seconds to wait after removing a copy's target and "
                          "syncing, before each write (default 0: back to back). On a VM "
