@@ -29,7 +29,9 @@ set -euo pipefail
 # (musl-tools) for the C parts of the static x86_64 build. libvirt's
 # daemon, client and QEMU driver, QEMU's x86 system emulator and
 # virtnbdbackup for blktools/tests/libvirt.rs (a libvirtd of the test's own
-# in a private mount namespace: the packages' services are not used).
+# in a private mount namespace: the packages' services are not used), and
+# its stream writer and virtnbdrestore for blksum's stream tests
+# (testkit::vnbd: no VM, libvirt's test driver).
 apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc libc6-dev
     pkg-config valgrind binutils file man-db tmux debhelper lintian rpm nginx dante-server
     gcc-aarch64-linux-gnu libc6-dev-arm64-cross binfmt-support musl-tools)
