@@ -178,11 +178,12 @@ fn block_into(
     done: usize,
     h: &Header,
 ) -> Result<usize, String> {
-    let more = format!("the lz4 frame holds more than {} bytes", out.len());
+    let total = out.len();
+    let more = || format!("the lz4 frame holds more than {total} bytes");
     let (before, room) = out.split_at_mut(done);
     if raw {
         let Some(dst) = room.get_mut(..block.len()) else {
-            return Err(more);
+            return Err(more());
         };
         dst.copy_from_slice(block);
         return Ok(block.len());
@@ -197,7 +198,7 @@ fn block_into(
         false => lz4_flex::block::decompress_into(block, room),
     };
     decoded.map_err(|e| match e {
-        lz4_flex::block::DecompressError::OutputTooSmall { .. } if !full => more,
+        lz4_flex::block::DecompressError::OutputTooSmall { .. } if !full => more(),
         e => format!("a bad lz4 block: {e}"),
     })
 }
