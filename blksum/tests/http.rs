@@ -456,6 +456,51 @@ fn every_bad_server_is_an_error_naming_the_url() {
     }
 }
 
+/// Interim replies (1xx: `100 Continue`, `102 Processing`, `103 Early
+/// Hints`) before each reply are read past, as RFC 9110 says a client
+/// does, on both read paths: the ranges read on connections of our own,
+/// and ureq's (the first request, and every one through a proxy); one
+/// that switches protocols unasked, or interim replies that never end,
+/// are refused for what they are (issue #57: "headers larger than 64
+/// KiB" before).
+#[test]
+fn interim_replies_are_read_past() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = file_checksum(dir.path(), &data());
+    let proxy = ConnectProxy::start();
+    let via = [("http_proxy", proxy.url.as_str())];
+    for code in [100, 102, 103] {
+        let server = Hostile::start(data(), Misbehave::Interim(code));
+        for read_size in ["64k", "1m"] {
+            let args = ["--read-size", read_size, &server.url];
+            assert_eq!(checksum(&args), want, "{code} {read_size}");
+            let through = proxy.count();
+            assert_eq!(
+                checksum_env(&args, &via),
+                want,
+                "{code} {read_size}, proxied"
+            );
+            assert!(proxy.count() > through);
+        }
+    }
+    let server = Hostile::start(data(), Misbehave::Interim(101));
+    for env in [&[][..], &via] {
+        let err = fails_env(&[&server.url], env);
+        assert!(
+            err.contains(&server.url) && err.contains("switched protocols (101)"),
+            "{env:?}: {err}"
+        );
+    }
+    let server = Hostile::start(data(), Misbehave::EndlessInterim);
+    for env in [&[][..], &via] {
+        let err = fails_env(&["--retries", "0", "--timeout", "20", &server.url], env);
+        assert!(
+            err.contains(&server.url) && err.contains("more than 64 KiB of interim (1xx) replies"),
+            "{env:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn a_server_that_drops_every_third_connection_gives_the_same_checksum() {
     let dir = tempfile::tempdir().unwrap();

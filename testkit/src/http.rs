@@ -268,6 +268,13 @@ pub enum Misbehave {
     /// Range replies (after the first) with two Content-Lengths, the
     /// range's and one more.
     TwoLengths,
+    /// Every reply (the first too) after an interim reply of this 1xx
+    /// status (`103 Early Hints` with a `Link` header, `100 Continue`...),
+    /// written just before it: valid HTTP/1.1 (RFC 9110, section 15.2).
+    Interim(u16),
+    /// Range replies (after the first): `103 Early Hints`, again and again,
+    /// never the reply.
+    EndlessInterim,
 }
 
 /// What a [`Hostile`] server saw.
@@ -450,6 +457,18 @@ enum Answered {
     Closing,
 }
 
+/// An interim reply of status `code`, as servers send them before the
+/// reply itself.
+fn interim(code: u16) -> String {
+    match code {
+        100 => "HTTP/1.1 100 Continue\r\n\r\n".to_string(),
+        103 => {
+            "HTTP/1.1 103 Early Hints\r\nLink: </disk.img.sha256>; rel=preload\r\n\r\n".to_string()
+        }
+        c => format!("HTTP/1.1 {c} Interim\r\nX-Interim: yes\r\n\r\n"),
+    }
+}
+
 /// Answer the `n`-th request `req` for `data` as `how` says.
 fn answer(
     w: &mut TcpStream,
@@ -465,6 +484,16 @@ fn answer(
     };
     let honour = !matches!(how, Misbehave::ChangesIgnoringConditions(_));
     let (bytes, etag, date) = version(data, second);
+    if let Misbehave::Interim(code) = how {
+        write!(w, "{}", interim(code))?;
+    }
+    if how == Misbehave::EndlessInterim && n > 1 {
+        while !stop.load(Ordering::SeqCst) {
+            w.write_all(interim(103).as_bytes())?;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        return Ok(Answered::Closing);
+    }
     let mut extra = format!("ETag: {etag}\r\nLast-Modified: {date}\r\n");
     if how == Misbehave::HugeHeaders {
         extra += &format!("X-Filler: {}\r\n", "x".repeat(128 << 10));

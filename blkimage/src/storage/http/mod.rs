@@ -44,6 +44,7 @@
 
 mod client;
 mod direct;
+mod interim;
 mod reply;
 mod url;
 
