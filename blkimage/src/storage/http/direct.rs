@@ -17,6 +17,7 @@
 use super::Headers;
 use super::client::{self, Client, Fail, read_body};
 use super::interim::{self, Start};
+use super::reply::MAX_HEADERS;
 use super::url::HttpUrl;
 use std::io::{self, Read as _, Write};
 use std::net::TcpStream;
@@ -26,9 +27,6 @@ use std::time::{Duration, Instant};
 
 /// The largest reply head taken, as ureq's limit.
 const MAX_HEAD: usize = 64 << 10;
-/// Headers a reply may have (nginx sends 8): ureq-proto's limit, so a
-/// reply either path refuses the other refuses too.
-pub(crate) const MAX_HEADERS: usize = 128;
 /// Idle connections kept: one per reading thread, as ureq's pool.
 const POOL: usize = 256;
 

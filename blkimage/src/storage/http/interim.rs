@@ -31,7 +31,7 @@ pub(crate) enum Start {
 /// What `input`, the bytes where a reply begins, holds; `skipped`, the bytes
 /// of interim replies already read past before it, bounds them.
 pub(crate) fn start(input: &[u8], skipped: usize) -> io::Result<Start> {
-    let mut headers = [httparse::EMPTY_HEADER; super::direct::MAX_HEADERS];
+    let mut headers = [httparse::EMPTY_HEADER; super::reply::MAX_HEADERS];
     let mut reply = httparse::Response::new(&mut headers);
     let (n, code) = match reply.parse(input) {
         Ok(httparse::Status::Complete(n)) => (n, reply.code.unwrap_or_default()),

@@ -44,10 +44,15 @@
 
 mod client;
 mod direct;
+mod fuzz;
+mod headers;
 mod interim;
 mod reply;
 mod url;
 
+pub use fuzz::{fuzz_direct, fuzz_reply};
+use headers::check_header;
+pub use headers::parse_header;
 pub use reply::{ContentRange, ETag, Version, check_range};
 pub use url::{HttpUrl, is_url, redact, url_scheme};
 
@@ -90,65 +95,6 @@ impl Default for HttpOptions {
             retries: DEFAULT_RETRIES,
         }
     }
-}
-
-/// Headers the client sets itself: a user's value would break a range,
-/// its check or the connection.
-const OWN_HEADERS: &[&str] = &[
-    "range",
-    "if-match",
-    "if-range",
-    "if-none-match",
-    "if-modified-since",
-    "if-unmodified-since",
-    "accept-encoding",
-    "host",
-    "connection",
-    "content-length",
-    "transfer-encoding",
-    "te",
-];
-
-/// A header as `--header` takes it: `Name: value`. The name is an HTTP
-/// token; the value has no line break; the headers the client sets itself
-/// (`Range`, `If-Match`, `Accept-Encoding`, `Host`...) are refused.
-///
-/// ```
-/// use blkimage::http::parse_header;
-/// assert_eq!(
-///     parse_header("Authorization: Bearer abc").unwrap(),
-///     ("Authorization".to_string(), "Bearer abc".to_string())
-/// );
-/// assert!(parse_header("Range: bytes=0-1").is_err());
-/// assert!(parse_header("no colon").is_err());
-/// ```
-pub fn parse_header(s: &str) -> Result<(String, String), String> {
-    let (name, value) = s
-        .split_once(':')
-        .ok_or_else(|| format!("'{s}' is not a header: write 'Name: value'"))?;
-    let value = value.trim_matches([' ', '\t']);
-    check_header(name, value)?;
-    Ok((name.to_string(), value.to_string()))
-}
-
-/// Whether a header a user gives may be sent: its name a token, not one
-/// the client sets itself, its value without a control character (never a
-/// line break into a request). [`parse_header`]'s rules, also applied to
-/// [`HttpOptions::headers`] however they were made.
-fn check_header(name: &str, value: &str) -> Result<(), String> {
-    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
-    if name.is_empty() || !name.chars().all(token) {
-        return Err(format!("'{name}' is not a header name"));
-    }
-    if OWN_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
-        return Err(format!(
-            "the {name} header is blkhash's own to set (it asks for ranges and checks them)"
-        ));
-    }
-    if value.chars().any(|c| c.is_control() && c != '\t') {
-        return Err(format!("the value of {name} has a control character"));
-    }
-    Ok(())
 }
 
 /// Bytes asked for by the first request: the header and tables of most
@@ -691,125 +637,5 @@ impl Read for Whole {
             return self.read(buf);
         }
         Ok(n)
-    }
-}
-
-#[doc(hidden)]
-/// Fuzz entry point: parse `data` as a server's `Content-Range`, `ETag`
-/// and `Last-Modified` values and check a reply of them against a version;
-/// panics if a parse breaks its contract. Not API.
-pub fn fuzz_reply(data: &[u8]) {
-    let text = String::from_utf8_lossy(data);
-    let mut parts = text.splitn(4, '\n');
-    let (cr, etag, lm) = (parts.next(), parts.next(), parts.next());
-    if let Some(cr) = cr
-        && let Some(r) = ContentRange::parse(cr)
-    {
-        match r {
-            ContentRange::Bytes {
-                first,
-                last,
-                complete,
-            } => {
-                assert!(first <= last);
-                assert!(complete.is_none_or(|c| last < c));
-            }
-            ContentRange::Unsatisfied { .. } => {}
-        }
-        assert_eq!(ContentRange::parse(&r.to_string()), Some(r));
-    }
-    if let Some(e) = etag.and_then(ETag::parse) {
-        assert_eq!(ETag::parse(&e.value()), Some(e.clone()));
-    }
-    let version = Version {
-        len: 1 << 20,
-        etag: etag.and_then(ETag::parse),
-        last_modified: lm.map(str::to_string),
-    };
-    let _ = version.condition();
-    assert_eq!(version.differs(etag, lm), None);
-    let _ = check_range(&version, 0, 4095, cr, etag, lm);
-}
-
-#[doc(hidden)]
-/// Fuzz entry point: `reply` is what a hostile server sends, and then
-/// closes, for a range of 4096 bytes at 4096 of a 1 MiB file asked on a
-/// connection of our own (the `direct` module: its head parsed, checked
-/// and its body read into the buffer). Every outcome is fine but a panic,
-/// a hang, or a range taken whose bytes are not in the reply as they
-/// stand or without a Content-Length of exactly its size. Not API.
-pub fn fuzz_direct(reply: &[u8]) {
-    use std::io::Write;
-    use std::sync::mpsc::{Receiver, Sender, channel};
-    use std::sync::{Mutex, OnceLock};
-    // One server for every input: a listener per input would use up the
-    // ephemeral ports (each closed connection waits in TIME_WAIT).
-    type Server = (u16, Mutex<(Sender<Vec<u8>>, Receiver<()>)>);
-    static SERVER: OnceLock<Server> = OnceLock::new();
-    let (port, server) = SERVER.get_or_init(|| {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (replies, to_send) = channel::<Vec<u8>>();
-        let (served, done) = channel();
-        std::thread::spawn(move || {
-            for reply in to_send {
-                if let Ok((mut s, _)) = listener.accept() {
-                    // The request, up to its blank line, then the reply.
-                    let mut got = Vec::new();
-                    let mut byte = [0u8; 1];
-                    while !got.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
-                        got.push(byte[0]);
-                    }
-                    let _ = s.write_all(&reply);
-                }
-                let _ = served.send(());
-            }
-        });
-        (port, Mutex::new((replies, done)))
-    });
-    let server = server
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    server.0.send(reply.to_vec()).unwrap();
-    let port = *port;
-    let url = HttpUrl::parse(&format!("http://127.0.0.1:{port}/disk.img")).unwrap();
-    let opts = HttpOptions {
-        timeout: Some(Duration::from_secs(2)),
-        retries: 0,
-        ..HttpOptions::default()
-    };
-    let client = Client::new(&url, &url, &opts).unwrap();
-    let direct = direct::Direct::new(&client, &url).unwrap();
-    let http = Http {
-        direct: None,
-        client,
-        url: url.clone(),
-        target: url,
-        context: None,
-        version: Version {
-            len: 1 << 20,
-            etag: ETag::parse("\"v1\""),
-            last_modified: Some("Mon, 01 Jan 2024 00:00:00 GMT".into()),
-        },
-        head: Vec::new(),
-        retries: 0,
-    };
-    let mut buf = vec![0xeeu8; 4096];
-    let extra = [("Range", "bytes=4096-8191".to_string())];
-    let check = |status: u16, h: Headers| http.check_reply(status, h, 4096, 8191);
-    let read = direct.range(&extra, &mut buf, None, check);
-    server.1.recv().unwrap();
-    if let Ok(direct::Read::Done) = read {
-        assert!(
-            reply.windows(buf.len()).any(|w| w == buf.as_slice()),
-            "a range taken that the reply does not hold"
-        );
-        // Taken only as the length the reply gave, in digits.
-        let said = reply.split(|&b| b == b'\n').any(|line| {
-            let line = line.to_ascii_lowercase();
-            line.strip_prefix(b"content-length:")
-                .is_some_and(|v| v.trim_ascii() == b"4096")
-        });
-        assert!(said, "a range taken without a Content-Length of 4096");
     }
 }
