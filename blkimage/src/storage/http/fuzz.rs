@@ -52,7 +52,8 @@ pub fn fuzz_reply(data: &[u8]) {
 /// connection of our own (the `direct` module: its head parsed, checked
 /// and its body read into the buffer). Every outcome is fine but a panic,
 /// a hang, or a range taken whose bytes are not in the reply as they
-/// stand or without a Content-Length of exactly its size. Not API.
+/// stand, without a Content-Length of exactly its size, or without a 206
+/// (interim 1xx replies before it are read past). Not API.
 pub fn fuzz_direct(reply: &[u8]) {
     use std::io::Write;
     use std::sync::mpsc::{Receiver, Sender, channel};
@@ -108,6 +109,7 @@ pub fn fuzz_direct(reply: &[u8]) {
         },
         head: Vec::new(),
         retries: 0,
+        round_trip: Duration::ZERO,
     };
     let mut buf = vec![0xeeu8; 4096];
     let extra = [("Range", "bytes=4096-8191".to_string())];
@@ -126,5 +128,11 @@ pub fn fuzz_direct(reply: &[u8]) {
                 .is_some_and(|v| v.trim_ascii() == b"4096")
         });
         assert!(said, "a range taken without a Content-Length of 4096");
+        // Taken only from a 206 reply, never from an interim (1xx) one
+        // read past before it, whatever that one holds.
+        let partial = reply.split(|&b| b == b'\n').any(|line| {
+            line.starts_with(b"HTTP/1.") && line.get(8..13) == Some(b" 206 ".as_slice())
+        });
+        assert!(partial, "a range taken without a 206 reply");
     }
 }

@@ -59,3 +59,65 @@ pub(crate) fn check_header(name: &str, value: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Bytes of a headers file read at most: headers are short, and a file
+/// named by mistake (an image, `/dev/zero`) is not read whole.
+const MAX_HEADERS_FILE: u64 = 64 << 10;
+
+/// The headers in the file `path`, as curl's `-H @FILE` reads them: one
+/// `Name: value` a line, by [`parse_header`]'s rules (a line's end, `\n` or
+/// `\r\n`, is not part of its value; blank lines are skipped). What a
+/// token stays in when it must not show in `ps` or a shell's history: a
+/// KubeVirt export's header secret, mounted, is such a file
+/// (`x-kubevirt-export-token:TOKEN`). An error names the file, and the line
+/// but never its value.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let file = dir.path().join("token");
+/// std::fs::write(&file, "x-kubevirt-export-token:s3cret\n\nX-Other: 1\r\n").unwrap();
+/// let headers = blkimage::http::read_headers(&file).unwrap();
+/// assert_eq!(headers[0], ("x-kubevirt-export-token".into(), "s3cret".into()));
+/// assert_eq!(headers[1], ("X-Other".into(), "1".into()));
+/// std::fs::write(&file, "Range: bytes=0-1\n").unwrap();
+/// assert!(blkimage::http::read_headers(&file).is_err());
+/// ```
+pub fn read_headers(path: &std::path::Path) -> std::io::Result<Vec<(String, String)>> {
+    use std::io::{self, Read};
+    let named = |why: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("headers file '{}': {why}", path.display()),
+        )
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_HEADERS_FILE + 1).read_to_string(&mut text))
+        .map_err(|e| io::Error::new(e.kind(), format!("'{}': {e}", path.display())))?;
+    if text.len() as u64 > MAX_HEADERS_FILE {
+        return Err(named(format!(
+            "larger than {} KiB: not a file of headers",
+            MAX_HEADERS_FILE >> 10
+        )));
+    }
+    let mut headers = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        // Never the line itself in a message: it may hold a secret (a
+        // parse_header error names only the header's name).
+        if !line.contains(':') {
+            return Err(named(format!(
+                "line {} is not a header: write 'Name: value'",
+                n + 1
+            )));
+        }
+        let header = parse_header(line).map_err(|e| named(format!("line {}: {e}", n + 1)))?;
+        headers.push(header);
+    }
+    if headers.is_empty() {
+        return Err(named("no header in it".into()));
+    }
+    Ok(headers)
+}

@@ -52,7 +52,7 @@ mod url;
 
 pub use fuzz::{fuzz_direct, fuzz_reply};
 use headers::check_header;
-pub use headers::parse_header;
+pub use headers::{parse_header, read_headers};
 pub use reply::{ContentRange, ETag, Version, check_range};
 pub use url::{HttpUrl, is_url, redact, url_scheme};
 
@@ -105,13 +105,29 @@ const HEAD: u64 = 64 << 10;
 /// Redirects followed at most.
 pub const MAX_REDIRECTS: usize = 10;
 
-/// Bytes of reads a URL keeps in flight by default, as an NBD export does
-/// (`NBD_BYTES_IN_FLIGHT`): 16 reads of the default 1 MiB, each on a
-/// connection of its own, to hide the network's latency...
+/// Bytes of reads a URL keeps in flight by default at least, as an NBD
+/// export does (`NBD_BYTES_IN_FLIGHT`): 16 reads of the default 1 MiB, each
+/// on a connection of its own, to hide the network's latency...
 const HTTP_BYTES_IN_FLIGHT: usize = 16 << 20;
+/// ...more across a longer round trip: what keeps this many bytes a second
+/// coming while each request waits for its reply (the first request's
+/// time: 16 MiB up to 5 ms, 32 MiB at 10 ms)...
+const HTTP_BYTES_PER_SECOND: f64 = 3.2e9;
+/// ...up to this many (the buffers hold up to twice the bytes in flight:
+/// those waiting for their reply, and as many waiting for the digests)...
+const HTTP_MAX_BYTES_IN_FLIGHT: usize = 64 << 20;
 /// ...and up to this many reads when they are smaller (a qcow2 image's
 /// scattered clusters: each a request that waits the whole latency).
 const HTTP_READS_IN_FLIGHT: usize = 64;
+
+/// Bytes of reads in flight by default for a server whose first reply took
+/// `round_trip` (from the request to the reply's head, the connection's
+/// setup included: a little more than the network's round trip, which
+/// errs on the side of more in flight).
+fn bytes_in_flight(round_trip: Duration) -> usize {
+    let wanted = round_trip.as_secs_f64() * HTTP_BYTES_PER_SECOND;
+    (wanted as usize).clamp(HTTP_BYTES_IN_FLIGHT, HTTP_MAX_BYTES_IN_FLIGHT)
+}
 
 /// Another version of the file than the one opened, in the words the
 /// commands print.
@@ -175,10 +191,36 @@ type Headers<'a, 'b> = &'a dyn Fn(&str) -> Option<&'b str>;
 pub struct Unauthorized {
     /// "HTTP 401 Unauthorized" or "HTTP 403 Forbidden".
     status: String,
+    /// The URL is a KubeVirt VirtualMachineExport's volume
+    /// (`.../volumes/PVC/disk.img` or `disk.img.gz`), whose token goes in
+    /// a header of its own.
+    export: bool,
 }
+
+impl Unauthorized {
+    /// True if the URL is a KubeVirt VirtualMachineExport's volume, whose
+    /// server wants its token in the `x-kubevirt-export-token` header (or
+    /// query parameter) rather than in `Authorization`.
+    pub fn wants_export_token(&self) -> bool {
+        self.export
+    }
+}
+
+/// The header (and query parameter) a KubeVirt VirtualMachineExport's
+/// server takes its token from.
+pub const KUBEVIRT_EXPORT_TOKEN: &str = "x-kubevirt-export-token";
 
 impl std::fmt::Display for Unauthorized {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.export {
+            return write!(
+                f,
+                "{}: the export server wants its token, or refused the one sent: pass it in a \
+                 header ({KUBEVIRT_EXPORT_TOKEN}: TOKEN) or in the URL \
+                 (?{KUBEVIRT_EXPORT_TOKEN}=TOKEN)",
+                self.status
+            );
+        }
         write!(
             f,
             "{}: the server wants credentials, or refused those sent: pass them in a header \
@@ -190,8 +232,9 @@ impl std::fmt::Display for Unauthorized {
 
 impl std::error::Error for Unauthorized {}
 
-/// An error for a status that is neither a success nor worth a retry.
-fn status_error(status: u16) -> Fail {
+/// An error for a status of a reply from `url` that is neither a success
+/// nor worth a retry.
+fn status_error(status: u16, url: &HttpUrl) -> Fail {
     let reason = ureq::http::StatusCode::from_u16(status)
         .ok()
         .and_then(|s| s.canonical_reason());
@@ -201,7 +244,10 @@ fn status_error(status: u16) -> Fail {
     if matches!(status, 401 | 403) {
         return Fail::Final(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            Unauthorized { status: said },
+            Unauthorized {
+                status: said,
+                export: url.is_kubevirt_export(),
+            },
         ));
     }
     let kind = match status {
@@ -246,6 +292,9 @@ pub struct Http {
     /// The first bytes, from the first request.
     head: Vec<u8>,
     retries: u32,
+    /// How long the first request took to be answered: the reads kept in
+    /// flight hide it ([`bytes_in_flight`]).
+    round_trip: Duration,
     /// Ranges read on connections of our own, for plain HTTP without a
     /// proxy (see [`direct`]).
     direct: Option<direct::Direct>,
@@ -392,14 +441,14 @@ impl Http {
                     self.version.len
                 ))));
             }
-            s if transient(s) => return Err(Fail::Again(status_error(s).into_error())),
+            s if transient(s) => return Err(Fail::Again(status_error(s, &self.url).into_error())),
             300..=399 => {
                 return Err(Fail::final_with(
                     io::ErrorKind::InvalidData,
                     format!("the server redirects ({status}) a range it served before"),
                 ));
             }
-            s => return Err(status_error(s)),
+            s => return Err(status_error(s, &self.url)),
         }
         identity(h)?;
         check_range(
@@ -442,20 +491,7 @@ pub(crate) fn open_url(url: &HttpUrl, opts: &HttpOptions) -> io::Result<Opening>
     let mut at = url.clone();
     let mut redirects = 0;
     loop {
-        let range = [("Range", format!("bytes=0-{}", HEAD - 1))];
-        let resp = with_retries(
-            opts.retries,
-            || "the first request".to_string(),
-            || {
-                let resp = client.get(&at, &range)?;
-                if transient(resp.status().as_u16()) {
-                    return Err(Fail::Again(
-                        status_error(resp.status().as_u16()).into_error(),
-                    ));
-                }
-                Ok(resp)
-            },
-        )?;
+        let (resp, took) = first_request(&client, url, &at, opts)?;
         let status = resp.status().as_u16();
         if matches!(status, 301 | 302 | 303 | 307 | 308) {
             let location = header(&resp, "location").ok_or_else(|| {
@@ -483,12 +519,68 @@ pub(crate) fn open_url(url: &HttpUrl, opts: &HttpOptions) -> io::Result<Opening>
             continue;
         }
         return match status {
-            206 | 416 => Ok(Opening::Ranges(Box::new(first_range(
-                client, url, at, resp, opts,
-            )?))),
+            206 | 416 => {
+                let mut http = first_range(client, url, at, resp, opts)?;
+                http.round_trip = took;
+                Ok(Opening::Ranges(Box::new(http)))
+            }
             200 => Ok(Opening::Whole(Whole::new(resp)?)),
-            _ => Err(status_error(resp.status().as_u16()).into_error()),
+            // The range request itself refused (as a server that takes no
+            // HEAD answers one): the file asked for once without a range,
+            // to be read as a stream if it comes whole.
+            400 | 405 | 501 => whole_after(&client, url, &at, opts),
+            _ => Err(status_error(status, url).into_error()),
         };
+    }
+}
+
+/// The first request of `at` (`given`, or where it redirects): the reply
+/// (its head), and how long it took to come.
+fn first_request(
+    client: &Client,
+    given: &HttpUrl,
+    at: &HttpUrl,
+    opts: &HttpOptions,
+) -> io::Result<(ureq::http::Response<ureq::Body>, Duration)> {
+    let range = [("Range", format!("bytes=0-{}", HEAD - 1))];
+    with_retries(
+        opts.retries,
+        || "the first request".to_string(),
+        || {
+            let asked = Instant::now();
+            let resp = client.get(at, &range)?;
+            let status = resp.status().as_u16();
+            if transient(status) {
+                return Err(Fail::Again(status_error(status, given).into_error()));
+            }
+            Ok((resp, asked.elapsed()))
+        },
+    )
+}
+
+/// `at` (`given` after its redirects) asked for once more, without a
+/// range, after its server refused the first request: the whole file, as
+/// a stream, or the error its status says.
+fn whole_after(
+    client: &Client,
+    given: &HttpUrl,
+    at: &HttpUrl,
+    opts: &HttpOptions,
+) -> io::Result<Opening> {
+    let resp = with_retries(
+        opts.retries,
+        || "the request without a range".to_string(),
+        || {
+            let resp = client.get(at, &[])?;
+            match resp.status().as_u16() {
+                s if transient(s) => Err(Fail::Again(status_error(s, given).into_error())),
+                _ => Ok(resp),
+            }
+        },
+    )?;
+    match resp.status().as_u16() {
+        200 => Ok(Opening::Whole(Whole::new(resp)?)),
+        s => Err(status_error(s, given).into_error()),
     }
 }
 
@@ -546,6 +638,7 @@ fn first_range(
         version,
         head,
         retries: opts.retries,
+        round_trip: Duration::ZERO,
     })
 }
 
@@ -572,16 +665,17 @@ impl Storage for Http {
         vec![Origin::Remote(self.remote())]
     }
 
-    /// Up to 64 reads in flight, 16 MiB of them ([`Storage::bytes_in_flight`]):
-    /// latency, not the digest threads, bounds a file across a network, and
-    /// a small read waits as long as a large one.
+    /// Up to 64 reads in flight, 16 to 64 MiB of them as the round trip
+    /// asks ([`Storage::bytes_in_flight`]): latency, not the digest
+    /// threads, bounds a file across a network, and a small read waits as
+    /// long as a large one.
     fn default_io_depth(&self, read_size: usize) -> Option<usize> {
         let _ = read_size;
         Some(HTTP_READS_IN_FLIGHT)
     }
 
     fn bytes_in_flight(&self) -> Option<usize> {
-        Some(HTTP_BYTES_IN_FLIGHT)
+        Some(bytes_in_flight(self.round_trip))
     }
 }
 
@@ -637,5 +731,22 @@ impl Read for Whole {
             return self.read(buf);
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_in_flight_follow_the_round_trip() {
+        let at = |ms| bytes_in_flight(Duration::from_millis(ms));
+        // Nearby (loopback, 2 ms across a relay): as before.
+        for ms in [0, 1, 2, 5] {
+            assert_eq!(at(ms), 16 << 20, "{ms} ms");
+        }
+        assert!((30 << 20..=32 << 20).contains(&at(10)), "{}", at(10));
+        assert!((60 << 20..=62 << 20).contains(&at(20)), "{}", at(20));
+        assert_eq!(at(1000), 64 << 20);
     }
 }
