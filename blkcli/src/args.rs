@@ -144,8 +144,9 @@ pub struct InputArgs {
     /// [default: 4 for files and devices read with direct I/O (4 MiB of
     /// reads: up to 16 smaller ones, fewer larger ones), 16 for NBD URLs
     /// (16 MiB of reads: fewer with a larger --read-size), up to 64 for
-    /// HTTP(S) URLs (16 MiB of them: small reads of scattered clusters wait
-    /// on the network as long as large ones), else 0]. At
+    /// HTTP(S) URLs (16 MiB of them, up to 64 MiB for a server whose first
+    /// reply took over 5 ms: small reads of scattered clusters wait on the
+    /// network as long as large ones), else 0]. At
     /// most 256 MiB / (2 × read size): each read may have a second buffer
     /// waiting for a digest thread (2 with --read-size 64m).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=blkjob::MAX_IO_DEPTH as i64))]
