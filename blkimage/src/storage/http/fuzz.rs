@@ -117,22 +117,28 @@ pub fn fuzz_direct(reply: &[u8]) {
     let read = direct.range(&extra, &mut buf, None, check);
     server.1.recv().unwrap();
     if let Ok(direct::Read::Done) = read {
-        assert!(
-            reply.windows(buf.len()).any(|w| w == buf.as_slice()),
-            "a range taken that the reply does not hold"
-        );
-        // Taken only as the length the reply gave, in digits.
-        let said = reply.split(|&b| b == b'\n').any(|line| {
-            let line = line.to_ascii_lowercase();
-            line.strip_prefix(b"content-length:")
-                .is_some_and(|v| v.trim_ascii() == b"4096")
-        });
-        assert!(said, "a range taken without a Content-Length of 4096");
-        // Taken only from a 206 reply, never from an interim (1xx) one
-        // read past before it, whatever that one holds.
-        let partial = reply.split(|&b| b == b'\n').any(|line| {
-            line.starts_with(b"HTTP/1.") && line.get(8..13) == Some(b" 206 ".as_slice())
-        });
-        assert!(partial, "a range taken without a 206 reply");
+        taken_as_said(reply, &buf);
     }
+}
+
+/// A range `buf` taken from `reply` must be bytes of it, given a length
+/// of 4096 in digits, by a 206 reply.
+fn taken_as_said(reply: &[u8], buf: &[u8]) {
+    assert!(
+        reply.windows(buf.len()).any(|w| w == buf),
+        "a range taken that the reply does not hold"
+    );
+    // Taken only as the length the reply gave, in digits.
+    let said = reply.split(|&b| b == b'\n').any(|line| {
+        let line = line.to_ascii_lowercase();
+        line.strip_prefix(b"content-length:")
+            .is_some_and(|v| v.trim_ascii() == b"4096")
+    });
+    assert!(said, "a range taken without a Content-Length of 4096");
+    // Taken only from a 206 reply, never from an interim (1xx) one read
+    // past before it, whatever that one holds.
+    let partial = reply
+        .split(|&b| b == b'\n')
+        .any(|line| line.starts_with(b"HTTP/1.") && line.get(8..13) == Some(b" 206 ".as_slice()));
+    assert!(partial, "a range taken without a 206 reply");
 }
