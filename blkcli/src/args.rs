@@ -111,11 +111,15 @@ pub struct InputArgs {
 
     /// HTTP(S) URLs: a header sent with every request to the URL's host
     /// (not to another host it redirects to), as curl's -H: 'Authorization:
-    /// Bearer TOKEN'. Repeatable. A user and password in the URL
+    /// Bearer TOKEN', or a KubeVirt export's 'x-kubevirt-export-token:
+    /// TOKEN'. @FILE reads headers from FILE, one a line, as curl's -H @FILE
+    /// does: a token then stays out of ps and the shell's history (a
+    /// KubeVirt export's header secret, mounted, is such a file).
+    /// Repeatable. A user and password in the URL
     /// (https://user:password@host/...) are sent as basic auth; any password
     /// is shown as *** in every output line and message.
-    #[arg(long = "header", value_name = "'NAME: VALUE'", value_parser = blkimage::http::parse_header)]
-    pub headers: Vec<(String, String)>,
+    #[arg(long = "header", value_name = "'NAME: VALUE'|@FILE", value_parser = parse_header_arg)]
+    pub headers: Vec<HeaderArg>,
 
     /// HTTP(S) URLs: tries after the first for a request that failed on the
     /// way (a reset connection, a timeout, 408, 429, 502, 503, 504), the
@@ -140,8 +144,9 @@ pub struct InputArgs {
     /// [default: 4 for files and devices read with direct I/O (4 MiB of
     /// reads: up to 16 smaller ones, fewer larger ones), 16 for NBD URLs
     /// (16 MiB of reads: fewer with a larger --read-size), up to 64 for
-    /// HTTP(S) URLs (16 MiB of them: small reads of scattered clusters wait
-    /// on the network as long as large ones), else 0]. At
+    /// HTTP(S) URLs (16 MiB of them, up to 64 MiB for a server whose first
+    /// reply took over 5 ms: small reads of scattered clusters wait on the
+    /// network as long as large ones), else 0]. At
     /// most 256 MiB / (2 × read size): each read may have a second buffer
     /// waiting for a digest thread (2 with --read-size 64m).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=blkjob::MAX_IO_DEPTH as i64))]
@@ -204,7 +209,7 @@ impl InputArgs {
         HttpOptions {
             timeout: self.timeout,
             tls_certificates: self.tls_certificates.clone(),
-            headers: self.headers.clone(),
+            headers: self.headers.iter().flat_map(|h| h.0.clone()).collect(),
             retries: self.retries.unwrap_or(blkimage::http::DEFAULT_RETRIES),
         }
     }
@@ -216,6 +221,21 @@ impl InputArgs {
             tls_certificates: self.tls_certificates.clone(),
             ..Default::default()
         }
+    }
+}
+
+/// What one `--header` gives: a header, or those of a file (`@FILE`).
+#[derive(Clone, Debug)]
+pub struct HeaderArg(pub Vec<(String, String)>);
+
+/// `--header`'s value: `Name: value`, or `@FILE` as curl's `-H` takes it
+/// (read when the command line is parsed, as curl does).
+fn parse_header_arg(s: &str) -> Result<HeaderArg, String> {
+    match s.strip_prefix('@') {
+        Some(path) => blkimage::http::read_headers(std::path::Path::new(path))
+            .map(HeaderArg)
+            .map_err(|e| e.to_string()),
+        None => blkimage::http::parse_header(s).map(|h| HeaderArg(vec![h])),
     }
 }
 

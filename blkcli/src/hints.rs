@@ -34,7 +34,13 @@ pub fn with_option(e: &io::Error, reason: String) -> String {
     if is::<blkimage::nbd::UnknownIssuer>(e) {
         return format!("{reason} (--tls-certificates FILE|DIR)");
     }
-    if is::<blkimage::http::Unauthorized>(e) {
+    if let Some(u) = blkimage::cause::<blkimage::http::Unauthorized>(e) {
+        if u.wants_export_token() {
+            return format!(
+                "{reason} (--header '{}: TOKEN', or --header @FILE to keep it out of ps)",
+                blkimage::http::KUBEVIRT_EXPORT_TOKEN
+            );
+        }
         return format!("{reason} (--header 'Authorization: ...')");
     }
     if e.kind() == io::ErrorKind::TimedOut {

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod http;
 mod nbd;
 mod nbd_bitmaps;
 mod nbd_hostile;

@@ -81,6 +81,51 @@ fn maps_diffs_and_copies_from_a_url() {
     assert_eq!(std::fs::read(&img).unwrap()[..4], *b"QFI\xfb");
 }
 
+/// A KubeVirt VirtualMachineExport's volume (nginx answering as its
+/// server does, over TLS with the export's CA): blkmap and blkdiff of its
+/// disk.img with the token from a file (`--header @FILE`) and the CA as
+/// `--tls-certificates FILE`, the map the local file's, no difference.
+#[test]
+fn maps_and_diffs_of_a_kubevirt_export() {
+    if !(have_qemu() && have_nginx() && require(&["certtool"])) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("www/volumes/pvc-1");
+    std::fs::create_dir_all(&vol).unwrap();
+    let img = image(&vol, "disk.img", "raw", 6 * MIB, &["write -P 0x11 1m 2m"]);
+    let pki = testkit::nbd::make_pki(&dir.path().join("pki"));
+    let tls = testkit::http::Tls {
+        server: &pki.server,
+        client_ca: None,
+    };
+    let locations = testkit::http::kubevirt_export_locations("t0k");
+    let nginx = Nginx::start(&dir.path().join("www"), Some(tls), &locations);
+    let url = format!("{}/volumes/pvc-1/disk.img", nginx.url);
+    let token = dir.path().join("token");
+    std::fs::write(&token, "x-kubevirt-export-token: t0k\n").unwrap();
+    let token = format!("@{}", s(&token));
+    let ca = pki.ca_only.join("ca-cert.pem");
+    let with = ["--tls-certificates", s(&ca), "--header", &token];
+    let at = |n: &str| dir.path().join(n);
+    sh(BLKMAP, &[s(&img), s(&at("file.map"))]);
+    sh(BLKMAP, &[&with[..], &[&url, s(&at("url.map"))]].concat());
+    dirty::assert_same_map(&at("url.map"), &at("file.map"));
+    let diff = run(BLKDIFF, &[&with[..], &[&url, s(&img)]].concat());
+    assert_eq!(diff.code, 0, "{} {}", diff.stdout, diff.stderr);
+    let refused = run(BLKDIFF, &["--tls-certificates", s(&ca), &url, s(&img)]);
+    // blkdiff's trouble, as diff's and cmp's: 2.
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("HTTP 401")
+            && refused
+                .stderr
+                .contains("--header 'x-kubevirt-export-token: TOKEN'"),
+        "{}",
+        refused.stderr
+    );
+}
+
 #[test]
 fn misspelt_schemes_are_named() {
     let dir = tempfile::tempdir().unwrap();

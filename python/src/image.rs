@@ -292,8 +292,12 @@ pub fn os_error(name: &str, e: &io::Error) -> PyErr {
         };
         return PyOSError::new_err(format!("{name}: {e} (map_range() makes a full map{or})"));
     }
-    if caused_by::<blkimage::http::Unauthorized>(e) {
-        return PyOSError::new_err(format!("{name}: {e} (headers={{'Authorization': ...}})"));
+    if let Some(u) = blkimage::cause::<blkimage::http::Unauthorized>(e) {
+        let header = match u.wants_export_token() {
+            true => blkimage::http::KUBEVIRT_EXPORT_TOKEN,
+            false => "Authorization",
+        };
+        return PyOSError::new_err(format!("{name}: {e} (headers={{'{header}': ...}})"));
     }
     let reason = blkjob::reason(e);
     match blkimage::errno(e) {

@@ -183,6 +183,30 @@ impl Drop for Nginx {
     }
 }
 
+/// nginx `locations` (for [`Nginx::start`]) answering as a KubeVirt
+/// VirtualMachineExport's server (virt-exportserver) does for a volume
+/// PVC, whose files are `ROOT/volumes/PVC/disk.img` and `disk.img.gz`:
+/// `/volumes/PVC/disk.img` as Go's `http.ServeContent` serves it (HEAD and
+/// ranges; no ETag), `/volumes/PVC/disk.img.gz` as its gzip handler does
+/// (GET only: HEAD and every other method answered 400; a Range ignored,
+/// the whole stream sent, 200; nginx gives its length where the export
+/// server streams it chunked), each only with `token` in the
+/// `x-kubevirt-export-token` header or query parameter, else 401. `token`
+/// is letters and digits.
+pub fn kubevirt_export_locations(token: &str) -> String {
+    assert!(token.chars().all(|c| c.is_ascii_alphanumeric()), "{token}");
+    let check = format!(
+        "set $ok 0;\n      if ($http_x_kubevirt_export_token = \"{token}\") {{ set $ok 1; }}\n      \
+         if ($args ~ \"(^|&)x-kubevirt-export-token={token}(&|$)\") {{ set $ok 1; }}\n      \
+         if ($ok = 0) {{ return 401; }}\n      etag off;\n"
+    );
+    format!(
+        "location ~ ^/volumes/[^/]+/disk\\.img$ {{\n      {check}    }}\n    \
+         location ~ ^/volumes/[^/]+/disk\\.img\\.gz$ {{\n      {check}      \
+         if ($request_method != GET) {{ return 400; }}\n      max_ranges 0;\n    }}\n"
+    )
+}
+
 /// `python3 -m http.server` serving `dir` on a free port of 127.0.0.1:
 /// a server that ignores Range and sends every file whole (200).
 pub struct PythonServer {
@@ -268,6 +292,16 @@ pub enum Misbehave {
     /// Range replies (after the first) with two Content-Lengths, the
     /// range's and one more.
     TwoLengths,
+    /// Every reply (the first too) after an interim reply of this 1xx
+    /// status (`103 Early Hints` with a `Link` header, `100 Continue`...),
+    /// written just before it: valid HTTP/1.1 (RFC 9110, section 15.2).
+    Interim(u16),
+    /// Range replies (after the first): `103 Early Hints`, again and again,
+    /// never the reply.
+    EndlessInterim,
+    /// Nothing wrong, but every reply held this many milliseconds, as
+    /// across a network with that round trip.
+    Delay(u64),
 }
 
 /// What a [`Hostile`] server saw.
@@ -436,6 +470,9 @@ fn serve(
         }
         let n = stats.requests.fetch_add(1, Ordering::SeqCst) + 1;
         stats.heads.lock().unwrap().push(req.head.clone());
+        if let Misbehave::Delay(ms) = how {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         if answer(&mut w, &req, data, how, n, stop)? == Answered::Closing {
             return Ok(());
         }
@@ -448,6 +485,18 @@ fn serve(
 enum Answered {
     Open,
     Closing,
+}
+
+/// An interim reply of status `code`, as servers send them before the
+/// reply itself.
+fn interim(code: u16) -> String {
+    match code {
+        100 => "HTTP/1.1 100 Continue\r\n\r\n".to_string(),
+        103 => {
+            "HTTP/1.1 103 Early Hints\r\nLink: </disk.img.sha256>; rel=preload\r\n\r\n".to_string()
+        }
+        c => format!("HTTP/1.1 {c} Interim\r\nX-Interim: yes\r\n\r\n"),
+    }
 }
 
 /// Answer the `n`-th request `req` for `data` as `how` says.
@@ -465,6 +514,16 @@ fn answer(
     };
     let honour = !matches!(how, Misbehave::ChangesIgnoringConditions(_));
     let (bytes, etag, date) = version(data, second);
+    if let Misbehave::Interim(code) = how {
+        write!(w, "{}", interim(code))?;
+    }
+    if how == Misbehave::EndlessInterim && n > 1 {
+        while !stop.load(Ordering::SeqCst) {
+            w.write_all(interim(103).as_bytes())?;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        return Ok(Answered::Closing);
+    }
     let mut extra = format!("ETag: {etag}\r\nLast-Modified: {date}\r\n");
     if how == Misbehave::HugeHeaders {
         extra += &format!("X-Filler: {}\r\n", "x".repeat(128 << 10));

@@ -5,12 +5,15 @@
 //! another try and those that end the run.
 
 use super::HttpOptions;
+use super::interim::SkipInterim;
 use super::url::HttpUrl;
 use base64::Engine;
 use std::io::{self, Read};
 use std::time::{Duration, Instant};
 use ureq::http::Response;
 use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
+use ureq::unversioned::resolver::DefaultResolver;
+use ureq::unversioned::transport::{Connector, DefaultConnector};
 use ureq::{Body, Proxy};
 
 /// Why a request failed: worth another try (a reset connection, a
@@ -122,8 +125,12 @@ impl Client {
                 base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
             format!("Basic {token}")
         });
+        // ureq's connections, with a last layer that reads past interim
+        // (1xx) replies as direct.rs does (see interim.rs).
+        let connector = DefaultConnector::new().chain(SkipInterim);
+        let agent = ureq::Agent::with_parts(config.build(), connector, DefaultResolver::default());
         Ok(Client {
-            agent: config.build().into(),
+            agent,
             origin: given.origin(),
             auth,
             headers: opts.headers.clone(),

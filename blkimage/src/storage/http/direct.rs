@@ -11,10 +11,13 @@
 //! and a body of exactly its Content-Length read into the buffer. What a
 //! range does not need is left to ureq, which asks again: HTTPS (rustls
 //! decrypts into a buffer of its own anyway), a proxy, a reply framed
-//! otherwise (chunked, or ended by closing), an interim 1xx reply.
+//! otherwise (chunked, or ended by closing). Interim (1xx) replies before
+//! the reply are read past here as there (`interim.rs`).
 
 use super::Headers;
 use super::client::{self, Client, Fail, read_body};
+use super::interim::{self, Start};
+use super::reply::MAX_HEADERS;
 use super::url::HttpUrl;
 use std::io::{self, Read as _, Write};
 use std::net::TcpStream;
@@ -24,9 +27,6 @@ use std::time::{Duration, Instant};
 
 /// The largest reply head taken, as ureq's limit.
 const MAX_HEAD: usize = 64 << 10;
-/// Headers a reply may have (nginx sends 8): ureq-proto's limit, so a
-/// reply either path refuses the other refuses too.
-const MAX_HEADERS: usize = 128;
 /// Idle connections kept: one per reading thread, as ureq's pool.
 const POOL: usize = 256;
 
@@ -35,7 +35,7 @@ const POOL: usize = 256;
 pub(crate) enum Read {
     /// The buffer holds the range.
     Done,
-    /// The reply is not one read here (its framing, a 1xx): ask ureq.
+    /// The reply is not one read here (its framing): ask ureq.
     Declined,
 }
 
@@ -87,21 +87,7 @@ impl Direct {
             request += &format!("{name}: {value}\r\n");
         }
         request += "\r\n";
-        let mut head = vec![0u8; 8 << 10];
-        let pooled = self
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        let (stream, filled) = match pooled {
-            // A kept connection the server has since closed fails before
-            // any byte of a reply: ask once more on a new one.
-            Some(s) => match self.ask(&s, &request, &mut head, deadline) {
-                Err(Asked::Unanswered(_)) => self.ask_new(&request, &mut head, deadline)?,
-                other => (s, other?),
-            },
-            None => self.ask_new(&request, &mut head, deadline)?,
-        };
+        let (stream, head, filled) = self.exchange(&request, deadline)?;
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut reply = httparse::Response::new(&mut headers);
         let at = match reply.parse(&head[..filled]) {
@@ -109,45 +95,10 @@ impl Direct {
             // ask() read until the head was complete or refused.
             _ => unreachable!("a reply head parsed twice differently"),
         };
-        let status = reply.code.unwrap_or_default();
-        if status < 200 {
+        let h = |name: &str| header(&reply, name);
+        check(reply.code.unwrap_or_default(), &h)?;
+        if body_length(&reply)?.is_none() {
             return Ok(Read::Declined);
-        }
-        let h = |name: &str| {
-            let mut values = reply
-                .headers
-                .iter()
-                .filter(|h| h.name.eq_ignore_ascii_case(name));
-            values
-                .next()
-                .and_then(|h| std::str::from_utf8(h.value).ok())
-        };
-        check(status, &h)?;
-        let mut lengths = reply
-            .headers
-            .iter()
-            .filter(|h| h.name.eq_ignore_ascii_case("content-length"))
-            .map(|h| h.value);
-        let length = lengths.next();
-        if lengths.any(|v| Some(v) != length) {
-            return Err(Fail::final_with(
-                io::ErrorKind::InvalidData,
-                "a reply with two Content-Lengths that differ".into(),
-            ));
-        }
-        let Some(length) = length.filter(|_| h("transfer-encoding").is_none()) else {
-            return Ok(Read::Declined);
-        };
-        // check() refused a length in words that is not the range's; this
-        // refuses what it could not read (not text, not digits only).
-        if length.is_empty() || !length.iter().all(u8::is_ascii_digit) {
-            return Err(Fail::final_with(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "a reply whose Content-Length is not a number: '{}'",
-                    length.escape_ascii()
-                ),
-            ));
         }
         let keep = reply.version == Some(1)
             && !h("connection")
@@ -173,6 +124,31 @@ impl Direct {
             }
         }
         Ok(Read::Done)
+    }
+
+    /// Send `request` on a kept connection, or a new one, and read its
+    /// reply's head: the connection, the bytes read and how many.
+    fn exchange(
+        &self,
+        request: &str,
+        deadline: Option<Instant>,
+    ) -> Result<(TcpStream, Vec<u8>, usize), Fail> {
+        let mut head = vec![0u8; 8 << 10];
+        let pooled = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let (stream, filled) = match pooled {
+            // A kept connection the server has since closed fails before
+            // any byte of a reply: ask once more on a new one.
+            Some(s) => match self.ask(&s, request, &mut head, deadline) {
+                Err(Asked::Unanswered(_)) => self.ask_new(request, &mut head, deadline)?,
+                other => (s, other?),
+            },
+            None => self.ask_new(request, &mut head, deadline)?,
+        };
+        Ok((stream, head, filled))
     }
 
     /// [`Direct::ask`] on a new connection.
@@ -232,7 +208,8 @@ impl Direct {
         stream
             .write_all(request.as_bytes())
             .map_err(|e| Asked::Unanswered(self.io(e)))?;
-        let mut filled = 0;
+        // Bytes read and held in `head`; of interim replies read past.
+        let (mut filled, mut skipped) = (0, 0);
         loop {
             if filled == head.len() {
                 if head.len() >= MAX_HEAD {
@@ -244,7 +221,7 @@ impl Direct {
                 head.resize((head.len() * 2).min(MAX_HEAD), 0);
             }
             let n = match stream.read(&mut head[filled..]) {
-                Ok(0) if filled == 0 => {
+                Ok(0) if filled == 0 && skipped == 0 => {
                     return Err(Asked::Unanswered(Fail::Again(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         "the server closed the connection without a reply",
@@ -258,10 +235,19 @@ impl Direct {
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if filled == 0 => return Err(Asked::Unanswered(self.io(e))),
+                Err(e) if filled == 0 && skipped == 0 => {
+                    return Err(Asked::Unanswered(self.io(e)));
+                }
                 Err(e) => return Err(Asked::Failed(self.io(e))),
             };
             filled += n;
+            while let Start::Interim(n) = interim::start(&head[..filled], skipped)
+                .map_err(|e| Asked::Failed(Fail::Final(e)))?
+            {
+                head.copy_within(n..filled, 0);
+                filled -= n;
+                skipped += n;
+            }
             let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
             match httparse::Response::new(&mut headers).parse(&head[..filled]) {
                 Ok(httparse::Status::Complete(_)) => return Ok(filled),
@@ -305,6 +291,48 @@ fn timed_out(what: &str, timeout: Option<Duration>) -> io::Error {
             timeout.unwrap_or_default().as_secs_f64()
         ),
     )
+}
+
+/// The first value of a reply's header `name`, if it is text.
+fn header<'a>(reply: &httparse::Response<'_, 'a>, name: &str) -> Option<&'a str> {
+    reply
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case(name))
+        .and_then(|h| std::str::from_utf8(h.value).ok())
+}
+
+/// The body's length as the reply gives it, in digits; `None` if the
+/// reply is framed otherwise (chunked, or ended by closing), which ureq
+/// reads. Two lengths that differ, or one that is not a number, are
+/// refused (`Http::check_reply` refused a length in words that is not the
+/// range's; this refuses what it could not read: not text, not digits).
+fn body_length<'a>(reply: &httparse::Response<'_, 'a>) -> Result<Option<&'a [u8]>, Fail> {
+    let mut lengths = reply
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .map(|h| h.value);
+    let length = lengths.next();
+    if lengths.any(|v| Some(v) != length) {
+        return Err(Fail::final_with(
+            io::ErrorKind::InvalidData,
+            "a reply with two Content-Lengths that differ".into(),
+        ));
+    }
+    let Some(length) = length.filter(|_| header(reply, "transfer-encoding").is_none()) else {
+        return Ok(None);
+    };
+    if length.is_empty() || !length.iter().all(u8::is_ascii_digit) {
+        return Err(Fail::final_with(
+            io::ErrorKind::InvalidData,
+            format!(
+                "a reply whose Content-Length is not a number: '{}'",
+                length.escape_ascii()
+            ),
+        ));
+    }
+    Ok(Some(length))
 }
 
 /// Whether `stream` may take another request: open, and holding nothing

@@ -44,9 +44,15 @@
 
 mod client;
 mod direct;
+mod fuzz;
+mod headers;
+mod interim;
 mod reply;
 mod url;
 
+pub use fuzz::{fuzz_direct, fuzz_reply};
+use headers::check_header;
+pub use headers::{parse_header, read_headers};
 pub use reply::{ContentRange, ETag, Version, check_range};
 pub use url::{HttpUrl, is_url, redact, url_scheme};
 
@@ -91,65 +97,6 @@ impl Default for HttpOptions {
     }
 }
 
-/// Headers the client sets itself: a user's value would break a range,
-/// its check or the connection.
-const OWN_HEADERS: &[&str] = &[
-    "range",
-    "if-match",
-    "if-range",
-    "if-none-match",
-    "if-modified-since",
-    "if-unmodified-since",
-    "accept-encoding",
-    "host",
-    "connection",
-    "content-length",
-    "transfer-encoding",
-    "te",
-];
-
-/// A header as `--header` takes it: `Name: value`. The name is an HTTP
-/// token; the value has no line break; the headers the client sets itself
-/// (`Range`, `If-Match`, `Accept-Encoding`, `Host`...) are refused.
-///
-/// ```
-/// use blkimage::http::parse_header;
-/// assert_eq!(
-///     parse_header("Authorization: Bearer abc").unwrap(),
-///     ("Authorization".to_string(), "Bearer abc".to_string())
-/// );
-/// assert!(parse_header("Range: bytes=0-1").is_err());
-/// assert!(parse_header("no colon").is_err());
-/// ```
-pub fn parse_header(s: &str) -> Result<(String, String), String> {
-    let (name, value) = s
-        .split_once(':')
-        .ok_or_else(|| format!("'{s}' is not a header: write 'Name: value'"))?;
-    let value = value.trim_matches([' ', '\t']);
-    check_header(name, value)?;
-    Ok((name.to_string(), value.to_string()))
-}
-
-/// Whether a header a user gives may be sent: its name a token, not one
-/// the client sets itself, its value without a control character (never a
-/// line break into a request). [`parse_header`]'s rules, also applied to
-/// [`HttpOptions::headers`] however they were made.
-fn check_header(name: &str, value: &str) -> Result<(), String> {
-    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
-    if name.is_empty() || !name.chars().all(token) {
-        return Err(format!("'{name}' is not a header name"));
-    }
-    if OWN_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
-        return Err(format!(
-            "the {name} header is blkhash's own to set (it asks for ranges and checks them)"
-        ));
-    }
-    if value.chars().any(|c| c.is_control() && c != '\t') {
-        return Err(format!("the value of {name} has a control character"));
-    }
-    Ok(())
-}
-
 /// Bytes asked for by the first request: the header and tables of most
 /// qcow2 images, and the signatures of the other formats, in one round
 /// trip. They are kept and never asked for again.
@@ -158,13 +105,29 @@ const HEAD: u64 = 64 << 10;
 /// Redirects followed at most.
 pub const MAX_REDIRECTS: usize = 10;
 
-/// Bytes of reads a URL keeps in flight by default, as an NBD export does
-/// (`NBD_BYTES_IN_FLIGHT`): 16 reads of the default 1 MiB, each on a
-/// connection of its own, to hide the network's latency...
+/// Bytes of reads a URL keeps in flight by default at least, as an NBD
+/// export does (`NBD_BYTES_IN_FLIGHT`): 16 reads of the default 1 MiB, each
+/// on a connection of its own, to hide the network's latency...
 const HTTP_BYTES_IN_FLIGHT: usize = 16 << 20;
+/// ...more across a longer round trip: what keeps this many bytes a second
+/// coming while each request waits for its reply (the first request's
+/// time: 16 MiB up to 5 ms, 32 MiB at 10 ms)...
+const HTTP_BYTES_PER_SECOND: f64 = 3.2e9;
+/// ...up to this many (the buffers hold up to twice the bytes in flight:
+/// those waiting for their reply, and as many waiting for the digests)...
+const HTTP_MAX_BYTES_IN_FLIGHT: usize = 64 << 20;
 /// ...and up to this many reads when they are smaller (a qcow2 image's
 /// scattered clusters: each a request that waits the whole latency).
 const HTTP_READS_IN_FLIGHT: usize = 64;
+
+/// Bytes of reads in flight by default for a server whose first reply took
+/// `round_trip` (from the request to the reply's head, the connection's
+/// setup included: a little more than the network's round trip, which
+/// errs on the side of more in flight).
+fn bytes_in_flight(round_trip: Duration) -> usize {
+    let wanted = round_trip.as_secs_f64() * HTTP_BYTES_PER_SECOND;
+    (wanted as usize).clamp(HTTP_BYTES_IN_FLIGHT, HTTP_MAX_BYTES_IN_FLIGHT)
+}
 
 /// Another version of the file than the one opened, in the words the
 /// commands print.
@@ -228,10 +191,36 @@ type Headers<'a, 'b> = &'a dyn Fn(&str) -> Option<&'b str>;
 pub struct Unauthorized {
     /// "HTTP 401 Unauthorized" or "HTTP 403 Forbidden".
     status: String,
+    /// The URL is a KubeVirt VirtualMachineExport's volume
+    /// (`.../volumes/PVC/disk.img` or `disk.img.gz`), whose token goes in
+    /// a header of its own.
+    export: bool,
 }
+
+impl Unauthorized {
+    /// True if the URL is a KubeVirt VirtualMachineExport's volume, whose
+    /// server wants its token in the `x-kubevirt-export-token` header (or
+    /// query parameter) rather than in `Authorization`.
+    pub fn wants_export_token(&self) -> bool {
+        self.export
+    }
+}
+
+/// The header (and query parameter) a KubeVirt VirtualMachineExport's
+/// server takes its token from.
+pub const KUBEVIRT_EXPORT_TOKEN: &str = "x-kubevirt-export-token";
 
 impl std::fmt::Display for Unauthorized {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.export {
+            return write!(
+                f,
+                "{}: the export server wants its token, or refused the one sent: pass it in a \
+                 header ({KUBEVIRT_EXPORT_TOKEN}: TOKEN) or in the URL \
+                 (?{KUBEVIRT_EXPORT_TOKEN}=TOKEN)",
+                self.status
+            );
+        }
         write!(
             f,
             "{}: the server wants credentials, or refused those sent: pass them in a header \
@@ -243,8 +232,9 @@ impl std::fmt::Display for Unauthorized {
 
 impl std::error::Error for Unauthorized {}
 
-/// An error for a status that is neither a success nor worth a retry.
-fn status_error(status: u16) -> Fail {
+/// An error for a status of a reply from `url` that is neither a success
+/// nor worth a retry.
+fn status_error(status: u16, url: &HttpUrl) -> Fail {
     let reason = ureq::http::StatusCode::from_u16(status)
         .ok()
         .and_then(|s| s.canonical_reason());
@@ -254,7 +244,10 @@ fn status_error(status: u16) -> Fail {
     if matches!(status, 401 | 403) {
         return Fail::Final(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            Unauthorized { status: said },
+            Unauthorized {
+                status: said,
+                export: url.is_kubevirt_export(),
+            },
         ));
     }
     let kind = match status {
@@ -299,6 +292,9 @@ pub struct Http {
     /// The first bytes, from the first request.
     head: Vec<u8>,
     retries: u32,
+    /// How long the first request took to be answered: the reads kept in
+    /// flight hide it ([`bytes_in_flight`]).
+    round_trip: Duration,
     /// Ranges read on connections of our own, for plain HTTP without a
     /// proxy (see [`direct`]).
     direct: Option<direct::Direct>,
@@ -445,14 +441,14 @@ impl Http {
                     self.version.len
                 ))));
             }
-            s if transient(s) => return Err(Fail::Again(status_error(s).into_error())),
+            s if transient(s) => return Err(Fail::Again(status_error(s, &self.url).into_error())),
             300..=399 => {
                 return Err(Fail::final_with(
                     io::ErrorKind::InvalidData,
                     format!("the server redirects ({status}) a range it served before"),
                 ));
             }
-            s => return Err(status_error(s)),
+            s => return Err(status_error(s, &self.url)),
         }
         identity(h)?;
         check_range(
@@ -495,20 +491,7 @@ pub(crate) fn open_url(url: &HttpUrl, opts: &HttpOptions) -> io::Result<Opening>
     let mut at = url.clone();
     let mut redirects = 0;
     loop {
-        let range = [("Range", format!("bytes=0-{}", HEAD - 1))];
-        let resp = with_retries(
-            opts.retries,
-            || "the first request".to_string(),
-            || {
-                let resp = client.get(&at, &range)?;
-                if transient(resp.status().as_u16()) {
-                    return Err(Fail::Again(
-                        status_error(resp.status().as_u16()).into_error(),
-                    ));
-                }
-                Ok(resp)
-            },
-        )?;
+        let (resp, took) = first_request(&client, url, &at, opts)?;
         let status = resp.status().as_u16();
         if matches!(status, 301 | 302 | 303 | 307 | 308) {
             let location = header(&resp, "location").ok_or_else(|| {
@@ -536,12 +519,68 @@ pub(crate) fn open_url(url: &HttpUrl, opts: &HttpOptions) -> io::Result<Opening>
             continue;
         }
         return match status {
-            206 | 416 => Ok(Opening::Ranges(Box::new(first_range(
-                client, url, at, resp, opts,
-            )?))),
+            206 | 416 => {
+                let mut http = first_range(client, url, at, resp, opts)?;
+                http.round_trip = took;
+                Ok(Opening::Ranges(Box::new(http)))
+            }
             200 => Ok(Opening::Whole(Whole::new(resp)?)),
-            _ => Err(status_error(resp.status().as_u16()).into_error()),
+            // The range request itself refused (as a server that takes no
+            // HEAD answers one): the file asked for once without a range,
+            // to be read as a stream if it comes whole.
+            400 | 405 | 501 => whole_after(&client, url, &at, opts),
+            _ => Err(status_error(status, url).into_error()),
         };
+    }
+}
+
+/// The first request of `at` (`given`, or where it redirects): the reply
+/// (its head), and how long it took to come.
+fn first_request(
+    client: &Client,
+    given: &HttpUrl,
+    at: &HttpUrl,
+    opts: &HttpOptions,
+) -> io::Result<(ureq::http::Response<ureq::Body>, Duration)> {
+    let range = [("Range", format!("bytes=0-{}", HEAD - 1))];
+    with_retries(
+        opts.retries,
+        || "the first request".to_string(),
+        || {
+            let asked = Instant::now();
+            let resp = client.get(at, &range)?;
+            let status = resp.status().as_u16();
+            if transient(status) {
+                return Err(Fail::Again(status_error(status, given).into_error()));
+            }
+            Ok((resp, asked.elapsed()))
+        },
+    )
+}
+
+/// `at` (`given` after its redirects) asked for once more, without a
+/// range, after its server refused the first request: the whole file, as
+/// a stream, or the error its status says.
+fn whole_after(
+    client: &Client,
+    given: &HttpUrl,
+    at: &HttpUrl,
+    opts: &HttpOptions,
+) -> io::Result<Opening> {
+    let resp = with_retries(
+        opts.retries,
+        || "the request without a range".to_string(),
+        || {
+            let resp = client.get(at, &[])?;
+            match resp.status().as_u16() {
+                s if transient(s) => Err(Fail::Again(status_error(s, given).into_error())),
+                _ => Ok(resp),
+            }
+        },
+    )?;
+    match resp.status().as_u16() {
+        200 => Ok(Opening::Whole(Whole::new(resp)?)),
+        s => Err(status_error(s, given).into_error()),
     }
 }
 
@@ -599,6 +638,7 @@ fn first_range(
         version,
         head,
         retries: opts.retries,
+        round_trip: Duration::ZERO,
     })
 }
 
@@ -625,16 +665,17 @@ impl Storage for Http {
         vec![Origin::Remote(self.remote())]
     }
 
-    /// Up to 64 reads in flight, 16 MiB of them ([`Storage::bytes_in_flight`]):
-    /// latency, not the digest threads, bounds a file across a network, and
-    /// a small read waits as long as a large one.
+    /// Up to 64 reads in flight, 16 to 64 MiB of them as the round trip
+    /// asks ([`Storage::bytes_in_flight`]): latency, not the digest
+    /// threads, bounds a file across a network, and a small read waits as
+    /// long as a large one.
     fn default_io_depth(&self, read_size: usize) -> Option<usize> {
         let _ = read_size;
         Some(HTTP_READS_IN_FLIGHT)
     }
 
     fn bytes_in_flight(&self) -> Option<usize> {
-        Some(HTTP_BYTES_IN_FLIGHT)
+        Some(bytes_in_flight(self.round_trip))
     }
 }
 
@@ -693,122 +734,19 @@ impl Read for Whole {
     }
 }
 
-#[doc(hidden)]
-/// Fuzz entry point: parse `data` as a server's `Content-Range`, `ETag`
-/// and `Last-Modified` values and check a reply of them against a version;
-/// panics if a parse breaks its contract. Not API.
-pub fn fuzz_reply(data: &[u8]) {
-    let text = String::from_utf8_lossy(data);
-    let mut parts = text.splitn(4, '\n');
-    let (cr, etag, lm) = (parts.next(), parts.next(), parts.next());
-    if let Some(cr) = cr
-        && let Some(r) = ContentRange::parse(cr)
-    {
-        match r {
-            ContentRange::Bytes {
-                first,
-                last,
-                complete,
-            } => {
-                assert!(first <= last);
-                assert!(complete.is_none_or(|c| last < c));
-            }
-            ContentRange::Unsatisfied { .. } => {}
-        }
-        assert_eq!(ContentRange::parse(&r.to_string()), Some(r));
-    }
-    if let Some(e) = etag.and_then(ETag::parse) {
-        assert_eq!(ETag::parse(&e.value()), Some(e.clone()));
-    }
-    let version = Version {
-        len: 1 << 20,
-        etag: etag.and_then(ETag::parse),
-        last_modified: lm.map(str::to_string),
-    };
-    let _ = version.condition();
-    assert_eq!(version.differs(etag, lm), None);
-    let _ = check_range(&version, 0, 4095, cr, etag, lm);
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-#[doc(hidden)]
-/// Fuzz entry point: `reply` is what a hostile server sends, and then
-/// closes, for a range of 4096 bytes at 4096 of a 1 MiB file asked on a
-/// connection of our own (the `direct` module: its head parsed, checked
-/// and its body read into the buffer). Every outcome is fine but a panic,
-/// a hang, or a range taken whose bytes are not in the reply as they
-/// stand or without a Content-Length of exactly its size. Not API.
-pub fn fuzz_direct(reply: &[u8]) {
-    use std::io::Write;
-    use std::sync::mpsc::{Receiver, Sender, channel};
-    use std::sync::{Mutex, OnceLock};
-    // One server for every input: a listener per input would use up the
-    // ephemeral ports (each closed connection waits in TIME_WAIT).
-    type Server = (u16, Mutex<(Sender<Vec<u8>>, Receiver<()>)>);
-    static SERVER: OnceLock<Server> = OnceLock::new();
-    let (port, server) = SERVER.get_or_init(|| {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (replies, to_send) = channel::<Vec<u8>>();
-        let (served, done) = channel();
-        std::thread::spawn(move || {
-            for reply in to_send {
-                if let Ok((mut s, _)) = listener.accept() {
-                    // The request, up to its blank line, then the reply.
-                    let mut got = Vec::new();
-                    let mut byte = [0u8; 1];
-                    while !got.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
-                        got.push(byte[0]);
-                    }
-                    let _ = s.write_all(&reply);
-                }
-                let _ = served.send(());
-            }
-        });
-        (port, Mutex::new((replies, done)))
-    });
-    let server = server
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    server.0.send(reply.to_vec()).unwrap();
-    let port = *port;
-    let url = HttpUrl::parse(&format!("http://127.0.0.1:{port}/disk.img")).unwrap();
-    let opts = HttpOptions {
-        timeout: Some(Duration::from_secs(2)),
-        retries: 0,
-        ..HttpOptions::default()
-    };
-    let client = Client::new(&url, &url, &opts).unwrap();
-    let direct = direct::Direct::new(&client, &url).unwrap();
-    let http = Http {
-        direct: None,
-        client,
-        url: url.clone(),
-        target: url,
-        context: None,
-        version: Version {
-            len: 1 << 20,
-            etag: ETag::parse("\"v1\""),
-            last_modified: Some("Mon, 01 Jan 2024 00:00:00 GMT".into()),
-        },
-        head: Vec::new(),
-        retries: 0,
-    };
-    let mut buf = vec![0xeeu8; 4096];
-    let extra = [("Range", "bytes=4096-8191".to_string())];
-    let check = |status: u16, h: Headers| http.check_reply(status, h, 4096, 8191);
-    let read = direct.range(&extra, &mut buf, None, check);
-    server.1.recv().unwrap();
-    if let Ok(direct::Read::Done) = read {
-        assert!(
-            reply.windows(buf.len()).any(|w| w == buf.as_slice()),
-            "a range taken that the reply does not hold"
-        );
-        // Taken only as the length the reply gave, in digits.
-        let said = reply.split(|&b| b == b'\n').any(|line| {
-            let line = line.to_ascii_lowercase();
-            line.strip_prefix(b"content-length:")
-                .is_some_and(|v| v.trim_ascii() == b"4096")
-        });
-        assert!(said, "a range taken without a Content-Length of 4096");
+    #[test]
+    fn bytes_in_flight_follow_the_round_trip() {
+        let at = |ms| bytes_in_flight(Duration::from_millis(ms));
+        // Nearby (loopback, 2 ms across a relay): as before.
+        for ms in [0, 1, 2, 5] {
+            assert_eq!(at(ms), 16 << 20, "{ms} ms");
+        }
+        assert!((30 << 20..=32 << 20).contains(&at(10)), "{}", at(10));
+        assert!((60 << 20..=62 << 20).contains(&at(20)), "{}", at(20));
+        assert_eq!(at(1000), 64 << 20);
     }
 }

@@ -7,6 +7,11 @@
 
 use std::fmt;
 
+/// Headers a reply may have (nginx sends 8), in the replies parsed
+/// here (`direct.rs`, `interim.rs`): ureq-proto's limit, so a
+/// reply either path refuses the other refuses too.
+pub(crate) const MAX_HEADERS: usize = 128;
+
 /// A `Content-Range` value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ContentRange {

@@ -135,6 +135,20 @@ impl HttpUrl {
         self.url.host_str().unwrap_or_default()
     }
 
+    /// True if the URL names a KubeVirt VirtualMachineExport's volume:
+    /// its path ends in `/volumes/PVC/disk.img` or `disk.img.gz` (through
+    /// the export proxy or the export's own service).
+    pub(crate) fn is_kubevirt_export(&self) -> bool {
+        let Some(segments) = self.url.path_segments() else {
+            return false;
+        };
+        let mut last = segments.rev();
+        matches!(
+            (last.next(), last.next(), last.next()),
+            (Some("disk.img" | "disk.img.gz"), Some(pvc), Some("volumes")) if !pvc.is_empty()
+        )
+    }
+
     /// `host:port`, for messages about connecting.
     pub(crate) fn authority(&self) -> String {
         format!(
