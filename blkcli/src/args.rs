@@ -196,6 +196,7 @@ impl InputArgs {
             force_share: self.force_share,
             nbd: self.nbd_options(),
             http: self.http_options(),
+            random_access: false,
         }
     }
 

@@ -68,6 +68,6 @@ pub use reader::{
     io_depth_for, read_image, read_input, read_stream,
 };
 pub use sink::{Fill, Lend, Sink};
-pub use source::{Extent, ExtentKind, Origin, Remote, Role, Rounded, Source};
-pub use storage::{RawFile, Storage, http, mapped, nbd};
+pub use source::{Decompressed, Extent, ExtentKind, Origin, Remote, Role, Rounded, Source};
+pub use storage::{RawFile, Storage, compressed, http, mapped, nbd};
 pub use window::Window;

@@ -214,6 +214,13 @@ impl Side {
             Side::Written(_, w) => w.rounded,
         }
     }
+
+    fn decompressed(&self) -> Option<&blkimage::Decompressed> {
+        match self {
+            Side::Saved(..) => None,
+            Side::Written(_, w) => w.decompressed.as_ref(),
+        }
+    }
 }
 
 /// A and B that are saved maps (where the format is probed and the input
@@ -299,6 +306,9 @@ fn compare(args: &Args, a: &Side, b: &Side, job: &Job) -> ExitCode {
     for (m, name) in [(a, &args.a), (b, &args.b)] {
         if let Some(r) = m.rounded().filter(|_| !args.quiet) {
             eprintln!("blkdiff: {name}: {r}");
+        }
+        if let Some(d) = m.decompressed().filter(|_| !args.quiet) {
+            eprintln!("blkdiff: {name}: {d}");
         }
     }
     // Standard input may have been a map of other parameters.
