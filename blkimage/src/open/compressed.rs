@@ -71,15 +71,15 @@ pub(crate) fn open(
     };
     let inner: Box<dyn Source> = match inner {
         Format::Raw => Box::new(RawFile::open(&spilled.proc_path(), false)?),
-        Format::Qcow2 => Box::new(Qcow2::from_storage(spilled.clone()).map_err(|e| {
-            match e.kind() {
+        Format::Qcow2 => Box::new(Qcow2::from_storage(spilled.clone()).map_err(
+            |e| match e.kind() {
                 io::ErrorKind::Unsupported => io::Error::new(
                     e.kind(),
                     format!("{e} (inside a {} file, it is not looked for)", kind.name()),
                 ),
                 _ => e,
-            }
-        })?),
+            },
+        )?),
         Format::Qemu(f) => Box::new(QemuExport::open(
             &spilled.proc_path(),
             f,

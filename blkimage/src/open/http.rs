@@ -5,8 +5,8 @@
 use super::chain;
 use super::{Format, Input, OpenOptions};
 use crate::formats::{qcow2, qemu};
-use crate::storage::http::{Http, HttpUrl, Opening, Whole, no_ranges, open_url};
 use crate::storage::compressed::{Compression, Forward};
+use crate::storage::http::{Http, HttpUrl, Opening, Whole, no_ranges, open_url};
 use std::io::{self, Read};
 
 /// Open the image at `url` as [`crate::open`] does.
@@ -72,11 +72,14 @@ fn probe(http: &Http) -> io::Result<Format> {
 fn open_whole(mut whole: Whole, opts: &OpenOptions) -> io::Result<Input> {
     let format = opts.format;
     let mut head = Vec::with_capacity(512);
+    // The head as sent, in case it is compressed.
+    whole.set_padded(false);
     (&mut whole).take(512).read_to_end(&mut head)?;
     if let Some(kind) = compressed_probe(&head, opts) {
         let r = Box::new(io::Cursor::new(head).chain(whole));
         return super::compressed::open(kind, r, Vec::new(), opts);
     }
+    whole.set_padded(true);
     let probed = if qcow2::probe_bytes(&head) {
         Some(Format::Qcow2)
     } else {
@@ -99,7 +102,10 @@ fn open_whole(mut whole: Whole, opts: &OpenOptions) -> io::Result<Input> {
 /// The compression `head` (a URL's first bytes) starts with, unless a
 /// format is forced (`-f raw` hashes the bytes as they are).
 fn compressed_probe(head: &[u8], opts: &OpenOptions) -> Option<Compression> {
-    opts.format.is_none().then(|| Compression::probe(head)).flatten()
+    opts.format
+        .is_none()
+        .then(|| Compression::probe(head))
+        .flatten()
 }
 
 /// The image compressed with `kind` at `http` (a file with ranges), read

@@ -68,8 +68,9 @@ pub(crate) fn probe_bytes(head: &[u8]) -> bool {
 /// decompression bomb. Generous: for the active image and each internal
 /// snapshot, every cluster of the virtual size allocated and its L2 entries
 /// extended (16 bytes); refcounts of 64 bits for all of it; 64 persistent
-/// bitmaps of the finest granularity (512 bytes); and 1 GiB for the rest
-/// (header, extensions, tables of snapshots and bitmaps).
+/// bitmaps of the finest granularity (512 bytes); and 256 MiB for the
+/// rest (the header and its extensions, and the snapshot table and the
+/// bitmap directory, which QEMU bounds at 64 MiB each).
 pub(crate) fn max_file_len(head: &[u8]) -> u64 {
     if head.len() < 64 || !probe_bytes(head) {
         return u64::MAX;
@@ -87,7 +88,7 @@ pub(crate) fn max_file_len(head: &[u8]) -> u64 {
     images
         .saturating_add(refcounts)
         .saturating_add(bitmaps)
-        .saturating_add(1 << 30)
+        .saturating_add(256 << 20)
 }
 
 /// Extents calls that load an L2 table or ask the backing image: at most

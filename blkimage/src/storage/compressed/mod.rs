@@ -179,7 +179,11 @@ impl<R: BufRead> Decoder<R> {
     fn bad(&self, why: &str) -> io::Error {
         io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{}: {why} (at compressed byte {})", self.kind.name(), self.pos),
+            format!(
+                "{}: {why} (at compressed byte {})",
+                self.kind.name(),
+                self.pos
+            ),
         )
     }
 

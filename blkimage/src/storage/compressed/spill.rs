@@ -59,18 +59,17 @@ impl Spilled {
 /// come. A full file system is an error naming `dir`.
 pub fn spill(input: &mut dyn Read, dir: &Path, limit: u64) -> io::Result<Spilled> {
     let in_dir = |e: io::Error| {
-        io::Error::new(
-            e.kind(),
-            format!(
-                "decompressing into a temporary file in {}: {e}{}",
-                dir.display(),
-                match e.raw_os_error() {
-                    Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) =>
-                        " (set TMPDIR to a directory with room for the image's data)",
-                    _ => "",
-                }
-            ),
-        )
+        let hint = match e.raw_os_error() {
+            Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => {
+                " (set TMPDIR to a directory with room for the image's data)"
+            }
+            _ => "",
+        };
+        let msg = format!(
+            "decompressing into a temporary file in {}{hint}: {e}",
+            dir.display()
+        );
+        crate::with_context(e, msg)
     };
     let file = tempfile::tempfile_in(dir).map_err(in_dir)?;
     let mut buf = blkhash::try_zeroed(CHUNK, "a decompression buffer")?;
@@ -165,7 +164,11 @@ mod tests {
         let s = spill(&mut &data[..], dir.path(), u64::MAX).unwrap();
         assert_eq!(s.file_len(), data.len() as u64);
         // Three 4 KiB blocks of data (one of them the tail).
-        assert!(s.allocated() < 64 << 10, "{} bytes allocated", s.allocated());
+        assert!(
+            s.allocated() < 64 << 10,
+            "{} bytes allocated",
+            s.allocated()
+        );
         let mut back = vec![0u8; data.len()];
         s.read_exact_at(&mut back, 0).unwrap();
         assert_eq!(back, data);
