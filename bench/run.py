@@ -74,6 +74,7 @@ from common import (
     TiB,
     warm,
 )
+from decompress import DecompressCases
 from device import DeviceCases
 from dirty import DirtyCases
 from mapsize import MapSizeCases
@@ -211,7 +212,8 @@ IMAGE_CASES["imageio"] = IMAGEIO_CASE
 # ---------------------------------------------------------------- the bench
 
 
-class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases):
+class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases,
+            DecompressCases):
     def __init__(self, args, report):
         self.a = args
         self.r = report
@@ -367,7 +369,7 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
             r(f"- Reference blkhash-bench: "
               f"{self.bench_ref or 'not set (BLKHASH_BENCH_REF): column skipped'}")
         r(f"- b3sum: {self.b3sum or 'missing: `cargo install b3sum`; rows skipped'}")
-        if {"qcow2", "compressed"} & set(self.a.cases):
+        if {"qcow2", "compressed", "decompress"} & set(self.a.cases):
             qi = shutil.which("qemu-img")
             ver = ""
             if qi:
