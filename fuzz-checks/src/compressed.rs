@@ -5,7 +5,7 @@
 //! twice, with reads of two sizes, which must give the same bytes or both
 //! fail; a qcow2 image that comes out is then opened and walked as the
 //! `qcow2` target does. Errors are fine; panics, hangs and unbounded
-//! allocations are not (xz's decoder is limited to 1 GiB, zstd's window
+//! allocations are not (xz's decoder is limited to 512 MiB, zstd's window
 //! to 128 MiB; the output read here to 16 MiB).
 
 use blkimage::Qcow2;

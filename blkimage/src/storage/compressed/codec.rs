@@ -12,14 +12,16 @@ use std::io;
 use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
 
 /// The most memory liblzma may use to decode one xz stream on several
-/// threads; past it, it decodes on one (as `xz` does past its own
-/// limit). Each thread holds a block's output and the dictionary.
-const XZ_MEMLIMIT_THREADING: u64 = 1 << 30;
+/// threads; past it, it decodes on fewer, down to one (as `xz` does past
+/// its own limit). Each thread holds a block's input and output and the
+/// dictionary: a file of `xz -T0` (blocks of 3 × the dictionary, 24 MiB
+/// at the default -6, 192 MiB at -9) fits on 2 threads.
+const XZ_MEMLIMIT_THREADING: u64 = 512 << 20;
 
-/// The most memory liblzma may use at all: a header asking more (a
-/// dictionary of up to 1.5 GiB is valid) is refused rather than
-/// allocated. `xz -9` needs 65 MiB.
-const XZ_MEMLIMIT_STOP: u64 = 1 << 30;
+/// The most memory liblzma may use at all (on one thread: the
+/// dictionary): a header asking more (a dictionary of up to 1.5 GiB is
+/// valid) is refused rather than allocated. `xz -9` needs 65 MiB.
+const XZ_MEMLIMIT_STOP: u64 = 512 << 20;
 
 /// One step's outcome: input consumed, output produced, and whether the
 /// member (gzip), stream (xz) or frame (zstd) ended with it.
