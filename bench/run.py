@@ -705,6 +705,8 @@ def main():
                     help="pass --block-size to both blksums (default: their 64 KiB)")
     ap.add_argument("--sync-size", type=parse_size,
                     help="image size of the sync case (default 2 GiB; 64 MiB with --quick)")
+    ap.add_argument("--decompress-size", type=parse_size,
+                    help="image size of the decompress case (default 1 GiB; 64 MiB with --quick)")
     ap.add_argument("--dirty-size", type=parse_size,
                     help="image size of the dirty case (default 16 GiB, half of it data; "
                          "1 GiB with --quick)")
