@@ -478,8 +478,9 @@ pub enum StdinMap {
     /// A saved map ("map") or a PBS fixed index ("fidx") piped in, and
     /// which: the map's bytes copied, the index made a map on the way.
     Saved(blkmap::MapFile, &'static str),
-    /// A stream hashed by the job, as [`map_to_temp`] writes it.
-    Written(blkmap::MapFile, Written),
+    /// A stream hashed by the job, as [`map_to_temp`] writes it (boxed:
+    /// what was read is far larger than the other variant).
+    Written(blkmap::MapFile, Box<Written>),
 }
 
 /// Standard input's map: if `detect_map`, a saved map or a PBS fixed
@@ -506,7 +507,7 @@ pub fn map_stdin(
         return Ok(StdinMap::Saved(blkmap::MapFile::from_file(file)?, "map"));
     }
     let (map, written) = map_to_temp(Input::Stream(Box::new(rest)), job, job.cancel(), progress)?;
-    Ok(StdinMap::Written(map, written))
+    Ok(StdinMap::Written(map, Box::new(written)))
 }
 
 /// An I/O error's reason as the front ends print it: without Rust's

@@ -187,7 +187,7 @@ enum Side {
     Saved(blkmap::MapFile, &'static str),
     /// An image's map, written to an unnamed temporary file as it was
     /// made.
-    Written(blkmap::MapFile, blkjob::Written),
+    Written(blkmap::MapFile, Box<blkjob::Written>),
 }
 
 impl Side {
@@ -277,7 +277,7 @@ fn hash_both(
                     .track(&blkcli::shown_lossy(name), input.size(), |p| {
                         blkjob::map_to_temp(input, job, job.cancel(), p)
                     })
-                    .map(|(file, written)| Side::Written(file, written))
+                    .map(|(file, written)| Side::Written(file, Box::new(written)))
             }
         }
     };

@@ -154,7 +154,7 @@ impl<R: BufRead> Decoder<R> {
                 continue;
             }
             let end = input.is_empty();
-            if self.kind == Compression::Xz && self.zeros % 4 != 0 {
+            if self.kind == Compression::Xz && !self.zeros.is_multiple_of(4) {
                 return Err(self.bad("stream padding that is not a multiple of 4 bytes"));
             }
             if end {
