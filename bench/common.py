@@ -26,7 +26,8 @@ MKIMAGE = RELEASE / "mkimage"
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
-CASES = ["speed", "random", "holes", "zero", "empty", "ranges", "qcow2", "compressed", "direct",
+CASES = ["speed", "random", "holes", "zero", "empty", "ranges", "qcow2", "compressed",
+         "decompress", "direct",
          "nbd", "remote", "http", "virtnbdbackup",
          "sync", "sync_nbd", "lib", "python"]
 # Run only when named (--only): dirty needs about 24 GiB of disk at its
@@ -136,6 +137,23 @@ class Sample:
 GNU_TIME = "/usr/bin/time"
 
 
+def _autogroup_nice():
+    """BLKHASH_BENCH_AUTOGROUP_NICE: the nice value of the scheduler's
+    autogroup each command runs in (a new session: its own group). On a
+    machine shared with other sessions, autogroups share the CPU evenly
+    whatever a command's threads, so a command of 2 threads gets as much as
+    one of 1; a negative value (root) lets the measured commands have the
+    cores. None when unset."""
+    v = os.environ.get("BLKHASH_BENCH_AUTOGROUP_NICE")
+    if not v:
+        return None
+
+    def set_nice():
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(v)
+    return set_nice
+
+
 def run_once(argv, timeout):
     """Run argv with no input; wall time, peak RSS of the command itself
     (GNU time's %M, else wait4's, which includes the forked interpreter)
@@ -149,7 +167,7 @@ def run_once(argv, timeout):
         try:
             # Its own process group: a timeout kills GNU time and the command.
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=_autogroup_nice())
         except OSError as e:
             return Sample(0.0, 0, 127, "", str(e))
         killed = []

@@ -75,6 +75,7 @@ from common import (
     TiB,
     warm,
 )
+from decompress import DecompressCases
 from device import DeviceCases
 from dirty import DirtyCases
 from mapsize import MapSizeCases
@@ -213,7 +214,8 @@ IMAGE_CASES["imageio"] = IMAGEIO_CASE
 # ---------------------------------------------------------------- the bench
 
 
-class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases, VnbdCases):
+class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases,
+            VnbdCases, DecompressCases):
     def __init__(self, args, report):
         self.a = args
         self.r = report
@@ -369,7 +371,7 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
             r(f"- Reference blkhash-bench: "
               f"{self.bench_ref or 'not set (BLKHASH_BENCH_REF): column skipped'}")
         r(f"- b3sum: {self.b3sum or 'missing: `cargo install b3sum`; rows skipped'}")
-        if {"qcow2", "compressed"} & set(self.a.cases):
+        if {"qcow2", "compressed", "decompress"} & set(self.a.cases):
             qi = shutil.which("qemu-img")
             ver = ""
             if qi:
@@ -705,6 +707,8 @@ def main():
                     help="pass --block-size to both blksums (default: their 64 KiB)")
     ap.add_argument("--sync-size", type=parse_size,
                     help="image size of the sync case (default 2 GiB; 64 MiB with --quick)")
+    ap.add_argument("--decompress-size", type=parse_size,
+                    help="image size of the decompress case (default 1 GiB; 64 MiB with --quick)")
     ap.add_argument("--dirty-size", type=parse_size,
                     help="image size of the dirty case (default 16 GiB, half of it data; "
                          "1 GiB with --quick)")

@@ -26,7 +26,7 @@ case $seconds in
         exit 2
         ;;
 esac
-targets=(qcow2 nbd_reply nbd_transmission nbd_handshake blkmap fidx check_file state record http_reply http_direct vnbd)
+targets=(qcow2 nbd_reply nbd_transmission nbd_handshake blkmap fidx check_file state record http_reply http_direct vnbd compressed)
 
 # cargo fuzz builds with nightly-only flags (-Zsanitizer=address and the
 # sanitizer coverage options libFuzzer needs): a nightly toolchain when one

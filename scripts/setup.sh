@@ -32,9 +32,11 @@ set -euo pipefail
 # in a private mount namespace: the packages' services are not used), and
 # its stream writer and virtnbdrestore for blksum's stream tests
 # (testkit::vnbd: no VM, libvirt's test driver).
+# gzip, xz and zstd write the compressed images of blksum/tests/compressed.rs
+# and the bench's compressed cases.
 apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc libc6-dev
     pkg-config valgrind binutils file man-db tmux debhelper lintian rpm nginx dante-server
-    gcc-aarch64-linux-gnu libc6-dev-arm64-cross binfmt-support musl-tools)
+    gcc-aarch64-linux-gnu libc6-dev-arm64-cross binfmt-support musl-tools gzip xz-utils zstd)
 # QEMU's other programs, which must be of qemu-utils' own version: Debian
 # 12's qemu-system-x86 (7.2) installed beside a qemu-utils from
 # bookworm-backports (10.x) makes apt remove qemu-utils. Where qemu-utils
@@ -46,7 +48,7 @@ qemu_family=(qemu-system-x86 qemu-user qemu-user-binfmt)
 # tests start libvirtd with a configuration of their own.
 vm_packages=(libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu virtnbdbackup)
 dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc glibc-static
-    pkgconf-pkg-config valgrind binutils file man-db tmux rpm-build nginx)
+    pkgconf-pkg-config valgrind binutils file man-db tmux rpm-build nginx gzip xz zstd)
 # Not in every dnf family's repositories (RHEL has no musl-gcc, nor
 # dante-server without EPEL): tried, and the steps that need them fail naming
 # what is missing (the SOCKS test says it is skipped).

@@ -50,7 +50,11 @@ pub struct InputArgs {
     /// parallels, dmg, qcow, bochs, cloop, luks (with --secret-file)
     /// [default: probed from the magic bytes: qcow2 if the file starts with
     /// the qcow2 magic and version 2 or later, one of the others by its
-    /// signature, else raw]. Standard input, pipes and NBD URLs are always
+    /// signature, else raw]. A file, URL or pipe compressed with gzip, xz or
+    /// zstd is the image it holds, probed the same way (a raw image hashed
+    /// as it is decompressed, a qcow2 image or another decompressed into an
+    /// unnamed temporary file in TMPDIR, which is said); with -f, the bytes
+    /// as they are. Standard input, pipes and NBD URLs are otherwise
     /// raw, their exact bytes (so `blksum < FILE` differs from `blksum FILE`
     /// when the size is not a multiple of 512). HTTP(S) URLs are probed as
     /// files are, and read as raw or qcow2 only.
@@ -201,6 +205,7 @@ impl InputArgs {
             force_share: self.force_share,
             nbd: self.nbd_options(),
             http: self.http_options(),
+            random_access: false,
         }
     }
 

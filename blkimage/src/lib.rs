@@ -7,8 +7,9 @@
 //! - `storage/`: where bytes come from. A file or block device (read with
 //!   pread, direct I/O, or in place from memory maps: [`RawFile`],
 //!   [`mapped`]), a file over HTTP(S) ([`http`]), an NBD export
-//!   ([`nbd`]). Formats read them through the [`Storage`] trait; a
-//!   transport decides ranges, connections and retries, never a format.
+//!   ([`nbd`]), a gzip, xz or zstd file read forward ([`compressed`]).
+//!   Formats read them through the [`Storage`] trait; a transport decides
+//!   ranges, connections and retries, never a format.
 //! - `formats/`: how guest bytes lie in a storage: raw, [`qcow2`], and the
 //!   formats QEMU reads (served by a private qemu-nbd: [`QemuExport`]).
 //!   A format names the files it refers to but never opens them.
@@ -68,6 +69,6 @@ pub use reader::{
     io_depth_for, read_image, read_input, read_stream,
 };
 pub use sink::{Fill, Lend, Sink};
-pub use source::{Extent, ExtentKind, Origin, Remote, Role, Rounded, Source};
-pub use storage::{RawFile, Storage, http, mapped, nbd};
+pub use source::{Decompressed, Extent, ExtentKind, Origin, Remote, Role, Rounded, Source};
+pub use storage::{RawFile, Storage, compressed, http, mapped, nbd};
 pub use window::Window;

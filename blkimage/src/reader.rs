@@ -178,6 +178,9 @@ pub struct InputRead {
     /// The file's size, if the guest size was rounded up from it
     /// ([`Source::rounded`]): for the command to say so.
     pub rounded: Option<crate::Rounded>,
+    /// How a compressed image was decompressed into a temporary file, if
+    /// it was ([`Source::decompressed`]): for the command to say so.
+    pub decompressed: Option<crate::Decompressed>,
     image: Option<Arc<dyn Source>>,
 }
 
@@ -208,6 +211,7 @@ pub fn read_input(
                 stats,
                 format: src.format().to_string(),
                 rounded: src.rounded(),
+                decompressed: src.decompressed(),
                 image: Some(src),
             })
         }
@@ -215,6 +219,7 @@ pub fn read_input(
             stats: read_stream(&mut r, sink, read_size, cancel, progress)?,
             format: "stream".to_string(),
             rounded: None,
+            decompressed: None,
             image: None,
         }),
     }

@@ -153,6 +153,12 @@ macro_rules! pass_through {
     (@one $inner:ident finish) => {
         fn finish(&self) -> std::io::Result<()> { self.$inner.finish() }
     };
+    (@one $inner:ident rounded) => {
+        fn rounded(&self) -> Option<$crate::Rounded> { self.$inner.rounded() }
+    };
+    (@one $inner:ident decompressed) => {
+        fn decompressed(&self) -> Option<$crate::Decompressed> { self.$inner.decompressed() }
+    };
     (@one $inner:ident origin) => {
         fn origin(&self) -> Vec<$crate::Origin> { self.$inner.origin() }
     };
@@ -223,6 +229,50 @@ impl std::fmt::Display for Rounded {
             "{} bytes, hashed as {} (a raw image's size is rounded up to a multiple of 512, \
              as QEMU does; standard input is hashed as it is)",
             self.file_size, self.size
+        )
+    }
+}
+
+/// A compressed image decompressed into an unnamed temporary file, for a
+/// format that needs random access (see [`Source::decompressed`]): what
+/// the commands say once per input, as they say [`Rounded`].
+///
+/// ```
+/// let d = blkimage::Decompressed {
+///     compression: "gzip",
+///     dir: "/tmp".into(),
+///     len: 1 << 30,
+///     allocated: 3 << 20,
+/// };
+/// assert_eq!(
+///     d.to_string(),
+///     "gzip-compressed: decompressed into an unnamed temporary file in /tmp, \
+///      1073741824 bytes taking 3145728 bytes of disk space (3.0 MiB; removed when done)"
+/// );
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decompressed {
+    /// The compression: "gzip", "xz", "zstd".
+    pub compression: &'static str,
+    /// The directory of the temporary file (`TMPDIR`, else `/tmp`).
+    pub dir: PathBuf,
+    /// The decompressed file's length in bytes.
+    pub len: u64,
+    /// The disk space it takes (zeros are left as holes).
+    pub allocated: u64,
+}
+
+impl std::fmt::Display for Decompressed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}-compressed: decompressed into an unnamed temporary file in {}, {} bytes \
+             taking {} bytes of disk space ({:.1} MiB; removed when done)",
+            self.compression,
+            self.dir.display(),
+            self.len,
+            self.allocated,
+            self.allocated as f64 / f64::from(1 << 20)
         )
     }
 }
@@ -303,6 +353,14 @@ pub trait Source: Send + Sync {
     /// that of its bytes as they are (standard input's is). `None` for
     /// every other source. The commands say so once per input.
     fn rounded(&self) -> Option<Rounded> {
+        None
+    }
+
+    /// How the image was decompressed, if it was compressed (a qcow2 image
+    /// in a `.gz`, `.xz` or `.zst` file) and so decompressed into a
+    /// temporary file to be read in any order. `None` for every other
+    /// source. The commands say so once per input.
+    fn decompressed(&self) -> Option<Decompressed> {
         None
     }
 

@@ -82,6 +82,7 @@ pub fn hash(
 ) -> io::Result<Hashed> {
     // Asked of the image, not of the window over its rest.
     let rounded = input.rounded();
+    let decompressed = input.decompressed();
     let src = crate::seekable(input, "a checkpoint")?;
     let size = src.size();
     let shown = ck.path.display().to_string();
@@ -124,6 +125,7 @@ pub fn hash(
         block_size: job.block_size(),
         stats: read.stats,
         rounded,
+        decompressed,
         resumed_at,
     })
 }

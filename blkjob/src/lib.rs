@@ -36,7 +36,7 @@ pub use job::{
 pub use span::Span;
 
 use blkhash::{BlockEvent, Checksum, Pipeline};
-use blkimage::{AlignedBuf, Input, InputRead, Rounded, Stats};
+use blkimage::{AlignedBuf, Decompressed, Input, InputRead, Rounded, Stats};
 use blkmap::{Map, MapBuilder, Part};
 use std::fs::File;
 use std::io::{self, Read};
@@ -59,6 +59,9 @@ pub struct Hashed {
     /// The file's size, if the guest size was rounded up from it (a raw
     /// file whose length is not a multiple of 512): for the caller to say.
     pub rounded: Option<Rounded>,
+    /// How a compressed image was decompressed into a temporary file, if
+    /// it was: for the caller to say.
+    pub decompressed: Option<Decompressed>,
     /// Bytes a checkpoint covered when the run started (0 without one).
     pub resumed_at: u64,
 }
@@ -75,6 +78,7 @@ pub fn hash(input: Input, job: &Job, progress: &mut dyn FnMut(u64)) -> io::Resul
         block_size: job.block_size(),
         stats: read.stats,
         rounded: read.rounded,
+        decompressed: read.decompressed,
         resumed_at: 0,
     })
 }
@@ -137,6 +141,9 @@ pub struct Mapped {
     /// The file's size, if the guest size was rounded up from it (a raw
     /// file whose length is not a multiple of 512): for the caller to say.
     pub rounded: Option<Rounded>,
+    /// How a compressed image was decompressed into a temporary file, if
+    /// it was: for the caller to say.
+    pub decompressed: Option<Decompressed>,
     /// What was read: data, zero and unallocated bytes (all zero for a
     /// saved map).
     pub stats: Stats,
@@ -179,6 +186,7 @@ pub fn map(
         map,
         format: read.format,
         rounded: read.rounded,
+        decompressed: read.decompressed,
         stats: read.stats,
     })
 }
@@ -214,7 +222,10 @@ pub fn seekable(input: Input, what: &str) -> io::Result<Arc<dyn blkimage::Source
         Input::Image(src) => Ok(Arc::from(src)),
         Input::Stream(_) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{what} needs an image that can seek, not a pipe or standard input"),
+            format!(
+                "{what} needs an image that can seek, not a pipe, standard input or a \
+                 compressed raw image"
+            ),
         )),
     }
 }
@@ -275,6 +286,9 @@ pub struct Written {
     pub format: String,
     /// The file's size, if the guest size was rounded up from it.
     pub rounded: Option<Rounded>,
+    /// How a compressed image was decompressed into a temporary file, if
+    /// it was: for the caller to say.
+    pub decompressed: Option<Decompressed>,
     /// What was read: data, zero and unallocated bytes.
     pub stats: Stats,
 }
@@ -343,6 +357,7 @@ fn write_map(
         summary,
         format: read.format,
         rounded: read.rounded,
+        decompressed: read.decompressed,
         stats: read.stats,
     })
 }
@@ -463,8 +478,9 @@ pub enum StdinMap {
     /// A saved map ("map") or a PBS fixed index ("fidx") piped in, and
     /// which: the map's bytes copied, the index made a map on the way.
     Saved(blkmap::MapFile, &'static str),
-    /// A stream hashed by the job, as [`map_to_temp`] writes it.
-    Written(blkmap::MapFile, Written),
+    /// A stream hashed by the job, as [`map_to_temp`] writes it (boxed:
+    /// what was read is far larger than the other variant).
+    Written(blkmap::MapFile, Box<Written>),
 }
 
 /// Standard input's map: if `detect_map`, a saved map or a PBS fixed
@@ -491,7 +507,7 @@ pub fn map_stdin(
         return Ok(StdinMap::Saved(blkmap::MapFile::from_file(file)?, "map"));
     }
     let (map, written) = map_to_temp(Input::Stream(Box::new(rest)), job, job.cancel(), progress)?;
-    Ok(StdinMap::Written(map, written))
+    Ok(StdinMap::Written(map, Box::new(written)))
 }
 
 /// An I/O error's reason as the front ends print it: without Rust's

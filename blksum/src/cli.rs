@@ -8,7 +8,9 @@ use clap::Parser;
 /// Compute blkhash checksums of disk images: raw and qcow2 files, the other
 /// formats QEMU reads (vmdk, vdi, vhdx, ...), block devices, NBD URLs,
 /// HTTP(S) URLs of raw and qcow2 images (read by range requests: only what
-/// a qcow2 image holds is fetched) and standard input.
+/// a qcow2 image holds is fetched) and standard input; any of them
+/// compressed with gzip, xz or zstd (disk.raw.xz, disk.img.gz) is the image
+/// it holds.
 ///
 /// The checksum is H(H(block 0) || ... || H(block n-1) || le64(size)), equal
 /// to blkhash 0.11's. Unallocated ranges are never read and all-zero blocks

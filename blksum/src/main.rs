@@ -180,6 +180,13 @@ impl Results<'_> {
         {
             self.say(format_args!("{lossy}: {r}"));
         }
+        if let Ok(Report {
+            decompressed: Some(d),
+            ..
+        }) = &result
+        {
+            self.say(format_args!("{lossy}: {d}"));
+        }
         match result {
             Ok(r) if self.form == Form::Lines => {
                 self.say_resumed(&lossy, &r);
@@ -330,11 +337,15 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
         // --status (nothing) leave it out.
         let mut compute = |name: &OsStr, tag| {
             hashing.checksum(name, tag).map(|r| {
-                if let Some(n) = r.rounded.filter(|_| !args.quiet && !args.status) {
+                if !args.quiet && !args.status {
                     let lossy = blkcli::shown_lossy(name);
-                    hashing
-                        .progress
-                        .suspend(|| eprintln!("blksum: {lossy}: {n}"));
+                    let notes = (r.rounded.map(|n| n.to_string()).into_iter())
+                        .chain(r.decompressed.as_ref().map(|d| d.to_string()));
+                    for n in notes {
+                        hashing
+                            .progress
+                            .suspend(|| eprintln!("blksum: {lossy}: {n}"));
+                    }
                 }
                 r.checksum
             })

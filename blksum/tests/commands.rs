@@ -7,6 +7,7 @@ mod common;
 mod checkpoint;
 mod checkpoint_record;
 mod cli;
+mod compressed;
 mod http;
 mod imageio;
 mod limits;

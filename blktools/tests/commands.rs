@@ -6,6 +6,7 @@ mod common;
 mod bounded;
 mod cli;
 mod closed_stdout;
+mod compressed;
 mod crash;
 mod dirty;
 mod fidx;

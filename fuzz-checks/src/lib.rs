@@ -10,6 +10,7 @@
 
 pub mod blkmap;
 pub mod check_file;
+pub mod compressed;
 pub mod fidx;
 pub mod http_direct;
 pub mod http_reply;

@@ -1,7 +1,7 @@
 //! `blkhash.checksum()`: an image's checksum, as blksum computes it (on
 //! a thread of its own, cancelled by Ctrl-C: [`crate::image`]).
 
-use crate::image::{OpenArgs, image_name, run_cancellable, warn_rounded};
+use crate::image::{OpenArgs, image_name, run_cancellable, warn_note, warn_rounded};
 use crate::{non_negative, params, parse_construction, value_error};
 use blkjob::{JobError, JobSpec};
 use pyo3::prelude::*;
@@ -117,5 +117,6 @@ pub fn checksum(
         blkjob::hash(job.open(&name)?, &job, &mut |_| {})
     })?;
     warn_rounded(py, &image, hashed.rounded)?;
+    warn_note(py, &image, hashed.decompressed)?;
     Ok(hashed.checksum.to_hex())
 }

@@ -29,7 +29,18 @@ pub fn warn_rounded(
     image: &std::path::Path,
     rounded: Option<blkimage::Rounded>,
 ) -> PyResult<()> {
-    if let Some(r) = rounded {
+    warn_note(py, image, rounded)
+}
+
+/// A note on how `image` was read (a raw file's size rounded up, a
+/// compressed image decompressed into a temporary file): a UserWarning,
+/// as blksum says it on standard error.
+pub fn warn_note(
+    py: Python<'_>,
+    image: &std::path::Path,
+    note: Option<impl std::fmt::Display>,
+) -> PyResult<()> {
+    if let Some(r) = note {
         // A path holds no NUL; a name that did would only lose the warning.
         if let Ok(msg) = std::ffi::CString::new(format!("{}: {r}", image.display())) {
             PyErr::warn(py, py.get_type::<PyUserWarning>().as_any(), &msg, 1)?;
@@ -160,6 +171,7 @@ impl OpenArgs {
                 headers: self.headers,
                 retries: self.retries.unwrap_or(blkimage::http::DEFAULT_RETRIES),
             },
+            random_access: false,
         })
     }
 }

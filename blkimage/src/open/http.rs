@@ -5,6 +5,7 @@
 use super::chain;
 use super::{Format, Input, OpenOptions};
 use crate::formats::{qcow2, qemu};
+use crate::storage::compressed::{Compression, Forward};
 use crate::storage::http::{Http, HttpUrl, Opening, Whole, no_ranges, open_url};
 use std::io::{self, Read};
 
@@ -13,8 +14,11 @@ pub(crate) fn open(name: &str, opts: &OpenOptions) -> io::Result<Input> {
     let url = HttpUrl::parse(name)?;
     let http = match open_url(&url, &opts.http)? {
         Opening::Ranges(h) => *h,
-        Opening::Whole(whole) => return open_whole(whole, opts.format),
+        Opening::Whole(whole) => return open_whole(whole, opts),
     };
+    if let Some(kind) = compressed_probe(http.head(), opts) {
+        return open_compressed_ranges(kind, http, opts);
+    }
     if opts.format.is_none() && crate::formats::vnbd::probe(http.head()) {
         return Ok(Input::Image(Box::new(super::vnbd::open_url(http, opts)?)));
     }
@@ -65,9 +69,17 @@ fn probe(http: &Http) -> io::Result<Format> {
 
 /// A whole-file reply as an input: raw bytes, as a stream; anything that
 /// needs ranges refused.
-fn open_whole(mut whole: Whole, format: Option<Format>) -> io::Result<Input> {
+fn open_whole(mut whole: Whole, opts: &OpenOptions) -> io::Result<Input> {
+    let format = opts.format;
     let mut head = Vec::with_capacity(512);
+    // The head as sent, in case it is compressed.
+    whole.set_padded(false);
     (&mut whole).take(512).read_to_end(&mut head)?;
+    if let Some(kind) = compressed_probe(&head, opts) {
+        let r = Box::new(io::Cursor::new(head).chain(whole));
+        return super::compressed::open(kind, r, Vec::new(), opts);
+    }
+    whole.set_padded(true);
     let probed = if qcow2::probe_bytes(&head) {
         Some(Format::Qcow2)
     } else {
@@ -81,4 +93,25 @@ fn open_whole(mut whole: Whole, format: Option<Format>) -> io::Result<Input> {
         Some(Format::Qemu(f)) => Err(other_format(f)),
         _ => Ok(Input::Stream(Box::new(io::Cursor::new(head).chain(whole)))),
     }
+}
+
+// Compressed files (gzip, xz, zstd) at a URL: read forward as a stream,
+// whether the server answered with ranges or with the whole file
+// (`super::compressed` opens the image inside).
+
+/// The compression `head` (a URL's first bytes) starts with, unless a
+/// format is forced (`-f raw` hashes the bytes as they are).
+fn compressed_probe(head: &[u8], opts: &OpenOptions) -> Option<Compression> {
+    opts.format
+        .is_none()
+        .then(|| Compression::probe(head))
+        .flatten()
+}
+
+/// The image compressed with `kind` at `http` (a file with ranges), read
+/// forward one range after the other.
+fn open_compressed_ranges(kind: Compression, http: Http, opts: &OpenOptions) -> io::Result<Input> {
+    let origin = crate::Storage::origin(&http);
+    let r = Box::new(Forward::new(http));
+    super::compressed::open(kind, r, origin, opts)
 }

@@ -5,12 +5,14 @@
 //! its storage, then handed to its format.
 
 mod chain;
+mod compressed;
 mod http;
 mod vnbd;
 
 use crate::formats::qcow2;
 use crate::formats::qemu::{self, QemuExport};
-use crate::source::{Rounded, Source};
+use crate::source::{Origin, Role, Rounded, Source};
+use crate::storage::compressed::{Compression, PROBE_LEN, read_head};
 use crate::storage::file::RawFile;
 use crate::storage::nbd;
 use std::fs::File;
@@ -93,6 +95,10 @@ pub struct OpenOptions {
     pub nbd: nbd::NbdOptions,
     /// HTTP(S) requests: timeout, TLS certificates, headers, retries.
     pub http: crate::storage::http::HttpOptions,
+    /// The caller needs random access (blksync's SRC): a compressed raw
+    /// image is decompressed into a temporary file, as a compressed qcow2
+    /// image always is, instead of being read as a stream.
+    pub random_access: bool,
 }
 
 /// An opened input.
@@ -120,6 +126,15 @@ impl Input {
             Input::Stream(_) => None,
         }
     }
+
+    /// How a compressed image was decompressed into a temporary file, if
+    /// it was (see [`Source::decompressed`]).
+    pub fn decompressed(&self) -> Option<crate::Decompressed> {
+        match self {
+            Input::Image(s) => s.decompressed(),
+            Input::Stream(_) => None,
+        }
+    }
 }
 
 /// Open `name`: `-` is standard input; an NBD URL (`nbd://`, `nbd+unix://`,
@@ -128,8 +143,12 @@ impl Input {
 /// [`crate::http`]); a regular file or block device is an image (qcow2 or
 /// raw, a virtnbdbackup stream, or another format QEMU reads, probed
 /// unless `opts.format` says); a FIFO or character device is a
-/// stream (always its raw bytes). A name that is no file and looks like a
-/// URL of another scheme (`ndb://`, `ftp://`) is an error saying so.
+/// stream (its raw bytes). A file, URL or pipe compressed with gzip, xz
+/// or zstd (probed unless `opts.format` says) is the image it holds: a
+/// raw image a stream, a qcow2 image (or another QEMU reads) decompressed
+/// into a temporary file ([`Source::decompressed`]). A name that is no
+/// file and looks like a URL of another scheme (`ndb://`, `ftp://`) is an
+/// error saying so.
 pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result<Input> {
     let name = name.as_ref();
     if let Some(name) = name.to_str().filter(|n| nbd::is_url(n)) {
@@ -150,9 +169,22 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
         }
         Ok(Input::Stream(r))
     };
+    // A pipe's first bytes say if it is compressed (unless a format is
+    // forced: `-f raw` hashes its bytes as they come).
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        if opts.format.is_some() {
+            return stream(r);
+        }
+        let head = read_head(&mut r, PROBE_LEN)?;
+        let r = Box::new(io::Cursor::new(head.clone()).chain(r));
+        match Compression::probe(&head) {
+            Some(kind) => compressed::open(kind, r, Vec::new(), opts),
+            None => stream(r),
+        }
+    };
     if name == "-" {
         grow_pipe(&io::stdin());
-        return stream(Box::new(io::stdin()));
+        return pipe(Box::new(io::stdin()));
     }
     let path = Path::new(name);
     let ft = std::fs::metadata(path)
@@ -161,7 +193,7 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
     if ft.is_fifo() || ft.is_char_device() || ft.is_socket() {
         let f = File::open(path)?;
         grow_pipe(&f);
-        return stream(Box::new(f));
+        return pipe(Box::new(f));
     }
     // A file of /proc or /sys: its size says nothing of its content
     // (/proc/cpuinfo is 0 bytes long), so it is read as a stream, its
@@ -170,6 +202,17 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
         let f = File::open(path)?;
         if chain::pseudo_file_system(&f)?.is_some() {
             return stream(Box::new(f));
+        }
+        if opts.format.is_none() {
+            let head = read_head(&mut &f, PROBE_LEN)?;
+            if let Some(kind) = Compression::probe(&head) {
+                let origin = vec![Origin::File {
+                    path: path.to_path_buf(),
+                    role: Role::Image,
+                }];
+                let r = Box::new(io::Cursor::new(head).chain(f));
+                return compressed::open(kind, r, origin, opts);
+            }
         }
     }
     open_image(path, ft, opts)

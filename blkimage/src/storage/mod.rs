@@ -9,6 +9,7 @@
 //! images (`crate::formats::raw`); an NBD export is a [`Source`](crate::Source) of its own,
 //! since the server already presents guest bytes.
 
+pub mod compressed;
 pub mod file;
 pub mod http;
 pub mod mapped;

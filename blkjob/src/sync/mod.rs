@@ -348,6 +348,8 @@ fn open_src(
 ) -> Result<Arc<dyn Source>, Error> {
     let mut open = job.open_options().clone();
     open.cache |= cache;
+    // A compressed raw SRC too is decompressed to be read in any order.
+    open.random_access = true;
     let src: Arc<dyn Source> = match open_dirty(&req.src, &open, req.dirty_bitmap.as_deref()) {
         Ok(Input::Image(s)) => Arc::from(s),
         Ok(Input::Stream(_)) => {
@@ -364,6 +366,9 @@ fn open_src(
              multiple of 512, as QEMU does)",
             r.file_size, r.size
         ));
+    }
+    if let Some(d) = src.decompressed() {
+        warn(&format!("{src_name}: {d}"));
     }
     Ok(src)
 }

@@ -187,7 +187,7 @@ enum Side {
     Saved(blkmap::MapFile, &'static str),
     /// An image's map, written to an unnamed temporary file as it was
     /// made.
-    Written(blkmap::MapFile, blkjob::Written),
+    Written(blkmap::MapFile, Box<blkjob::Written>),
 }
 
 impl Side {
@@ -212,6 +212,13 @@ impl Side {
         match self {
             Side::Saved(..) => None,
             Side::Written(_, w) => w.rounded,
+        }
+    }
+
+    fn decompressed(&self) -> Option<&blkimage::Decompressed> {
+        match self {
+            Side::Saved(..) => None,
+            Side::Written(_, w) => w.decompressed.as_ref(),
         }
     }
 }
@@ -270,7 +277,7 @@ fn hash_both(
                     .track(&blkcli::shown_lossy(name), input.size(), |p| {
                         blkjob::map_to_temp(input, job, job.cancel(), p)
                     })
-                    .map(|(file, written)| Side::Written(file, written))
+                    .map(|(file, written)| Side::Written(file, Box::new(written)))
             }
         }
     };
@@ -299,6 +306,9 @@ fn compare(args: &Args, a: &Side, b: &Side, job: &Job) -> ExitCode {
     for (m, name) in [(a, &args.a), (b, &args.b)] {
         if let Some(r) = m.rounded().filter(|_| !args.quiet) {
             eprintln!("blkdiff: {name}: {r}");
+        }
+        if let Some(d) = m.decompressed().filter(|_| !args.quiet) {
+            eprintln!("blkdiff: {name}: {d}");
         }
     }
     // Standard input may have been a map of other parameters.

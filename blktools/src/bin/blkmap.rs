@@ -369,6 +369,7 @@ fn make(
         })
     })?;
     say_rounded(&image, m.rounded);
+    say_decompressed(&image, m.decompressed.as_ref());
     let read = Read {
         dirty_blocks: m.summary.header.blocks(),
         sampled: 0,
@@ -589,6 +590,7 @@ fn map_part(
     let input = job.open(name)?;
     // Asked of the image, not of the range's window over it.
     let rounded = input.rounded();
+    let decompressed = input.decompressed();
     let src = blkjob::seekable(input, "--range")?;
     let (offset, len) = span
         .resolve(src.size(), job.block_size())
@@ -599,7 +601,15 @@ fn map_part(
         blkjob::map_range_to(name, src, range, job, p, out)
     })?;
     say_rounded(&shown, rounded);
+    say_decompressed(&shown, decompressed.as_ref());
     Ok(())
+}
+
+/// A compressed image decompressed into a temporary file: said once.
+fn say_decompressed(image: &str, decompressed: Option<&blkimage::Decompressed>) {
+    if let Some(d) = decompressed {
+        eprintln!("blkmap: {image}: {d}");
+    }
 }
 
 /// A raw file hashed at QEMU's size, not its own: said once.

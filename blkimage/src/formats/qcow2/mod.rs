@@ -62,6 +62,35 @@ pub(crate) fn probe_bytes(head: &[u8]) -> bool {
     header::probe(head)
 }
 
+/// The most bytes a qcow2 file can hold whose header starts `head` (at
+/// least its first 64 bytes; a shorter head, no bound): what a
+/// decompressed file is allowed to grow to before it is taken for a
+/// decompression bomb. Generous: for the active image and each internal
+/// snapshot, every cluster of the virtual size allocated and its L2 entries
+/// extended (16 bytes); refcounts of 64 bits for all of it; 64 persistent
+/// bitmaps of the finest granularity (512 bytes); and 256 MiB for the
+/// rest (the header and its extensions, and the snapshot table and the
+/// bitmap directory, which QEMU bounds at 64 MiB each).
+pub(crate) fn max_file_len(head: &[u8]) -> u64 {
+    if head.len() < 64 || !probe_bytes(head) {
+        return u64::MAX;
+    }
+    let be32 = |at: usize| u32::from_be_bytes(head[at..at + 4].try_into().expect("4 bytes"));
+    let size = u64::from_be_bytes(head[24..32].try_into().expect("8 bytes"));
+    let cluster = 1u64 << be32(20).clamp(9, 21);
+    let clusters = size.div_ceil(cluster);
+    let image = (clusters.saturating_mul(cluster))
+        .saturating_add(clusters.saturating_mul(16))
+        .saturating_add(4 * cluster);
+    let images = image.saturating_mul(1 + u64::from(be32(60)));
+    let refcounts = (images / cluster).saturating_mul(16);
+    let bitmaps = (size / 512 / 8).saturating_mul(64);
+    images
+        .saturating_add(refcounts)
+        .saturating_add(bitmaps)
+        .saturating_add(256 << 20)
+}
+
 /// Extents calls that load an L2 table or ask the backing image: at most
 /// this many per call (once something was found), to keep calls short.
 const MAX_WORK_PER_EXTENTS: usize = 64;

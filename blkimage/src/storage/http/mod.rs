@@ -689,6 +689,8 @@ pub struct Whole {
     got: u64,
     /// Zeros still to give after the body.
     pad: Option<u64>,
+    /// The body is padded to a multiple of 512 (a raw image's bytes).
+    round: bool,
 }
 
 impl Whole {
@@ -700,7 +702,15 @@ impl Whole {
             len,
             got: 0,
             pad: None,
+            round: true,
         })
+    }
+
+    /// Whether the body is padded to a multiple of 512 (it is unless
+    /// told): not the bytes of a compressed file. Said before the body's
+    /// end is read.
+    pub(crate) fn set_padded(&mut self, on: bool) {
+        self.round = on;
     }
 }
 
@@ -726,7 +736,7 @@ impl Read for Whole {
                 ),
             ));
         }
-        if n == 0 {
+        if n == 0 && self.round {
             self.pad = Some(self.got.next_multiple_of(512) - self.got);
             return self.read(buf);
         }
