@@ -12,6 +12,7 @@ mod fidx;
 mod guard;
 mod http;
 mod libvirt;
+mod libvirt_page;
 mod limits;
 mod luks;
 mod manual;
