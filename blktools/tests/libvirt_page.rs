@@ -11,7 +11,8 @@
 //! change made to the page's text: `/backup/` and `/restore/` become
 //! directories of the test (the host's root is not the test's to write).
 //! An example preceded by a comment saying "not run by
-//! blktools/tests/libvirt.rs" (the page's start of a libvirtd) is left out.
+//! blktools/tests/libvirt_page.rs" (the page's start of a libvirtd) is
+//! left out.
 //!
 //! Checked: every `sh` example succeeds; every `console` example prints
 //! what the page shows (`[..]` any text within a line, a line `...` any
@@ -36,7 +37,7 @@ use testkit::libvirt::{Domain, Libvirtd, have_libvirt};
 const PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/guide/libvirt.md");
 
 /// What a comment before an example says to leave it out.
-const SKIP: &str = "not run by blktools/tests/libvirt.rs";
+const SKIP: &str = "not run by blktools/tests/libvirt_page.rs";
 
 /// How long one example may take.
 const TIMEOUT: Duration = Duration::from_secs(300);
