@@ -6,7 +6,13 @@ cd "$(dirname "$0")/.."
 
 # qemu-img (for its view of the image) and nothing else of the test tools.
 scripts/setup.sh --demo
-# Only what the demo runs: blksum (not the Python extension or the C library).
+# Only what the demo runs: blksum (not the Python extension or the C library),
+# its dependencies' features as scripts/install.sh builds them: after an
+# install nothing is built here. After scripts/package.sh --wheel it is:
+# the wheel holds no blksum, and its build gives some dependencies other
+# features.
+echo "demo: building blksum (release: from a fresh clone some minutes, the last" \
+    "one its link-time optimization; nothing after scripts/install.sh)"
 cargo build --release -p blksum
 
 dir=$(mktemp -d)

@@ -48,9 +48,21 @@ fi
 # the libblkhash 0.11 API it implements (pkg-config --atleast-version 0.11).
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml)
 
-# The whole workspace, as scripts/demo.sh builds it: after the demo nothing
-# is rebuilt (a narrower -p build unifies features differently).
-cargo build --release
+# Only what is installed: the commands and the C library, not the Python
+# extension (scripts/package.sh --wheel), the test kit or the fuzz checks.
+# Their dependencies' features are those scripts/demo.sh's `-p blksum`
+# build gives them, so that neither rebuilds what the other built; the
+# debs (debian/rules), the RPM (packaging/rpm/blkhash.spec) and
+# scripts/test.sh build this same set first, so that the build here finds
+# nothing to do (a build of other packages along with them unifies some
+# dependencies' features differently, and would be built again here).
+# The release profile links each command with thin LTO, in one codegen
+# unit: the last minutes of the build, while cargo shows only "Compiling
+# blktools" or "blksum".
+echo "install: building blksum, blkmap, blkdiff, blksync and libblkhash (release:" \
+    "from a fresh clone some minutes, the last ones the commands' link-time" \
+    "optimization, while cargo shows only \"Compiling blktools\")" >&2
+cargo build --release -p blksum -p blktools -p libblkhash
 
 for b in blksum blkmap blkdiff blksync; do
     install -D "${strip[@]}" -m 755 "$release/$b" "$dest$prefix/bin/$b"

@@ -87,8 +87,14 @@ step "cargo clippy" cargo clippy --workspace --all-targets --release -- -D warni
 # The API documentation builds without a warning (a broken link, a private item).
 step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # The release build: what the documentation examples, the install, Python
-# and package steps use (the debs are made from it).
-step "cargo build" cargo build --workspace --release
+# and package steps use (the debs are made from it). In two builds, as
+# they build: what scripts/install.sh installs (the commands, libblkhash),
+# as it and the debs build it, then the Python extension alone, as maturin
+# does. One build of the workspace would give some dependencies the union
+# of their features, and the narrower builds after it would compile them,
+# and link every command, again.
+step "cargo build" sh -c 'cargo build --release -p blksum -p blktools -p libblkhash &&
+    cargo build --release -p blkhash-python'
 # Every test binary runs, and every failure is reported, not only the first.
 # Built with the quick profile (Cargo.toml: the release optimizations
 # without link-time ones, whose links of every test binary were most of

@@ -13,6 +13,7 @@ mod fidx;
 mod guard;
 mod http;
 mod libvirt;
+mod libvirt_page;
 mod limits;
 mod luks;
 mod manual;

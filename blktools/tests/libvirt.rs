@@ -85,31 +85,30 @@ fn virtnbdbackup(lv: &Libvirtd, dom: &Domain, level: &str, out: &Path, compress:
         args.push("-z");
     }
     virt_tool(
+        lv,
         "virtnbdbackup",
         &args,
         out.parent().expect("in the scratch directory"),
     );
 }
 
-/// One of virtnbdbackup's tools, which must succeed, its temporary files
-/// (virtnbdrestore leaves qemu-img's and qemu-nbd's logs there) in
+/// One of virtnbdbackup's tools, which must succeed, run in libvirtd's
+/// namespace (the backup job's socket is in its /var/tmp), its temporary
+/// files (virtnbdrestore leaves qemu-img's and qemu-nbd's logs there) in
 /// `dir/tmp`, removed with the scratch directory `dir`.
-fn virt_tool(cmd: &str, args: &[&str], dir: &Path) {
-    let o = in_scratch(OsStr::new(cmd), args, dir);
+fn virt_tool(lv: &Libvirtd, cmd: &str, args: &[&str], dir: &Path) {
+    let o = in_scratch(lv.inside(cmd), args, dir);
     assert_eq!(o.code, 0, "{cmd} {args:?}: {}", o.stderr);
 }
 
 /// `cmd args...` with TMPDIR `dir/tmp` (removed with the scratch directory
 /// `dir`): the test command's TMPDIR must end empty, whatever the tools
 /// leave in theirs.
-fn in_scratch(cmd: &OsStr, args: &[&str], dir: &Path) -> Out {
+fn in_scratch(mut cmd: std::process::Command, args: &[&str], dir: &Path) -> Out {
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
-    let out = std::process::Command::new(cmd)
-        .args(args)
-        .env("TMPDIR", &tmp)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd:?} runs: {e}"));
+    let out = cmd.args(args).env("TMPDIR", &tmp).output();
+    let out = out.unwrap_or_else(|e| panic!("{cmd:?} runs: {e}"));
     Out {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -152,7 +151,7 @@ fn only_file(dir: &Path, prefix: &str) -> PathBuf {
 }
 
 /// A short scratch directory: libvirt's sockets live there.
-fn short_scratch() -> tempfile::TempDir {
+pub(crate) fn short_scratch() -> tempfile::TempDir {
     let tmp = std::env::temp_dir();
     let base = if tmp.as_os_str().len() > 40 {
         PathBuf::from("/tmp")
@@ -257,6 +256,7 @@ fn virtnbdbackup_streams(lv: &Libvirtd, d: &Path, compress: bool) {
     // the last backup.
     let out = d.join(format!("restored{tag}"));
     virt_tool(
+        lv,
         "virtnbdrestore",
         &["-U", lv.uri(), "-i", s(&bk), "-o", s(&out)],
         d,
@@ -400,7 +400,7 @@ for spec in sys.argv[2:]:
 fn python(py: &OsStr, d: &Path, script: &str, args: &[&str]) -> Out {
     let mut all = vec!["-c", script];
     all.extend(args);
-    in_scratch(py, &all, d)
+    in_scratch(std::process::Command::new(py), &all, d)
 }
 
 /// Python's `checksum()` of `image` for each of [`SUMS`].

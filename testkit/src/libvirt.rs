@@ -3,14 +3,18 @@
 //! NBD, virtnbdbackup) on this host, leaving nothing behind.
 //!
 //! [`Libvirtd`] runs libvirtd in a private mount namespace (`unshare -m`):
-//! a tmpfs on /run, and the test's own directories on /var/lib/libvirt,
-//! /var/log/libvirt and /var/cache/libvirt, and its own qemu.conf on
+//! a tmpfs on /run, and the test's own directories on /run/libvirt (its
+//! socket directory: `virsh` with no `-c` finds it there, inside),
+//! /var/lib/libvirt, /var/log/libvirt, /var/cache/libvirt, /var/tmp and
+//! /etc/libvirt/qemu (the domains' definitions), and its own qemu.conf on
 //! /etc/libvirt/qemu.conf (QEMU runs as root: /dev/kvm is root's, and
 //! without it every `virsh define` probes QEMU again for some 40 s;
 //! stdio_handler "file": no virtlogd). So no file of the host is changed
 //! or left, and everything it made goes with the test's directory. Its
 //! socket is in that directory; [`Libvirtd::uri`] names it for virsh and
-//! virtnbdbackup (`-U`). It runs in the foreground, a child of the test,
+//! virtnbdbackup (`-U`) outside; [`Libvirtd::inside`] runs a program in
+//! the namespace, where the defaults reach it (a guide's commands as
+//! written: `virsh`, `virtnbdbackup` with no URI). It runs in the foreground, a child of the test,
 //! stopped by its pid with SIGTERM when dropped (its QEMU processes with
 //! it: [`Domain`]s destroy theirs first). Root only (the test command
 //! runs as root on CI): else the tests using it say they are skipped.
@@ -55,7 +59,7 @@ impl Libvirtd {
     /// path: unix sockets take 107 bytes). Panics, with its log, if it
     /// does not answer.
     pub fn start(dir: &Path) -> Libvirtd {
-        for d in ["lib", "log", "cache", "sock"] {
+        for d in ["lib", "log", "cache", "sock", "vartmp", "etc"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
         std::fs::write(
@@ -72,10 +76,13 @@ impl Libvirtd {
         let d = dir.display();
         let script = format!(
             "set -e; mount -t tmpfs tmpfs /run; mkdir -p /run/libvirt; \
+             mount --bind '{d}/sock' /run/libvirt; \
+             mount --bind '{d}/vartmp' /var/tmp; \
              mount --bind '{d}/lib' /var/lib/libvirt; \
              mount --bind '{d}/log' /var/log/libvirt; \
              mount --bind '{d}/cache' /var/cache/libvirt; \
              mount --bind '{d}/qemu.conf' /etc/libvirt/qemu.conf; \
+             mount --bind '{d}/etc' /etc/libvirt/qemu; \
              exec libvirtd -f '{d}/libvirtd.conf' -p '{d}/libvirtd.pid'"
         );
         let log = std::fs::File::create(dir.join("libvirtd.log")).unwrap();
@@ -115,6 +122,15 @@ impl Libvirtd {
     /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// `prog` to run in its mount namespace (`nsenter`), where /run/libvirt
+    /// holds its socket: a client with no URI reaches it. The directory
+    /// given when it started is seen there as it is outside.
+    pub fn inside(&self, prog: &str) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.args(["-t", &self.child.id().to_string(), "-m", "--", prog]);
+        cmd
     }
 
     /// What libvirtd wrote so far.
@@ -160,17 +176,45 @@ impl Drop for Libvirtd {
     }
 }
 
-/// A running domain with one qcow2 disk `sda` (virtio-scsi, the only bus
-/// whose device qemu-io reaches: [`Domain::write`]), no OS, under TCG.
-/// Destroyed and undefined, with its checkpoints' metadata, when dropped.
+/// A running domain with one qcow2 disk, no OS, under TCG: `sda` on
+/// virtio-scsi ([`Domain::start`]) or `vda` on virtio-blk
+/// ([`Domain::start_virtio`], what most VMs have). Destroyed and
+/// undefined, with its checkpoints' metadata, when dropped.
 pub struct Domain<'a> {
     lv: &'a Libvirtd,
     name: String,
+    /// The disk's target (`sda`, `vda`): its name in backups and bitmaps.
+    target: &'static str,
+    /// The device whose block backend [`Domain::write`] writes through.
+    qdev: &'static str,
 }
 
 impl<'a> Domain<'a> {
-    /// Define and start domain `name` on the qcow2 image `disk`.
+    /// Define and start domain `name` on the qcow2 image `disk` (a path as
+    /// libvirtd sees it), its disk `sda` on virtio-scsi.
     pub fn start(lv: &'a Libvirtd, name: &str, disk: &Path) -> Domain<'a> {
+        let controller = "<controller type='scsi' model='virtio-scsi'/>";
+        Self::define(lv, name, disk, controller, ("sda", "scsi"), "scsi0-0-0-0")
+    }
+
+    /// Define and start domain `name` on the qcow2 image `disk`, its disk
+    /// `vda` on virtio-blk.
+    pub fn start_virtio(lv: &'a Libvirtd, name: &str, disk: &Path) -> Domain<'a> {
+        // virtio-blk's block backend is its child's, not the device's.
+        let qdev = "/machine/peripheral/virtio-disk0/virtio-backend";
+        Self::define(lv, name, disk, "", ("vda", "virtio"), qdev)
+    }
+
+    fn define(
+        lv: &'a Libvirtd,
+        name: &str,
+        disk: &Path,
+        controller: &str,
+        (target, bus): (&'static str, &str),
+        qdev: &'static str,
+    ) -> Domain<'a> {
+        // <acpi/>: without it libvirt 9 passes -no-acpi, which QEMU 10
+        // no longer takes.
         let xml = format!(
             "<domain type='qemu'>
   <name>{name}</name>
@@ -179,11 +223,11 @@ impl<'a> Domain<'a> {
   <features><acpi/></features>
   <os><type arch='x86_64'>hvm</type></os>
   <devices>
-    <controller type='scsi' model='virtio-scsi'/>
+    {controller}
     <disk type='file' device='disk'>
       <driver name='qemu' type='qcow2'/>
       <source file='{}'/>
-      <target dev='sda' bus='scsi'/>
+      <target dev='{target}' bus='{bus}'/>
     </disk>
     <memballoon model='none'/>
   </devices>
@@ -197,6 +241,8 @@ impl<'a> Domain<'a> {
         let dom = Domain {
             lv,
             name: name.to_string(),
+            target,
+            qdev,
         };
         lv.virsh(&["start", name]);
         dom
@@ -207,28 +253,35 @@ impl<'a> Domain<'a> {
         &self.name
     }
 
+    /// Its disk's target: `sda` or `vda`.
+    pub fn target(&self) -> &str {
+        self.target
+    }
+
     /// Run the qemu-io command `cmd` (`write -P 0x5 1M 64k`) on the disk
     /// as the guest's writes: through the device. virsh exits 0 even when
     /// the command fails, so any text it prints is the error.
     pub fn write(&self, cmd: &str) {
-        let hmp = format!("qemu-io -d scsi0-0-0-0 \"{cmd}\"");
+        let hmp = format!("qemu-io -d {} \"{cmd}\"", self.qdev);
         let out = self
             .lv
             .virsh(&["qemu-monitor-command", &self.name, "--hmp", &hmp]);
         assert!(out.trim().is_empty(), "qemu-io {cmd}: {out}");
     }
 
-    /// Start a pull-mode backup exporting `sda` on the unix socket `sock`
-    /// (NBD export `sda`): incremental from checkpoint `from` if given (the
-    /// export then offers `qemu:dirty-bitmap:backup-sda`), and creating
-    /// checkpoint `checkpoint` if given.
+    /// Start a pull-mode backup exporting the disk (`sda`, `vda`: its
+    /// [`Domain::target`]) on the unix socket `sock` (NBD export named as
+    /// the disk): incremental from checkpoint `from` if given (the export
+    /// then offers `qemu:dirty-bitmap:backup-TARGET`), and creating checkpoint
+    /// `checkpoint` if given.
     pub fn backup_begin(&self, sock: &Path, from: Option<&str>, checkpoint: Option<&str>) {
         let inc = from.map_or(String::new(), |c| format!("<incremental>{c}</incremental>"));
         let backup = format!(
             "<domainbackup mode='pull'>{inc}<server transport='unix' socket='{}'/>\
-             <disks><disk name='sda' backup='yes' type='file'>\
+             <disks><disk name='{}' backup='yes' type='file'>\
              <scratch file='{}'/></disk></disks></domainbackup>",
             sock.display(),
+            self.target,
             sock.with_extension("scratch").display()
         );
         let bfile = self.lv.dir.join("backup.xml");
@@ -239,8 +292,9 @@ impl<'a> Domain<'a> {
             std::fs::write(
                 &cfile,
                 format!(
-                    "<domaincheckpoint><name>{c}</name><disks><disk name='sda' \
-                     checkpoint='bitmap'/></disks></domaincheckpoint>"
+                    "<domaincheckpoint><name>{c}</name><disks><disk name='{}' \
+                     checkpoint='bitmap'/></disks></domaincheckpoint>",
+                    self.target
                 ),
             )
             .unwrap();
