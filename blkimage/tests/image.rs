@@ -3,6 +3,7 @@
 
 mod common;
 
+mod chain;
 mod nbd;
 mod nbd_bitmaps;
 mod nbd_hostile;

@@ -9,6 +9,7 @@ mod checkpoint_record;
 mod cli;
 mod http;
 mod imageio;
+mod kubevirt;
 mod limits;
 mod locks;
 mod nbd;

@@ -11,6 +11,7 @@ mod dirty;
 mod fidx;
 mod guard;
 mod http;
+mod kubevirt;
 mod libvirt;
 mod limits;
 mod luks;
