@@ -173,12 +173,13 @@ pub(crate) fn open_named_chain(
     for p in paths {
         let canon = std::fs::canonicalize(p).map_err(ctx(p))?;
         if let Some(i) = seen.iter().position(|c| *c == canon) {
+            let also = match paths[i] == *p {
+                true => String::new(),
+                false => format!(" (as '{}' too)", paths[i].display()),
+            };
             return Err(ctx(p)(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "named twice in the chain (as '{}' too): a chain of images loops",
-                    paths[i].display()
-                ),
+                format!("named twice in the chain{also}: a chain of images loops"),
             )));
         }
         seen.push(canon);
