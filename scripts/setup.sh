@@ -28,13 +28,14 @@ set -euo pipefail
 # with its binfmt_misc handlers (qemu-user, qemu-user-binfmt), musl-gcc
 # (musl-tools) for the C parts of the static x86_64 build; umoci and
 # skopeo for the OCI image archive (scripts/package.sh --oci, checked by
-# scripts/test-static.sh). libvirt's
+# scripts/test-static.sh); Python's yaml for the Kubernetes manifests of
+# docs/guide/kubevirt.md, which scripts/test-docs.py parses. libvirt's
 # daemon, client and QEMU driver, QEMU's x86 system emulator and
 # virtnbdbackup for blktools/tests/libvirt.rs (a libvirtd of the test's own
 # in a private mount namespace: the packages' services are not used).
 apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc libc6-dev
     pkg-config valgrind binutils file man-db tmux debhelper lintian rpm nginx dante-server
-    gcc-aarch64-linux-gnu libc6-dev-arm64-cross binfmt-support musl-tools umoci skopeo)
+    gcc-aarch64-linux-gnu libc6-dev-arm64-cross binfmt-support musl-tools umoci skopeo python3-yaml)
 # QEMU's other programs, which must be of qemu-utils' own version: Debian
 # 12's qemu-system-x86 (7.2) installed beside a qemu-utils from
 # bookworm-backports (10.x) makes apt remove qemu-utils. Where qemu-utils
@@ -46,7 +47,7 @@ qemu_family=(qemu-system-x86 qemu-user qemu-user-binfmt)
 # tests start libvirtd with a configuration of their own.
 vm_packages=(libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu virtnbdbackup)
 dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc glibc-static
-    pkgconf-pkg-config valgrind binutils file man-db tmux rpm-build nginx skopeo)
+    pkgconf-pkg-config valgrind binutils file man-db tmux rpm-build nginx skopeo python3-pyyaml)
 # Not in every dnf family's repositories (RHEL has no musl-gcc, nor
 # dante-server without EPEL): tried, and the steps that need them fail naming
 # what is missing (the SOCKS test says it is skipped).
