@@ -127,8 +127,8 @@ fn backups_named_as_a_chain() {
             qemu_io(&p, "qcow2", &fits);
             names.push(name);
         }
-        for i in 0..3 {
-            std::fs::copy(d.join(&names[i]), d.join(format!("r{i}.qcow2"))).unwrap();
+        for (i, n) in names.iter().enumerate() {
+            std::fs::copy(d.join(n), d.join(format!("r{i}.qcow2"))).unwrap();
         }
         qemu_img_in(
             d,

@@ -199,7 +199,7 @@ fn backups_named_as_a_chain() {
                 "-F",
                 "qcow2",
                 "-b",
-                &s(&d.join(b)),
+                s(&d.join(b)),
                 s(&d.join(top)),
             ],
         );
