@@ -116,6 +116,8 @@ def checksum(
     queue_depth: int = 16,
     headers: Optional[Dict[str, str]] = None,
     retries: Optional[int] = None,
+    chain: bool = False,
+    size: Optional[int] = None,
 ) -> str:
     """The hex checksum of an image (path, NBD URL, HTTP(S) URL, or "-"), as blksum prints it.
 
@@ -124,7 +126,11 @@ def checksum(
     the URL's host, ``retries`` (None: 4) bound the tries of a request that
     failed on the way, ``tls_certificates`` names the CAs to trust (a PEM
     file, or a directory: with ``ca-cert.pem`` as for ``nbds://``, or of CA
-    certificates). The other functions on an image take the same keywords. A file that changes while it is read
+    certificates). ``chain=True`` reads ``image`` as a chain of image files
+    named oldest first between commas (``"full.qcow2,inc1.qcow2"``), each
+    over the one before as if chained with ``qemu-img rebase -u``;
+    ``size`` hashes only the image's first ``size`` bytes (a block device
+    larger than the image written to it). The other functions on an image take the same keywords. A file that changes while it is read
     raises OSError ("changed while it was read"); a password in the URL is
     shown as ``***`` in every message.
 
@@ -162,6 +168,8 @@ def map_range(
     tls_certificates: Optional[Union[str, "os.PathLike[str]"]] = None,
     headers: Optional[Dict[str, str]] = None,
     retries: Optional[int] = None,
+    chain: bool = False,
+    size: Optional[int] = None,
 ) -> Tuple[int, int]:
     """Hash part of ``image`` into the part file ``out``; return its ``(offset, length)``.
 

@@ -2,7 +2,7 @@
 # Build the release into dist/ (every package with the one version of the
 # workspace's Cargo.toml):
 #   scripts/package.sh [--deb] [--deb-arm64] [--wheel] [--wheel-arm64]
-#                      [--crates] [--rpm] [--static[=ARCH,...]] [--all]
+#                      [--crates] [--rpm] [--static[=ARCH,...]] [--oci] [--all]
 #   scripts/package.sh --release
 #
 #   --deb     dist/*_amd64.deb (this machine's architecture): blkhash (the
@@ -43,9 +43,25 @@
 #             with the quick profile (release without link-time optimization:
 #             static linking and what the commands compute do not depend
 #             on it, and those links were most of that step's time).
+#   --oci     dist/blkhash-VERSION-oci.tar: an OCI image archive (an
+#             oci-archive, as skopeo and podman read it) of the static
+#             commands of --static's architectures (both unless
+#             --static=ARCH says), built with umoci: one image per
+#             architecture (linux/amd64, linux/arm64) under an image index
+#             tagged VERSION (skopeo copy --all pushes both), each also
+#             tagged VERSION-amd64 or VERSION-arm64. In each, the four
+#             commands in /usr/bin, their manual pages, the licenses, the
+#             CA certificates of this machine (for HTTPS URLs) and an empty
+#             /tmp (blkdiff's and blkmap's temporary maps): no shell, no C
+#             library. Runs as user 65532 (not root) by default,
+#             PATH=/usr/bin, the command `blksum --help` unless given
+#             another; labels org.opencontainers.image.* (version, source,
+#             revision, licenses, created: the commit's time). Checked
+#             with skopeo inspect. umoci and skopeo: scripts/setup.sh.
 #   --all     --deb, --wheel, --crates, --rpm (this machine's architecture).
 #   --release everything a release holds: dist/ emptied, then --deb,
-#             --deb-arm64, --wheel, --wheel-arm64, --crates, --rpm, --static.
+#             --deb-arm64, --wheel, --wheel-arm64, --crates, --rpm, --static,
+#             --oci.
 # No option: --deb (where dpkg-buildpackage is), --wheel and --crates.
 # Every run ends by writing dist/SHA256SUMS for every file in dist/
 # (`sha256sum -c SHA256SUMS` checks them).
@@ -62,7 +78,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-deb=0 deb_arm64=0 wheel=0 wheel_arm64=0 crates=0 rpm=0 static=() release=0 static_profile=release
+deb=0 deb_arm64=0 wheel=0 wheel_arm64=0 crates=0 rpm=0 static=() release=0 static_profile=release oci=0
 for arg in "$@"; do
     case $arg in
         --deb) deb=1 ;;
@@ -79,12 +95,17 @@ for arg in "$@"; do
             done
             ;;
         --static-profile=?*) static_profile=${arg#--static-profile=} ;;
+        --oci) oci=1 ;;
         --all) deb=1 wheel=1 crates=1 rpm=1 ;;
-        --release) release=1 deb=1 deb_arm64=1 wheel=1 wheel_arm64=1 crates=1 rpm=1 static=(x86_64 aarch64) ;;
+        --release) release=1 deb=1 deb_arm64=1 wheel=1 wheel_arm64=1 crates=1 rpm=1 static=(x86_64 aarch64) oci=1 ;;
         -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "package: unknown option $arg (see --help)" >&2; exit 2 ;;
     esac
 done
+# The image is made of the static builds: both unless --static=ARCH says.
+if [ "$oci" = 1 ] && [ ${#static[@]} -eq 0 ]; then
+    static=(x86_64 aarch64)
+fi
 if [ $# -eq 0 ]; then
     wheel=1 crates=1
     if command -v dpkg-buildpackage >/dev/null; then deb=1; fi
@@ -379,6 +400,127 @@ build_static() {
     say "$arch static tarball in $(took "$start")"
 }
 
+# The OCI image archive of the static tarballs of ARCH... (made first by
+# build_static): dist/blkhash-VERSION-oci.tar. build_oci ARCH...
+build_oci() {
+    local start=$SECONDS tool
+    for tool in umoci skopeo; do
+        command -v "$tool" >/dev/null || fail "$tool not found: run scripts/setup.sh (umoci, skopeo)"
+    done
+    local stage=$tools/oci
+    local layout=$stage/layout created revision source
+    rm -rf "$stage"
+    mkdir -p "$stage"
+    umoci init --layout "$layout"
+    # Reproducible: times are the commit's, as for the tarballs.
+    created=$(date -u -d "@$(git log -1 --format=%ct)" +%Y-%m-%dT%H:%M:%SZ)
+    revision=$(git rev-parse HEAD)
+    source=$(sed -n '/^\[workspace.package\]/,/^\[/s/^repository *= *"\(.*\)"/\1/p' Cargo.toml)
+    local labels=(
+        "org.opencontainers.image.title=blkhash"
+        "org.opencontainers.image.description=blksum, blkmap, blkdiff and blksync: disk image checksums of guest content"
+        "org.opencontainers.image.version=$version"
+        "org.opencontainers.image.source=$source"
+        "org.opencontainers.image.url=$source"
+        "org.opencontainers.image.revision=$revision"
+        "org.opencontainers.image.licenses=MIT OR Apache-2.0"
+        "org.opencontainers.image.created=$created"
+    )
+    local arch goarch arches=()
+    for arch in "$@"; do
+        case $arch in x86_64) goarch=amd64 ;; aarch64) goarch=arm64 ;; esac
+        oci_image "$layout" "$arch" "$goarch" "$created" "${labels[@]}"
+        arches+=("$goarch")
+    done
+    umoci gc --layout "$layout"
+    oci_index "$layout" "${arches[@]}"
+    # An oci-archive is the layout in a tar file.
+    local out=$dist/blkhash-$version-oci.tar
+    find "$layout" -exec touch -h -d "$created" {} +
+    rm -f "$out"
+    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="$created" -C "$layout" -cf "$out" .
+    rm -rf "$stage"
+    # What skopeo makes of it: the image of this machine's architecture.
+    local seen
+    seen=$(skopeo inspect --config "oci-archive:$out:$version") || fail "skopeo inspect $out failed"
+    grep -q '"User": "65532:65532"' <<<"$seen" || fail "$out: not run as user 65532: $seen"
+    grep -qF "\"org.opencontainers.image.version\": \"$version\"" <<<"$seen" ||
+        fail "$out: no version label: $seen"
+    ls -l "$out"
+    say "OCI image archive ($*) in $(took "$start")"
+}
+
+# One architecture's image in the layout, tagged VERSION-GOARCH, from its
+# static tarball. oci_image LAYOUT ARCH GOARCH CREATED LABEL...
+oci_image() {
+    local layout=$1 arch=$2 goarch=$3 created=$4
+    shift 4
+    local name=blkhash-$version-$arch-linux-musl tag=$version-$goarch
+    local bundle=$tools/oci/bundle-$goarch
+    [ -f "$dist/$name.tar.gz" ] || fail "no $dist/$name.tar.gz: --oci needs the static build"
+    umoci new --image "$layout:$tag"
+    umoci unpack --rootless --image "$layout:$tag" "$bundle"
+    local r=$bundle/rootfs
+    mkdir -p "$r/usr/bin" "$r/usr/share/licenses/blkhash" "$r/usr/share/man/man1" "$r/etc/ssl/certs" "$r/tmp"
+    tar -xzf "$dist/$name.tar.gz" -C "$tools/oci"
+    local b
+    for b in blksum blkmap blkdiff blksync; do
+        install -m 755 "$tools/oci/$name/$b" "$r/usr/bin/$b"
+    done
+    install -m 644 "$tools/oci/$name"/man/man1/*.1 "$r/usr/share/man/man1/"
+    install -m 644 "$tools/oci/$name"/LICENSE-* "$r/usr/share/licenses/blkhash/"
+    # HTTPS URLs checked with the usual CAs (a cluster's own CA, as a
+    # VirtualMachineExport's: --tls-certificates).
+    if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+        install -m 644 /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/"
+    fi
+    chmod 1777 "$r/tmp"
+    rm -rf "${tools:?}/oci/$name"
+    find "$r" -exec touch -h -d "$created" {} +
+    umoci repack --image "$layout:$tag" --history.created "$created" \
+        --history.comment "blkhash $version static commands" "$bundle"
+    local config=(--architecture "$goarch" --os linux --created "$created" --no-history
+        --config.user 65532:65532 --config.env PATH=/usr/bin --config.workingdir /
+        --config.cmd blksum --config.cmd --help)
+    local l
+    for l in "$@"; do
+        config+=(--config.label "$l" --manifest.annotation "$l")
+    done
+    umoci config --image "$layout:$tag" "${config[@]}"
+    rm -rf "$bundle"
+}
+
+# The image index of the architectures' images, tagged VERSION (what
+# `skopeo copy --all` pushes): a small JSON document of the OCI image
+# spec that umoci does not write (it tags manifests, never an index of
+# them). oci_index LAYOUT GOARCH...
+oci_index() {
+    python3 - "$version" "$@" <<'PYEOF'
+import hashlib, json, os, sys
+version, layout, arches = sys.argv[1], sys.argv[2], sys.argv[3:]
+index_path = os.path.join(layout, "index.json")
+top = json.load(open(index_path))
+by_tag = {m["annotations"]["org.opencontainers.image.ref.name"]: m for m in top["manifests"]}
+entries = []
+for arch in arches:
+    m = dict(by_tag[f"{version}-{arch}"])
+    m.pop("annotations", None)
+    m["platform"] = {"architecture": arch, "os": "linux"}
+    entries.append(m)
+index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+         "manifests": entries}
+blob = json.dumps(index, separators=(",", ":"), sort_keys=True).encode()
+digest = hashlib.sha256(blob).hexdigest()
+with open(os.path.join(layout, "blobs", "sha256", digest), "wb") as f:
+    f.write(blob)
+top["manifests"].append({"mediaType": "application/vnd.oci.image.index.v1+json",
+                         "digest": f"sha256:{digest}", "size": len(blob),
+                         "annotations": {"org.opencontainers.image.ref.name": version}})
+with open(index_path, "w") as f:
+    json.dump(top, f, separators=(",", ":"), sort_keys=True)
+PYEOF
+}
+
 build_rpm() {
     local start=$SECONDS
     command -v rpmbuild >/dev/null || fail "rpmbuild not found: run scripts/setup.sh (rpm, rpm-build)"
@@ -465,6 +607,7 @@ fi
 for a in "${static[@]}"; do
     build_static "$a"
 done
+[ "$oci" = 0 ] || build_oci "${static[@]}"
 # The checksums of everything in dist/, as `sha256sum -c SHA256SUMS` reads
 # them (paths relative to dist/).
 (cd "$dist" && find . -type f ! -name 'SHA256SUMS*' -printf '%P\n' | LC_ALL=C sort |

@@ -26,7 +26,10 @@ set -euo pipefail
 # (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross: Debian and Ubuntu only;
 # Fedora's cross compilers have no C library), QEMU's user-mode emulation
 # with its binfmt_misc handlers (qemu-user, qemu-user-binfmt), musl-gcc
-# (musl-tools) for the C parts of the static x86_64 build. libvirt's
+# (musl-tools) for the C parts of the static x86_64 build; umoci and
+# skopeo for the OCI image archive (scripts/package.sh --oci, checked by
+# scripts/test-static.sh); Python's yaml for the Kubernetes manifests of
+# docs/guide/kubevirt.md, which scripts/test-docs.py parses. libvirt's
 # daemon, client and QEMU driver, QEMU's x86 system emulator and
 # virtnbdbackup for blktools/tests/libvirt.rs (a libvirtd of the test's own
 # in a private mount namespace: the packages' services are not used), and
@@ -36,7 +39,8 @@ set -euo pipefail
 # and the bench's compressed cases.
 apt_packages=(qemu-utils util-linux python3 python3-venv nbdkit gnutls-bin time gcc libc6-dev
     pkg-config valgrind binutils file man-db tmux debhelper lintian rpm nginx dante-server
-    gcc-aarch64-linux-gnu libc6-dev-arm64-cross binfmt-support musl-tools gzip xz-utils zstd)
+    gcc-aarch64-linux-gnu libc6-dev-arm64-cross binfmt-support musl-tools gzip xz-utils zstd
+    umoci skopeo python3-yaml)
 # QEMU's other programs, which must be of qemu-utils' own version: Debian
 # 12's qemu-system-x86 (7.2) installed beside a qemu-utils from
 # bookworm-backports (10.x) makes apt remove qemu-utils. Where qemu-utils
@@ -48,11 +52,11 @@ qemu_family=(qemu-system-x86 qemu-user qemu-user-binfmt)
 # tests start libvirtd with a configuration of their own.
 vm_packages=(libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu virtnbdbackup)
 dnf_packages=(qemu-img util-linux python3 nbdkit gnutls-utils time gcc glibc-static
-    pkgconf-pkg-config valgrind binutils file man-db tmux rpm-build nginx gzip xz zstd)
+    pkgconf-pkg-config valgrind binutils file man-db tmux rpm-build nginx gzip xz zstd skopeo python3-pyyaml)
 # Not in every dnf family's repositories (RHEL has no musl-gcc, nor
 # dante-server without EPEL): tried, and the steps that need them fail naming
 # what is missing (the SOCKS test says it is skipped).
-dnf_optional=(musl-gcc qemu-user qemu-user-binfmt
+dnf_optional=(musl-gcc qemu-user qemu-user-binfmt umoci
     libvirt-daemon-driver-qemu libvirt-client qemu-system-x86-core virtnbdbackup dante-server)
 
 # --demo: only what scripts/demo.sh runs beside cargo (qemu-img; the rest

@@ -15,7 +15,12 @@
 #   (the vectors whose exact-length checksum differs), qcow2 images made by
 #   qemu-img by path;
 # - a format read through qemu-nbd, which the chroot has not, fails saying
-#   what to install.
+#   what to install;
+# - the OCI image archive of the same build (scripts/package.sh --oci):
+#   what skopeo inspect sees (this architecture's image under the image
+#   index tagged VERSION, user 65532, PATH, the labels), its root file
+#   system unpacked by umoci (the commands, no shell), and its blksum run
+#   there as the image's user on a vector's image.
 # chroot needs root: as another user it runs in a user namespace of its
 # own (unshare -r), or fails saying so.
 set -euo pipefail
@@ -27,7 +32,7 @@ arch=$(uname -m)
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml)
 name=blkhash-$version-$arch-linux-musl
 target=${CARGO_TARGET_DIR:-target}
-scripts/package.sh --static="$arch" --static-profile=quick
+scripts/package.sh --static="$arch" --static-profile=quick --oci
 tarball=$target/dist-quick/$name.tar.gz
 mkimage=$target/release/mkimage
 [ -x "$mkimage" ] || cargo build --release -p testkit --bin mkimage
@@ -124,3 +129,67 @@ for how in chroot path; do
         fail "blksum of a vmdk image without qemu-nbd ($how): $out"
 done
 echo "test-static: ok ($tarball: static, runs with nothing beside it; without qemu-nbd: $out)"
+
+# The OCI image archive.
+oci=$target/dist-quick/blkhash-$version-oci.tar
+case $arch in x86_64) goarch=amd64 ;; aarch64) goarch=arm64 ;; *) fail "no OCI image for $arch" ;; esac
+config=$(skopeo inspect --config "oci-archive:$oci:$version") || fail "skopeo inspect --config $oci"
+raw=$(skopeo inspect --raw "oci-archive:$oci:$version") || fail "skopeo inspect --raw $oci"
+python3 - "$version" "$goarch" "$(git rev-parse HEAD)" "$config" "$raw" <<'PYEOF'
+import json, sys
+version, goarch, revision, config, raw = sys.argv[1:]
+config, raw = json.loads(config), json.loads(raw)
+def check(ok, what):
+    if not ok:
+        sys.exit(f"test-static: OCI image: {what}: {json.dumps(config)[:2000]}")
+check(raw.get("mediaType") == "application/vnd.oci.image.index.v1+json", f"{version} is not an image index: {raw}")
+check([m["platform"] for m in raw["manifests"]] == [{"architecture": goarch, "os": "linux"}],
+      f"the index's platforms: {raw['manifests']}")
+check((config["architecture"], config["os"]) == (goarch, "linux"), "architecture")
+c = config["config"]
+check(c.get("User") == "65532:65532", "not user 65532")
+check("PATH=/usr/bin" in c.get("Env", []), "PATH")
+check(c.get("Cmd") == ["blksum", "--help"], "Cmd")
+labels = c.get("Labels", {})
+want = {"org.opencontainers.image.version": version, "org.opencontainers.image.revision": revision,
+        "org.opencontainers.image.licenses": "MIT OR Apache-2.0"}
+check(all(labels.get(k) == v for k, v in want.items()), "labels")
+check(labels.get("org.opencontainers.image.source", "").startswith("https://"), "source label")
+PYEOF
+
+# Its root file system as umoci unpacks it: the commands, no shell.
+layout=$tmp/oci-layout bundle=$tmp/oci-bundle
+mkdir -p "$layout"
+tar -xf "$oci" -C "$layout"
+umoci unpack --rootless --image "$layout:$version-$goarch" "$bundle" >/dev/null
+rootfs=$bundle/rootfs
+for b in blksum blkmap blkdiff blksync; do
+    [ -x "$rootfs/usr/bin/$b" ] || fail "$oci: no /usr/bin/$b"
+done
+shells=$(find "$rootfs" -name sh -o -name bash -o -name busybox -o -name 'ld-*.so*' -o -name 'libc.so*')
+[ -z "$shells" ] || fail "$oci: not only the commands: $shells"
+[ "$(stat -c %a "$rootfs/tmp")" = 1777 ] || fail "$oci: /tmp is not 1777"
+grep -q '"uid": *65532' "$bundle/config.json" || fail "$oci: the bundle's process does not run as 65532"
+
+# Its blksum, run there as the image's user (as root, which chroot
+# needs; in a user namespace the one user mapped is root), on a vector's
+# image.
+recipe="8m:t 8m:- 8m:r 8m:0"
+want=$(python3 - "$recipe" <<'PYEOF'
+import json, sys
+for v in json.load(open("testkit/data/vectors.json"))["vectors"]:
+    if (v["recipe"], v["digest"], v["block_size"], v.get("format")) == (sys.argv[1], "sha256", 65536, None):
+        print(v["file"])
+        break
+PYEOF
+)
+[ -n "$want" ] || fail "no vector of $recipe for the OCI check"
+"$mkimage" "$recipe" "$rootfs/tmp/disk.raw"
+chmod 644 "$rootfs/tmp/disk.raw"
+if [ "$(id -u)" -eq 0 ]; then
+    got=$(chroot --userspec=65532:65532 "$rootfs" /usr/bin/blksum /tmp/disk.raw)
+else
+    got=$(unshare -r chroot "$rootfs" /usr/bin/blksum /tmp/disk.raw)
+fi
+[ "$got" = "$want  /tmp/disk.raw" ] || fail "the OCI image's blksum: want $want, got $got"
+echo "test-static: ok ($oci: $goarch, user 65532, no shell, its blksum gives the vector's checksum)"

@@ -61,6 +61,27 @@ pub struct InputArgs {
     #[arg(short, long, value_name = "FORMAT", value_parser = format_parser(), hide_possible_values = true)]
     pub format: Option<Format>,
 
+    /// Each input is a chain of image files named oldest first between
+    /// commas, FULL,INC1,INC2: each read over the one before as its backing
+    /// image, as if chained with qemu-img rebase -u (without writing them):
+    /// the disk as of the last. For backups written as standalone qcow2
+    /// files (KubeVirt's VirtualMachineBackup): the first is any image
+    /// (-f is its format), the others qcow2 images naming no backing file;
+    /// virtual sizes may differ, as QEMU allows (the disk is the last one's
+    /// size; what lies past a smaller image below reads as zeros). A name
+    /// without a comma is an image as without --chain; a file of the chain
+    /// missing, named twice or not qcow2 is an error naming it.
+    #[arg(long)]
+    pub chain: bool,
+
+    /// Hash only the first SIZE bytes of each input, as an image of that
+    /// size (suffixes k, m, g; QEMU's raw size= option): a block device
+    /// larger than the image written to it (a Block PVC, whose tail holds
+    /// whatever the storage held) checked against the image's size. An
+    /// input shorter is an error.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub size: Option<u64>,
+
     /// Refuse images that refer to other files: qcow2 backing files and
     /// external data files. Use it for untrusted images: a qcow2 image can
     /// name any host file as its backing file, and that file would be read.
@@ -206,6 +227,8 @@ impl InputArgs {
             nbd: self.nbd_options(),
             http: self.http_options(),
             random_access: false,
+            chain: self.chain,
+            size: self.size,
         }
     }
 

@@ -81,3 +81,67 @@ impl Source for Window {
 
     pass_through!(inner: format, is_direct, default_io_depth, bytes_in_flight, finish, origin);
 }
+
+/// A stream's first `size` bytes, the rest left unread: ending before
+/// them is an error (never a checksum of fewer bytes than asked for).
+pub(crate) struct Prefix<R> {
+    inner: R,
+    size: u64,
+    left: u64,
+}
+
+impl<R> Prefix<R> {
+    /// The first `size` bytes of `inner`.
+    pub(crate) fn new(inner: R, size: u64) -> Prefix<R> {
+        Prefix {
+            inner,
+            size,
+            left: size,
+        }
+    }
+}
+
+impl<R: io::Read> io::Read for Prefix<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let got = self.inner.read(&mut buf[..n])?;
+        if got == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "the stream ended after {} bytes, before the size asked for, {} bytes",
+                    self.size - self.left,
+                    self.size
+                ),
+            ));
+        }
+        self.left -= got as u64;
+        Ok(got)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn a_stream_cut_or_too_short() {
+        let cut = |data: &'static [u8], size| {
+            let mut r = Prefix::new(data, size);
+            let mut out = Vec::new();
+            r.read_to_end(&mut out).map(|_| out)
+        };
+        assert_eq!(cut(b"abcdef", 4).unwrap(), b"abcd");
+        assert_eq!(cut(b"abcdef", 6).unwrap(), b"abcdef");
+        assert_eq!(cut(b"abcdef", 0).unwrap(), b"");
+        let e = cut(b"abc", 4).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(e.to_string().contains("after 3 bytes"), "{e}");
+    }
+}

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod chain;
 mod http;
 mod nbd;
 mod nbd_bitmaps;

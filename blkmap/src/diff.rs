@@ -50,6 +50,21 @@ impl fmt::Display for Mismatch {
 
 impl std::error::Error for Mismatch {}
 
+/// How a difference in size counts: the one rule of this crate for an
+/// image compared with a larger one (a disk grown past its source, as CDI
+/// grows a PVC after `qemu-img convert`), as `qemu-img compare` has it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SizeRule {
+    /// The larger image's rest ([`Diff::tail`]) is compared with zeros:
+    /// images whose common part is the same and whose tail reads as zeros
+    /// (holes or written zeros) hold the same content, as `qemu-img
+    /// compare` says of them without `-s`.
+    #[default]
+    ZeroTail,
+    /// Any difference in size is a difference (`qemu-img compare -s`).
+    Strict,
+}
+
 /// How two images differ.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Diff {
@@ -60,12 +75,52 @@ pub struct Diff {
     pub size_a: u64,
     /// The second image's size.
     pub size_b: u64,
+    /// The offset of the first block of the [`tail`](Diff::tail) that does
+    /// not read as zeros; `None` if the tail is all zeros (or there is no
+    /// tail).
+    pub tail_data: Option<u64>,
 }
 
 impl Diff {
-    /// True if the images have the same size and content.
+    /// True if the images have the same size and content (the
+    /// [`SizeRule::Strict`] verdict).
     pub fn is_same(&self) -> bool {
-        self.ranges.is_empty() && self.size_a == self.size_b
+        self.same(SizeRule::Strict)
+    }
+
+    /// True if the images hold the same content under `rule`: no differing
+    /// range, and the same size ([`SizeRule::Strict`]) or a tail of zeros
+    /// ([`SizeRule::ZeroTail`]).
+    ///
+    /// ```
+    /// use blkhash::Options;
+    /// use blkmap::{Map, SizeRule, diff};
+    /// let opts = Options::new().block_size(512);
+    /// let source = Map::compute(opts.clone(), &[7u8; 1024]).unwrap();
+    /// let mut grown = vec![7u8; 1024];
+    /// grown.resize(4096, 0);
+    /// let d = diff(&source, &Map::compute(opts, &grown).unwrap()).unwrap();
+    /// assert!(d.same(SizeRule::ZeroTail));
+    /// assert!(!d.same(SizeRule::Strict));
+    /// assert_eq!(d.tail_data, None);
+    /// ```
+    pub fn same(&self, rule: SizeRule) -> bool {
+        self.ranges.is_empty() && self.counted_tail(rule).is_none()
+    }
+
+    /// The [`tail`](Diff::tail) if it counts as a difference under `rule`:
+    /// always with [`SizeRule::Strict`], only if it holds data with
+    /// [`SizeRule::ZeroTail`].
+    pub fn counted_tail(&self, rule: SizeRule) -> Option<Range> {
+        self.tail()
+            .filter(|_| rule == SizeRule::Strict || self.tail_data.is_some())
+    }
+
+    /// Bytes that differ under `rule`: the differing ranges and the
+    /// [`counted_tail`](Diff::counted_tail).
+    pub fn differing_bytes_under(&self, rule: SizeRule) -> u64 {
+        self.ranges.iter().map(|r| r.len).sum::<u64>()
+            + self.counted_tail(rule).map_or(0, |t| t.len)
     }
 
     /// The range only the larger image has, if the sizes differ.
@@ -88,9 +143,12 @@ impl Diff {
 /// A hole and written zeros are the same content. Within the size both
 /// have, each differing block is a differing range (clipped to that size);
 /// if the sizes differ, the rest of the larger image is the
-/// [`tail`](Diff::tail). When the smaller size is not a multiple of the
-/// block size, its short last block cannot be compared with the larger
-/// image's full block by digest, and is reported as differing.
+/// [`tail`](Diff::tail), whose blocks are compared with zeros
+/// ([`Diff::tail_data`]; whether that counts is a [`SizeRule`]). When the
+/// smaller size is not a multiple of the block size, its short last block
+/// cannot be compared with the larger image's full block by digest, and is
+/// reported as differing: a block size that divides the smaller size
+/// compares it.
 ///
 /// ```
 /// use blkhash::Options;
@@ -187,13 +245,54 @@ pub fn diff_pieces(a: impl Pieces, b: impl Pieces) -> Result<Diff, MapError> {
         }
         pos += n;
     }
+    // The larger one's rest, compared with zeros; the smaller one read to
+    // its end for its checks.
+    let tail_data = if size_a > size_b {
+        first_data(&mut a, pos, bs, size_a)?
+    } else {
+        first_data(&mut b, pos, bs, size_b)?
+    };
     a.drain()?;
     b.drain()?;
     Ok(Diff {
         ranges,
         size_a,
         size_b,
+        tail_data,
     })
+}
+
+/// The offset of the first block from block `pos` on that does not read
+/// as zeros, in a source of `size` bytes and blocks of `bs`: a zero run, or
+/// a digest of a block of zeros (a full block's, or the short last
+/// block's).
+fn first_data<P: Pieces>(
+    blocks: &mut Blocks<P>,
+    mut pos: u64,
+    bs: u64,
+    size: u64,
+) -> Result<Option<u64>, MapError> {
+    let h = blocks.header();
+    let (algorithm, len) = (h.algorithm, h.algorithm.output_len());
+    let zero = zero_digest(algorithm, h.block_size);
+    let short = (!size.is_multiple_of(bs)).then(|| algorithm.digest_zeros((size % bs) as usize));
+    let last = size.div_ceil(bs).saturating_sub(1);
+    while let Some((_, n)) = blocks.ready()? {
+        if let Piece::Data(d) = blocks.take(n) {
+            for (i, got) in d.chunks(len).enumerate() {
+                let block = pos + i as u64;
+                let want = match &short {
+                    Some(short) if block == last => short,
+                    _ => &zero,
+                };
+                if got != &want[..] {
+                    return Ok(Some(block * bs));
+                }
+            }
+        }
+        pos += n;
+    }
+    Ok(None)
 }
 
 /// The digest of block `i` of a piece (digests `len` bytes each).

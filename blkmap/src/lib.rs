@@ -55,7 +55,7 @@ mod stream;
 mod writer;
 
 pub use builder::{MapBuilder, Observed, Summary};
-pub use diff::{Diff, Mismatch, Range, diff, diff_pieces};
+pub use diff::{Diff, Mismatch, Range, SizeRule, diff, diff_pieces};
 pub use fidx::{
     FIDX_HEADER_LEN, FIDX_MAGIC, FidxHeader, FidxReader, fidx_map, fidx_map_file, is_fidx,
     is_fidx_file, open_fidx,

@@ -4,7 +4,7 @@
 
 use blkhash::{Algorithm, Hasher, Options, Pipeline, checksum_of};
 use blkmap::{
-    Block, Checked, Map, MapBuilder, MapError, MapFile, MapReader, Range, Splice, diff,
+    Block, Checked, Map, MapBuilder, MapError, MapFile, MapReader, Range, SizeRule, Splice, diff,
     diff_pieces, splice,
 };
 use proptest::prelude::*;
@@ -67,6 +67,21 @@ fn model_diff(a: &[u8], b: &[u8], bs: usize) -> Vec<Range> {
     out
 }
 
+/// Where the larger of `a` and `b` holds data past the other's end: the
+/// first whole block after the blocks both have that is not all zeros.
+fn model_tail_data(a: &[u8], b: &[u8], bs: usize) -> Option<u64> {
+    let larger = if a.len() > b.len() { a } else { b };
+    let start = a.len().min(b.len()).div_ceil(bs) * bs;
+    (start..larger.len())
+        .step_by(bs)
+        .find(|&i| {
+            larger[i..(i + bs).min(larger.len())]
+                .iter()
+                .any(|&x| x != 0)
+        })
+        .map(|i| i as u64)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -115,7 +130,8 @@ proptest! {
     /// The diff of two maps is the block-by-block comparison of the bytes.
     #[test]
     fn diff_matches_model(segs in segments(), edits in prop::collection::vec((0usize..20000, 0usize..3000, any::<u8>()), 0..4),
-                          extra in -3000isize..3000, bs in prop::sample::select(vec![512usize, 4096])) {
+                          extra in -3000isize..3000, bs in prop::sample::select(vec![512usize, 4096]),
+                          junk in prop::option::of((any::<prop::sample::Index>(), 1u8..))) {
         let a = build(&segs);
         let mut b = a.clone();
         for (off, len, byte) in edits {
@@ -126,14 +142,30 @@ proptest! {
         }
         let new_len = (b.len() as isize + extra).max(0) as usize;
         b.resize(new_len, 0);
+        // A grown disk's tail that holds something (a block device's old bytes).
+        if let Some((at, byte)) = junk.filter(|_| b.len() > a.len()) {
+            let i = a.len() + at.index(b.len() - a.len());
+            b[i] = byte;
+        }
         let ma = Map::compute(opts(Algorithm::Blake3, bs), &a).unwrap();
         let mb = Map::compute(opts(Algorithm::Blake3, bs), &b).unwrap();
         let d = diff(&ma, &mb).unwrap();
         prop_assert_eq!(&d.ranges, &model_diff(&a, &b, bs));
         prop_assert_eq!(d.is_same(), a == b);
         prop_assert_eq!(d.tail().is_some(), a.len() != b.len());
+        prop_assert_eq!(d.tail_data, model_tail_data(&a, &b, bs));
+        // qemu-img compare's rule: the common blocks the same, the rest of the
+        // larger zeros (the block both share in part compared as a whole).
+        let common = a.len().min(b.len());
+        let larger = if a.len() > b.len() { &a } else { &b };
+        let model_same = model_diff(&a, &b, bs).is_empty() && model_tail_data(&a, &b, bs).is_none();
+        prop_assert_eq!(d.same(SizeRule::ZeroTail), model_same);
+        // Never the same content unless the larger's rest is zeros.
+        prop_assert!(!d.same(SizeRule::ZeroTail) || larger[common..].iter().all(|&x| x == 0));
+        prop_assert_eq!(d.same(SizeRule::Strict), a == b);
         let back = diff(&mb, &ma).unwrap();
         prop_assert_eq!(back.ranges, d.ranges);
+        prop_assert_eq!(back.tail_data, d.tail_data);
     }
 }
 

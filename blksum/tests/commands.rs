@@ -10,6 +10,7 @@ mod cli;
 mod compressed;
 mod http;
 mod imageio;
+mod kubevirt;
 mod limits;
 mod locks;
 mod nbd;

@@ -332,29 +332,32 @@ fn in_order(text: &str, words: &[&str]) {
 }
 
 #[test]
-fn different_sizes_differ_in_the_tail() {
+fn different_sizes_differ_in_the_tail_with_strict() {
     let Some(dir) = scratch() else { return };
     let d = dir.path();
     let a = image(d, "a.qcow2", "qcow2", 4 * MIB, &["write -P 0x11 0 1M"]);
     let b = image(d, "b.qcow2", "qcow2", 6 * MIB, &["write -P 0x11 0 1M"]);
     assert_eq!(qemu_compare(&a, &b, true).0, 1);
+    assert_eq!(qemu_compare(&a, &b, false).0, 0);
+    let line = "4194304+2097152 only in B, all zeros (A is 4194304 bytes, B is 6291456 bytes)\n";
+    let r = run(BLKDIFF, &[s(&a), s(&b), "--strict"]);
+    assert_eq!((r.code, r.stdout.as_str()), (1, line));
+    // Without --strict, a tail of zeros is the same content (qemu-img
+    // compare's rule).
     let r = run(BLKDIFF, &[s(&a), s(&b)]);
-    assert_eq!(r.code, 1);
-    assert_eq!(
-        r.stdout,
-        "4194304+2097152 only in B (A is 4194304 bytes, B is 6291456 bytes)\n"
-    );
-    let r = run(BLKDIFF, &[s(&b), s(&a), "--json"]);
+    assert_eq!((r.code, r.stdout.as_str()), (0, line));
+    let r = run(BLKDIFF, &[s(&b), s(&a), "-s", "--json"]);
     assert_eq!(r.code, 1);
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(doc["same"], false);
+    assert_eq!(doc["strict"], true);
     assert_eq!(doc["ranges"].as_array().unwrap().len(), 0);
     assert_eq!(doc["tail"]["offset"], 4194304);
     assert_eq!(doc["tail"]["length"], 2097152);
     assert_eq!(doc["tail"]["only-in"], "a");
     assert_eq!(doc["differing-bytes"], 2097152);
-    assert_eq!(doc["schema"], 1);
-    // Sizes as blksum's --json spells them (and `size`, kept for schema 1).
+    assert_eq!(doc["schema"], 2);
+    // Sizes as blksum's --json spells them (and `size`, kept from schema 1).
     assert_eq!(doc["a"]["virtual-size"], 6 * MIB);
     assert_eq!(doc["b"]["virtual-size"], 4 * MIB);
     assert_eq!(doc["a"]["size"], 6 * MIB);
@@ -372,12 +375,15 @@ fn different_sizes_differ_in_the_tail() {
             "\"digest\"",
             "\"block-size\"",
             "\"same\"",
+            "\"strict\"",
             "\"ranges\"",
             "\"tail\"",
+            "\"zeros\"",
+            "\"data-offset\"",
             "\"differing-bytes\"",
         ],
     );
-    let same = run(BLKDIFF, &[s(&b), s(&a), "--output", "json"]);
+    let same = run(BLKDIFF, &[s(&b), s(&a), "-s", "--output", "json"]);
     assert_eq!(same.stdout, r.stdout, "--output json is --json");
 
     // A smaller size inside a block: the short last block cannot be

@@ -57,6 +57,14 @@ use std::path::PathBuf;
 /// - ``retries``: HTTP(S) tries after the first for a request that failed
 ///   on the way (a reset connection, a timeout, 502, 503...), 0 to 100
 ///   (None: 4);
+/// - ``chain``: ``image`` is a chain of image files named oldest first
+///   between commas, ``"full.qcow2,inc1.qcow2"``, each read over the one
+///   before as if chained with ``qemu-img rebase -u``: the disk as of the
+///   last (backups written as standalone qcow2 files; as ``blksum
+///   --chain``);
+/// - ``size``: hash only the image's first ``size`` bytes, as an image of
+///   that size (a block device larger than the image written to it; as
+///   ``blksum --size``);
 /// - ``read_size``: bytes per read, a multiple of 4096 up to 256 MiB;
 /// - ``queue_depth``: reads queued ahead of the digest workers, 1 to 128.
 ///
@@ -75,7 +83,7 @@ use std::path::PathBuf;
     text_signature = "(image, *, digest=None, block_size=None, construction='blkhash', format=None, \
     cache=False, threads=None, no_backing=False, force_share=False, secret_file=None, \
     timeout=None, tls_certificates=None, read_size=1048576, queue_depth=16, headers=None, \
-    retries=None)"
+    retries=None, chain=False, size=None)"
 )]
 #[pyo3(signature = (
     image, *, digest = None, block_size = None, construction = "blkhash",

@@ -59,7 +59,7 @@ pub fn image_name(image: &std::path::Path) -> PyResult<String> {
 
 /// The keywords every function on an image takes, how to open it:
 /// `format`, `cache`, `no_backing`, `force_share`, `secret_file`,
-/// `timeout`, `tls_certificates`, `headers` and `retries`. Each function
+/// `timeout`, `tls_certificates`, `headers`, `retries`, `chain` and `size`. Each function
 /// takes them as `**options` and reads them here, so that they are
 /// written (and checked) once: PyO3 has no way to share keyword
 /// parameters between signatures, so the few lines Python would do for
@@ -74,6 +74,8 @@ pub struct OpenArgs {
     tls_certificates: Option<PathBuf>,
     headers: Vec<(String, String)>,
     retries: Option<u32>,
+    chain: bool,
+    size: Option<u64>,
 }
 
 impl OpenArgs {
@@ -89,6 +91,8 @@ impl OpenArgs {
             tls_certificates: None,
             headers: Vec::new(),
             retries: None,
+            chain: false,
+            size: None,
         };
         for (key, value) in options.into_iter().flat_map(|d| d.iter()) {
             let key: String = key.extract()?;
@@ -115,6 +119,8 @@ impl OpenArgs {
                 "tls_certificates" => args.tls_certificates = Some(value.extract().map_err(typed)?),
                 "headers" => args.headers = headers(&value)?,
                 "retries" => args.retries = Some(retries(value.extract().map_err(typed)?)?),
+                "chain" => args.chain = value.extract().map_err(typed)?,
+                "size" => args.size = Some(value.extract().map_err(typed)?),
                 _ => return Err(unexpected(function, &key)),
             }
         }
@@ -172,6 +178,8 @@ impl OpenArgs {
                 retries: self.retries.unwrap_or(blkimage::http::DEFAULT_RETRIES),
             },
             random_access: false,
+            chain: self.chain,
+            size: self.size,
         })
     }
 }
@@ -187,6 +195,8 @@ const KEYWORDS: &[&str] = &[
     "tls_certificates",
     "headers",
     "retries",
+    "chain",
+    "size",
 ];
 
 /// Python's own words for a keyword a function does not take.

@@ -28,7 +28,7 @@ use std::path::PathBuf;
     text_signature = "(image, out, *, offset=0, length=None, part=None, digest=None, \
     block_size=None, construction='blkhash', format=None, cache=False, threads=None, no_backing=False, \
     force_share=False, secret_file=None, timeout=None, tls_certificates=None, headers=None, \
-    retries=None)"
+    retries=None, chain=False, size=None)"
 )]
 #[pyo3(signature = (
     image, out, *, offset = 0, length = None, part = None, digest = None,

@@ -370,3 +370,38 @@ def test_second_ctrl_c_returns_at_once(tmp_path, serve):
     assert time.monotonic() - sent < 5
     assert proc.returncode == 130, (out, err)
     assert out.strip() == "KeyboardInterrupt"
+
+
+def test_chain_of_standalone_backups(tmp_path):
+    """chain=True: standalone qcow2 files named oldest first between
+    commas, each over the one before, are the disk QEMU reads once they
+    are chained with qemu-img rebase -u (as blksum --chain); a missing
+    file raises OSError naming it."""
+    need("qemu-img", "qemu-utils")
+    need("qemu-io", "qemu-utils")
+    names = []
+    for i, (size, cmd) in enumerate([("4M", "write -P 1 0 2M"), ("6M", "write -P 2 1M 64k")]):
+        p = tmp_path / f"b{i}.qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", p, size], check=True)
+        subprocess.run(["qemu-io", "-f", "qcow2", "-c", cmd, p], check=True, capture_output=True)
+        names.append(p)
+    r0, r1 = tmp_path / "r0.qcow2", tmp_path / "r1.qcow2"
+    r0.write_bytes(names[0].read_bytes())
+    r1.write_bytes(names[1].read_bytes())
+    subprocess.run(["qemu-img", "rebase", "-u", "-F", "qcow2", "-b", r0, r1], check=True)
+    chain = ",".join(str(p) for p in names)
+    assert blkhash.checksum(chain, chain=True) == blkhash.checksum(r1)
+    with pytest.raises(OSError, match="gone.qcow2"):
+        blkhash.checksum(f"{names[0]},{tmp_path / 'gone.qcow2'}", chain=True)
+
+
+def test_size_hashes_the_first_bytes(raw, tmp_path):
+    """size=N: the image's first N bytes, as an image of that size (a block
+    device larger than the image written to it)."""
+    grown = tmp_path / "grown.raw"
+    data = padded(RECIPE)
+    grown.write_bytes(data + b"\xee" * 65536)
+    assert blkhash.checksum(grown, size=len(data)) == blkhash.checksum(raw)
+    assert blkhash.checksum(grown) != blkhash.checksum(raw)
+    with pytest.raises(OSError, match="more than the image"):
+        blkhash.checksum(raw, size=len(data) + 1)

@@ -83,8 +83,28 @@ pub(crate) fn open_file(
     opts: &OpenOptions,
     chain: &mut Vec<PathBuf>,
 ) -> io::Result<Qcow2> {
+    open_file_over(file, path, opts, chain, None)
+}
+
+/// [`open_file`], over `below` if given (an image of a chain the user
+/// named: [`open_named_chain`]) instead of a backing file, which the image
+/// must then not name.
+fn open_file_over(
+    file: RawFile,
+    path: &Path,
+    opts: &OpenOptions,
+    chain: &mut Vec<PathBuf>,
+    below: Option<Box<dyn Source>>,
+) -> io::Result<Qcow2> {
     let file: Arc<dyn Storage> = Arc::new(ImageFile::new(file, path)?);
     let header = Header::parse(&*file)?;
+    if let (Some(name), Some(_)) = (&header.backing_file, &below) {
+        return Err(unsupported(format!(
+            "the image has the backing file '{}': --chain takes images without one \
+             (qemu-img rebase -u would replace it; name it in the chain instead)",
+            show(name)
+        )));
+    }
     let (data_name, backing_name) = referred(&header, opts)?;
 
     let data: Option<Arc<dyn Storage>> = if let Some(name) = data_name {
@@ -111,7 +131,7 @@ pub(crate) fn open_file(
     };
 
     let backing = match backing_name {
-        None => None,
+        None => below,
         Some(name) => Some(open_backing(
             &resolve(path, name),
             header.backing_format.as_deref(),
@@ -120,6 +140,85 @@ pub(crate) fn open_file(
         )?),
     };
     Qcow2::new(header, file, data, backing)
+}
+
+/// The images at `paths`, oldest first, each read over the one before as
+/// its backing image, as if they had been chained with `qemu-img rebase
+/// -u` (the disk as of the last: KubeVirt's backups, each a standalone
+/// qcow2 file). The first is opened as any image (`open_base`: its format
+/// probed or forced, its own chain with it); every later one must be a
+/// qcow2 image that names no backing file. Virtual sizes may differ, as
+/// QEMU allows: the image's size is the last one's, and what an image
+/// reads of one below past that one's end is zeros. An error names the
+/// file: one missing, named twice (a loop), not a qcow2 image.
+pub(crate) fn open_named_chain(
+    paths: &[&Path],
+    opts: &OpenOptions,
+    open_base: impl FnOnce(&Path) -> io::Result<Box<dyn Source>>,
+) -> io::Result<Box<dyn Source>> {
+    if paths.len() > MAX_CHAIN_DEPTH {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a chain of {} images, more than {MAX_CHAIN_DEPTH}",
+                paths.len()
+            ),
+        ));
+    }
+    let ctx = |p: &Path| {
+        let shown = p.display().to_string();
+        move |e: io::Error| io::Error::new(e.kind(), format!("'{shown}': {e}"))
+    };
+    let mut seen: Vec<PathBuf> = Vec::with_capacity(paths.len());
+    for p in paths {
+        let canon = std::fs::canonicalize(p).map_err(ctx(p))?;
+        if let Some(i) = seen.iter().position(|c| *c == canon) {
+            let also = match paths[i] == *p {
+                true => String::new(),
+                false => format!(" (as '{}' too)", paths[i].display()),
+            };
+            return Err(ctx(p)(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("named twice in the chain{also}: a chain of images loops"),
+            )));
+        }
+        seen.push(canon);
+    }
+    let (first, rest) = paths.split_first().expect("a chain names images");
+    let mut image = open_base(first).map_err(ctx(first))?;
+    for (i, p) in rest.iter().enumerate() {
+        image = Box::new(open_overlay(p, opts, &seen[..i + 2], image).map_err(ctx(p))?);
+    }
+    Ok(image)
+}
+
+/// The qcow2 image at `path`, an image of a chain the user named, over
+/// `below`; `chain`: the canonical paths of the chain's images up to this
+/// one.
+fn open_overlay(
+    path: &Path,
+    opts: &OpenOptions,
+    chain: &[PathBuf],
+    below: Box<dyn Source>,
+) -> io::Result<Qcow2> {
+    let ft = std::fs::metadata(path)?.file_type();
+    if !(ft.is_file() || ft.is_block_device()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file or block device",
+        ));
+    }
+    let file = RawFile::open_with(path, opts)?;
+    refuse_pseudo_file(&file)?;
+    file.lock(opts.force_share)?;
+    if !probe(&file)? {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a qcow2 image (the images of a chain after the first are qcow2)",
+        ));
+    }
+    let mut chain = chain.to_vec();
+    open_file_over(file, path, opts, &mut chain, Some(below))
 }
 
 /// The names an image gives its external data file and its backing file.

@@ -15,8 +15,10 @@ use crate::source::{Origin, Role, Rounded, Source};
 use crate::storage::compressed::{Compression, PROBE_LEN, read_head};
 use crate::storage::file::RawFile;
 use crate::storage::nbd;
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
@@ -99,6 +101,13 @@ pub struct OpenOptions {
     /// image is decompressed into a temporary file, as a compressed qcow2
     /// image always is, instead of being read as a stream.
     pub random_access: bool,
+    /// A name with commas is a chain of image files, oldest first, each
+    /// read over the one before (see [`open`]).
+    pub chain: bool,
+    /// Only the first `size` bytes of the image, as an image of that size
+    /// (QEMU's raw `size` option): a block device larger than the image
+    /// written to it. An image or stream shorter is an error.
+    pub size: Option<u64>,
 }
 
 /// An opened input.
@@ -149,8 +158,101 @@ impl Input {
 /// into a temporary file ([`Source::decompressed`]). A name that is no
 /// file and looks like a URL of another scheme (`ndb://`, `ftp://`) is an
 /// error saying so.
+///
+/// With `opts.chain`, a name with commas (`FULL,INC1,INC2`) is a chain of
+/// image files, oldest first, each read over the one before as its
+/// backing image, as if chained with `qemu-img rebase -u`: the first any
+/// image (`opts.format` is its format), the others qcow2 images that name
+/// no backing file (standalone backups, as KubeVirt writes them). With
+/// `opts.size`, only the image's first `size` bytes.
+///
+/// ```no_run
+/// let opts = blkimage::OpenOptions { chain: true, ..Default::default() };
+/// let disk = blkimage::open("full.qcow2,inc1.qcow2,inc2.qcow2", &opts)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result<Input> {
     let name = name.as_ref();
+    let names: Vec<&std::ffi::OsStr> = match opts.chain {
+        true => name
+            .as_bytes()
+            .split(|b| *b == b',')
+            .map(OsStr::from_bytes)
+            .collect(),
+        false => vec![name],
+    };
+    let input = match &names[..] {
+        [one] => open_one(one, opts)?,
+        _ => Input::Image(open_chain(&names, opts)?),
+    };
+    match opts.size {
+        None => Ok(input),
+        Some(size) => first_bytes(input, size),
+    }
+}
+
+/// The first `size` bytes of `input`, as an input of that size (QEMU's
+/// raw `size` option, [`crate::OpenOptions::size`]): an image larger is
+/// cut, a stream stops there; either shorter is an error.
+fn first_bytes(input: Input, size: u64) -> io::Result<Input> {
+    match input {
+        Input::Image(s) => {
+            let have = s.size();
+            if size > have {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("the size asked for, {size} bytes, is more than the image's {have}"),
+                ));
+            }
+            Ok(Input::Image(Box::new(crate::Window::new(
+                std::sync::Arc::from(s),
+                0,
+                size,
+            )?)))
+        }
+        Input::Stream(r) => Ok(Input::Stream(Box::new(crate::window::Prefix::new(r, size)))),
+    }
+}
+
+/// The images of `names` as a chain ([`open`] with `opts.chain`).
+fn open_chain(names: &[&OsStr], opts: &OpenOptions) -> io::Result<Box<dyn Source>> {
+    for n in names {
+        let url = n
+            .to_str()
+            .is_some_and(|n| nbd::is_url(n) || crate::storage::http::url_scheme(n).is_some());
+        if n.is_empty() || *n == "-" || url {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "'{}': the images of a chain are files of this host, named between commas",
+                    n.to_string_lossy()
+                ),
+            ));
+        }
+    }
+    let paths: Vec<&Path> = names.iter().map(Path::new).collect();
+    let base_opts = OpenOptions {
+        chain: false,
+        size: None,
+        ..opts.clone()
+    };
+    chain::open_named_chain(&paths, opts, |path| {
+        let ft = std::fs::metadata(path)?.file_type();
+        if !(ft.is_file() || ft.is_block_device()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file or block device",
+            ));
+        }
+        match open_image(path, ft, &base_opts)? {
+            Input::Image(s) => Ok(s),
+            Input::Stream(_) => Err(io::Error::other("not an image with random access")),
+        }
+    })
+}
+
+/// [`open`] of one name.
+fn open_one(name: &OsStr, opts: &OpenOptions) -> io::Result<Input> {
     if let Some(name) = name.to_str().filter(|n| nbd::is_url(n)) {
         if matches!(opts.format, Some(f) if f != Format::Raw) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, nbd::RawOnly));

@@ -6,7 +6,7 @@ use blkcli::output::{Form, Stdout};
 use blkcli::progress::Progress;
 use blkcli::units::reason;
 use blkjob::{Job, StdinMap};
-use blkmap::{Diff, Header, MapLike};
+use blkmap::{Diff, Header, MapLike, SizeRule};
 use clap::Parser;
 use serde_json::json;
 use std::ffi::{OsStr, OsString};
@@ -22,9 +22,16 @@ use std::process::ExitCode;
 /// A and B are images (any input blksum reads) or block maps saved by
 /// blkmap (a file starting with the map magic, unless --format is given).
 /// A hole and written zeros are the same content. If the sizes differ, the
-/// rest of the larger one is the last line: "OFFSET+LENGTH only in A|B".
-/// Ranges are whole blocks (clipped to the image size): a smaller block
-/// size finds smaller ranges, at the cost of more digests.
+/// rest of the larger one is the last line: "OFFSET+LENGTH only in A|B,
+/// all zeros" or "..., data at OFFSET" (its first block that is not
+/// zeros). As qemu-img compare without -s, a rest of zeros is no
+/// difference: a disk grown past its source (a PVC that CDI resized after
+/// writing the image) holds the same content, exit status 0; --strict
+/// counts any difference in size. Ranges are whole blocks (clipped to the
+/// image size): a smaller block size finds smaller ranges, at the cost of
+/// more digests; when the smaller size is not a multiple of the block
+/// size, its last block differs from the larger one's whole block (a
+/// block size that divides it compares it).
 ///
 /// Images are hashed with the digest and block size of the maps given, or
 /// --digest and --block-size (sha256 and 64k by default); a map of another
@@ -59,6 +66,11 @@ struct Args {
     #[arg(short, long, conflicts_with = "json")]
     quiet: bool,
 
+    /// Images of different sizes differ, even if the larger one holds only
+    /// zeros past the smaller one's end (as qemu-img compare -s).
+    #[arg(short, long)]
+    strict: bool,
+
     /// Ranges or the JSON document (--json, --output json).
     #[arg(skip)]
     form: Form,
@@ -83,6 +95,10 @@ fn command() -> clap::Command {
     let shown = [
         ("json", "One JSON document instead of the ranges"),
         ("quiet", "Print nothing; the exit status tells"),
+        (
+            "strict",
+            "Different sizes differ, even with a tail of zeros",
+        ),
         CONSTRUCTION,
         DIGEST,
         BLOCK_SIZE,
@@ -100,7 +116,8 @@ const PAGE: Page = Page {
     exit_status: &[
         (
             "0",
-            "A and B hold the same content (a hole and written zeros are the same).",
+            "A and B hold the same content (a hole and written zeros are the same; \
+             without --strict, the larger may hold zeros past the smaller one's end).",
         ),
         ("1", "They differ."),
         (
@@ -119,6 +136,10 @@ const PAGE: Page = Page {
             "blkdiff --json yesterday.map disk.qcow2",
         ),
         ("In a script:", "blkdiff -q a.img b.img || echo differ"),
+        (
+            "Does a PVC hold its source's content, zeros past its end allowed?",
+            "blkdiff source.qcow2 /pvc/disk.img",
+        ),
     ],
 };
 
@@ -327,6 +348,12 @@ fn compare(args: &Args, a: &Side, b: &Side, job: &Job) -> ExitCode {
         Ok(d) => d,
         Err(e) => return trouble(e),
     };
+    let rule = args.rule();
+    if !args.quiet
+        && let Some(hint) = split_block_hint(&d, job.block_size())
+    {
+        eprintln!("blkdiff: {hint}");
+    }
     let out = Stdout::new("blkdiff");
     let printed = match args.form {
         _ if args.quiet => Ok(()),
@@ -340,7 +367,7 @@ fn compare(args: &Args, a: &Side, b: &Side, job: &Job) -> ExitCode {
     if printed.is_err() {
         return ExitCode::from(2);
     }
-    if d.is_same() {
+    if d.same(rule) {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -382,6 +409,44 @@ fn check_map(name: &str, map: &Header, job: &Job) -> Result<(), String> {
     }
 }
 
+impl Args {
+    /// How a difference in size counts.
+    fn rule(&self) -> SizeRule {
+        if self.strict {
+            SizeRule::Strict
+        } else {
+            SizeRule::ZeroTail
+        }
+    }
+}
+
+/// Why the last block of the smaller image differs, when it is short and
+/// the only thing that kept a larger image with a tail of zeros from the
+/// same content; with a block size that divides the smaller size (the
+/// largest power of two that does, from 512 to 64m), if there is one.
+fn split_block_hint(d: &Diff, block_size: usize) -> Option<String> {
+    let common = d.size_a.min(d.size_b);
+    let bs = block_size as u64;
+    let [last] = &d.ranges[..] else { return None };
+    if d.tail().is_none()
+        || d.tail_data.is_some()
+        || last.end() != common
+        || last.len != common % bs
+    {
+        return None;
+    }
+    let fits = 1u64 << common.trailing_zeros().min(63);
+    let hint = if fits >= 512 {
+        format!("; --block-size {} compares it", fits.min(64 << 20))
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{last} is the short last block of the smaller image ({common} bytes is not a \
+         multiple of the block size, {bs}), compared with a whole block of the larger{hint}"
+    ))
+}
+
 fn only_in(d: &Diff) -> &'static str {
     if d.size_a > d.size_b { "A" } else { "B" }
 }
@@ -393,9 +458,13 @@ fn print_text(out: &mut dyn Write, d: &Diff) -> io::Result<()> {
         writeln!(out, "{r}")?;
     }
     if let Some(t) = d.tail() {
+        let what = match d.tail_data {
+            None => "all zeros".to_string(),
+            Some(at) => format!("data at {at}"),
+        };
         writeln!(
             out,
-            "{t} only in {} (A is {} bytes, B is {} bytes)",
+            "{t} only in {}, {what} (A is {} bytes, B is {} bytes)",
             only_in(d),
             d.size_a,
             d.size_b
@@ -423,7 +492,7 @@ fn document(
             "name": name,
             "format": m.format(),
             "virtual-size": h.size,
-            // blkdiff's first spelling, kept while the schema is 1.
+            // blkdiff's first spelling, kept from schema 1.
             "size": h.size,
             "checksum": checksum.map(|c| c.to_hex()),
         });
@@ -436,19 +505,24 @@ fn document(
     // Keys as blksum's --json spells them (qemu-img's style), in the order
     // written here (serde_json's preserve_order); schema as its.
     Ok(json!({
-        "schema": 1,
+        // 2: `same` and `differing-bytes` follow the size rule (a tail of
+        // zeros is no difference without --strict).
+        "schema": 2,
         "a": input(&args.a, &args.a_path, a)?,
         "b": input(&args.b, &args.b_path, b)?,
         "construction": construction.name(),
         "digest": a.header().algorithm.name(),
         "block-size": a.header().block_size,
-        "same": d.is_same(),
+        "same": d.same(args.rule()),
+        "strict": args.strict,
         "ranges": d.ranges.iter().map(|r| json!({"offset": r.offset, "length": r.len})).collect::<Vec<_>>(),
         "tail": d.tail().map(|t| json!({
             "offset": t.offset,
             "length": t.len,
             "only-in": only_in(d).to_ascii_lowercase(),
+            "zeros": d.tail_data.is_none(),
+            "data-offset": d.tail_data,
         })),
-        "differing-bytes": d.differing_bytes(),
+        "differing-bytes": d.differing_bytes_under(args.rule()),
     }))
 }
