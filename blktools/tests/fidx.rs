@@ -40,6 +40,21 @@ fn fidx_of_digests(digests: &[u8], size: u64, chunk: u64) -> (Vec<u8>, [u8; 32])
     (f, csum)
 }
 
+/// `bin args` with blksync's records of the DSTs it wrote kept under
+/// `dir` (never in the user's own state directory).
+fn run_kept(dir: &Path, bin: &str, args: &[&str]) -> Out {
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .env("XDG_STATE_HOME", dir.join("state"))
+        .output()
+        .unwrap();
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 fn hex(b: &[u8]) -> String {
     blkhash::to_hex(b)
 }
@@ -342,7 +357,7 @@ fn blksync_takes_an_index_as_dsts_state() {
     let from_index = |extra: &[&str]| {
         let mut args = vec!["--state", s(&fidx), s(&src), s(&dst)];
         args.extend(extra);
-        run(BLKSYNC, &args)
+        run_kept(d, BLKSYNC, &args)
     };
 
     // The state after the copy must go somewhere: refused, DST untouched.
@@ -367,6 +382,24 @@ fn blksync_takes_an_index_as_dsts_state() {
     let o = from_index(&["--save-state", s(&map)]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert_eq!(crate::sync::written(&o.stderr), 4 * MIB);
+    // It says what it checked of DST, and what it leaves.
+    assert!(
+        o.stderr.contains(&format!(
+            "{}: taken as DST's state: {} of its 24 chunks read from DST",
+            s(&fidx),
+            sampled.len()
+        )),
+        "{}",
+        o.stderr
+    );
+    assert!(
+        o.stderr
+            .contains(&format!("state saved: {} (SRC's map", s(&map)))
+            && o.stderr
+                .contains(&format!("and {}.dst (DST's identity", s(&map))),
+        "{}",
+        o.stderr
+    );
     assert_eq!(
         std::fs::read(&fidx).unwrap(),
         bytes,
@@ -422,4 +455,77 @@ fn blksync_takes_an_index_as_dsts_state() {
     );
     assert_eq!(o.code, 1, "{}", o.stderr);
     assert!(o.stderr.contains("--save-state is for"), "{}", o.stderr);
+}
+
+/// A run from an index that wrote DST supersedes the index for every
+/// later run, whatever map that run names (#57 item 1: SRC rolled back to
+/// the backup, the same index with `--save-state run2.map` wrote nothing
+/// and left DST holding run 1's chunk, exit 0).
+#[test]
+fn an_index_is_refused_once_a_run_wrote_dst_whatever_map_is_named() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let chunk = 4 << 20;
+    let src = image(d, "src.qcow2", "qcow2", 96 * MIB, &["write -P 0x33 0 3m"]);
+    let dst = d.join("restored.raw");
+    let data = testkit::tools::guest_bytes(&src, &dst);
+    std::fs::write(&dst, &data).unwrap();
+    let fidx = d.join("drive-scsi0.img.fidx");
+    std::fs::write(&fidx, fidx_bytes(&data, chunk).0).unwrap();
+    // A chunk of zeros the state check does not sample.
+    let checksum = blkhash::checksum_of(Algorithm::Sha256, chunk, &data);
+    let jitter = u64::from_le_bytes(checksum.as_bytes()[..8].try_into().unwrap());
+    let sampled = blkjob::state::spread(24, jitter);
+    let hidden = (1..24u64).find(|i| !sampled.contains(i)).unwrap();
+    let at = format!("{}m", hidden * 4);
+    let sync = |map: &str, extra: &[&str]| {
+        let map = d.join(map);
+        let mut args = vec!["--state", s(&fidx), "--save-state", s(&map)];
+        args.extend(extra);
+        args.extend([s(&src), s(&dst)]);
+        run_kept(d, BLKSYNC, &args)
+    };
+
+    write(&src, "qcow2", &[&format!("write -P 0x66 {at} 4k")]);
+    let o = sync("run1.map", &[]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(crate::sync::written(&o.stderr), 4 * MIB);
+    // SRC back to the backup's content: the index and SRC agree again.
+    write(&src, "qcow2", &[&format!("write -z {at} 4k")]);
+    let o = sync("run2.map", &[]);
+    assert_eq!(o.code, 1, "DST left holding run 1's chunk: {}", o.stderr);
+    assert!(
+        o.stderr.contains("blksync wrote DST at")
+            && o.stderr
+                .contains(&format!("--state {}", s(&d.join("run1.map")))),
+        "{}",
+        o.stderr
+    );
+    assert!(!d.join("run2.map").exists());
+    // Reading DST instead of the index makes it right.
+    let o = sync("run2.map", &["--force-rescan"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stderr.contains("4194304 zeroed"), "{}", o.stderr);
+    assert!(
+        std::fs::read(&dst).unwrap() == data,
+        "DST is not the backup"
+    );
+    // A run from the map wrote DST too: the index stays refused.
+    write(&src, "qcow2", &[&format!("write -P 0x77 {at} 4k")]);
+    let map2 = d.join("run2.map");
+    let o = run_kept(d, BLKSYNC, &["--state", s(&map2), s(&src), s(&dst)]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    write(&src, "qcow2", &[&format!("write -z {at} 4k")]);
+    let o = sync("run3.map", &[]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    // DST restored from the backup again (by other means): the index
+    // describes it again.
+    std::fs::write(&dst, &data).unwrap();
+    let o = sync("run3.map", &[]);
+    assert_eq!(
+        (o.code, crate::sync::written(&o.stderr)),
+        (0, 0),
+        "{}",
+        o.stderr
+    );
 }
