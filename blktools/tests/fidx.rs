@@ -152,11 +152,29 @@ fn blkdiff_names_the_chunks_that_differ() {
     let (img, fidx, _) = disk_and_index(dir.path());
     let o = run(BLKDIFF, &[s(&img), s(&fidx)]);
     assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{}", o.stderr);
+    // The index on standard input is read as one, its chunk size taken
+    // from it (#57 item 7: "map the images again with the same
+    // --block-size"), on either side.
+    let piped = |args: &[&str]| {
+        let out = std::process::Command::new(BLKDIFF)
+            .args(args)
+            .stdin(std::fs::File::open(&fidx).unwrap())
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    for args in [[s(&img), "-"], ["-", s(&img)]] {
+        let (code, out, err) = piped(&args);
+        assert_eq!((code, out.as_str()), (Some(0), ""), "{args:?}: {err}");
+    }
     // A change in the second 4 MiB chunk (the written zeros).
     write(&img, "qcow2", &["write -P 1 5m 4k"]);
     let o = run(BLKDIFF, &[s(&img), s(&fidx)]);
     assert_eq!(o.code, 1, "{}", o.stderr);
     assert_eq!(o.stdout, format!("{}+{}\n", 4 * MIB, 4 * MIB));
+    let (code, out, err) = piped(&[s(&img), "-"]);
+    assert_eq!((code, out), (Some(1), o.stdout.clone()), "{err}");
     // Either side; --json says the construction asked for.
     let o = run(
         BLKDIFF,

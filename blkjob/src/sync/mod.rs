@@ -479,10 +479,12 @@ fn judge_state(
             )),
             (None, None) => None,
         };
-        state::check::check(&m, path, job.algorithm(), job.block_size(), now, dst.size)?;
-        if req.index_state().is_some() {
+        // blksync's record first: it names the map that says what DST
+        // holds, where a sampled chunk would only say that it differs.
+        if req.index_state().is_some() && dst.size == m.header().size {
             index_written(dst)?;
         }
+        state::check::check(&m, path, job.algorithm(), job.block_size(), now, dst.size)?;
         Ok(m)
     });
     match state::check::verdict(checked, req.force_rescan) {
