@@ -146,6 +146,98 @@ fn index_csum_is_blksum_construction_pbs() {
     }
 }
 
+/// blksum reads an index as the disk it holds (#61 item 5): from its
+/// digests alone where they give the checksum asked for (the pbs
+/// construction's index_csum, blkhash's at sha256 and the chunk size),
+/// refused naming what would (its chunks) otherwise; never a checksum of
+/// the index file's own bytes. `blkmap checksum` of an index prints its
+/// index_csum unless asked for another construction (#61 item 10), and
+/// its --tag line checks with `blksum -c` as it is (the line names the
+/// index, which blksum now reads as the disk).
+#[test]
+fn blksum_reads_an_index_as_the_disk_it_holds() {
+    let Some(dir) = scratch() else { return };
+    let (img, fidx, csum) = disk_and_index(dir.path());
+    let blksum = blksum();
+    let line = |hex: &str| format!("{hex}  {}\n", s(&fidx));
+    let o = run(&blksum, &["--construction", "pbs", s(&fidx)]);
+    assert_eq!((o.code, o.stdout), (0, line(&hex(&csum))), "{}", o.stderr);
+    assert_eq!(
+        o.stderr, "",
+        "no note of a size rounded up: not the file's bytes"
+    );
+    let ours = run(&blksum, &["-d", "sha256", "--block-size", "4m", s(&img)]);
+    let want = ours.stdout.split(' ').next().unwrap();
+    let o = run(&blksum, &["-d", "sha256", "--block-size", "4m", s(&fidx)]);
+    assert_eq!((o.code, o.stdout), (0, line(want)), "{}", o.stderr);
+    let o = run(&blksum, &["--json", "--construction", "pbs", s(&fidx)]);
+    let doc: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    let input = &doc["inputs"][0];
+    assert_eq!(input["format"], "fidx");
+    assert_eq!(input["virtual-size"], 10 * MIB + 65536);
+    // The written zeros' chunk is zeros; the others hold data.
+    assert_eq!(input["zero-bytes"], 4 * MIB);
+    // Other digests or block sizes need the chunks: refused, saying so.
+    for args in [
+        &[][..],
+        &["-d", "blake3", "--block-size", "4m"],
+        &["--construction", "imageio"],
+    ] {
+        let o = run(&blksum, &[args, &[s(&fidx)]].concat());
+        assert_eq!(
+            (o.code, o.stdout.as_str()),
+            (1, ""),
+            "{args:?}: {}",
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains(&format!(
+                "blksum: {}: a PBS fixed index whose datastore was not found",
+                s(&fidx)
+            )) && o
+                .stderr
+                .contains("needs the chunks (--construction pbs, or -d sha256 --block-size 4m)"),
+            "{args:?}: {}",
+            o.stderr
+        );
+    }
+    // A damaged index is no checksum either.
+    let bad = dir.path().join("bad.fidx");
+    let mut bytes = std::fs::read(&fidx).unwrap();
+    bytes[4096 + 3] ^= 1;
+    std::fs::write(&bad, bytes).unwrap();
+    let o = run(&blksum, &["--construction", "pbs", s(&bad)]);
+    assert_eq!((o.code, o.stdout.as_str()), (1, ""), "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains("index_csum is not the SHA-256 of its digests"),
+        "{}",
+        o.stderr
+    );
+
+    // blkmap checksum: the index's own checksum by default.
+    let o = run(BLKMAP, &["checksum", s(&fidx)]);
+    assert_eq!((o.code, o.stdout), (0, line(&hex(&csum))), "{}", o.stderr);
+    let o = run(BLKMAP, &["checksum", "--construction", "blkhash", s(&fidx)]);
+    assert_eq!((o.code, o.stdout), (0, line(want)), "{}", o.stderr);
+    // Its tagged lines, naming the index, check with blksum -c.
+    for c in ["pbs", "blkhash"] {
+        let o = run(
+            BLKMAP,
+            &["checksum", "--construction", c, "--tag", s(&fidx)],
+        );
+        let list = dir.path().join("SUMS");
+        std::fs::write(&list, &o.stdout).unwrap();
+        let c = run(&blksum, &["-c", s(&list)]);
+        assert_eq!(
+            (c.code, c.stdout),
+            (0, format!("{}: OK\n", s(&fidx))),
+            "{}",
+            c.stderr
+        );
+    }
+}
+
 #[test]
 fn blkdiff_names_the_chunks_that_differ() {
     let Some(dir) = scratch() else { return };

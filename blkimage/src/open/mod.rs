@@ -6,6 +6,7 @@
 
 mod chain;
 mod http;
+mod pbs;
 mod vnbd;
 
 use crate::formats::qcow2;
@@ -179,6 +180,9 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
 /// a virtnbdbackup stream with its chain, another format QEMU reads, qcow2
 /// with its chain, or raw; probed unless `opts.format` says.
 fn open_image(path: &Path, ft: std::fs::FileType, opts: &OpenOptions) -> io::Result<Input> {
+    if opts.format.is_none() && ft.is_file() && crate::formats::pbs::is_fidx_file(path) {
+        return pbs::open(path, opts);
+    }
     let file = RawFile::open_with(path, opts)?;
     file.lock(opts.force_share)?;
     if opts.format.is_none() && ft.is_file() && crate::formats::vnbd::probe_file(&file)? {
