@@ -6,6 +6,7 @@ mod common;
 mod nbd;
 mod nbd_bitmaps;
 mod nbd_hostile;
+mod pbs;
 mod qcow2;
 mod qcow2_bitmaps;
 mod reader;

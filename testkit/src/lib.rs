@@ -2,7 +2,9 @@
 //! and the helpers every crate's tests share: QEMU's tools ([`tools`]),
 //! NBD servers ([`nbd`]) and one that misbehaves on purpose ([`hostile`]),
 //! HTTP servers (nginx, Python's, and a hostile one: [`http`]),
-//! qemu-storage-daemon driven over QMP ([`qsd`]), a SOCKS proxy ([`socks`]).
+//! qemu-storage-daemon driven over QMP ([`qsd`]), a SOCKS proxy ([`socks`]),
+//! Proxmox Backup Server datastores written from the published format
+//! ([`pbs`]).
 //!
 //! A recipe is segments separated by spaces, each `SIZE:KIND` (see
 //! `vectors.json`'s README in the shared vectors): `-` a hole, `0` written
@@ -16,6 +18,7 @@ pub mod hostile;
 pub mod http;
 pub mod libvirt;
 pub mod nbd;
+pub mod pbs;
 pub mod qsd;
 pub mod socks;
 pub mod tools;

@@ -4,6 +4,11 @@
 //! format; the datastore is its storage.
 
 pub mod fidx;
+pub mod image;
+pub mod manifest;
+
+/// The datastore: chunks, blobs, keys (the storage layer's).
+pub use crate::storage::pbs as store;
 
 pub use fidx::{
     DIGEST_LEN, FIDX_HEADER_LEN, FIDX_MAGIC, FidxError, FidxHeader, FidxReader, is_fidx,
