@@ -639,3 +639,91 @@ fn an_index_is_refused_once_a_run_wrote_dst_whatever_map_is_named() {
         o.stderr
     );
 }
+
+/// A backup in its datastore is the disk it holds for every command
+/// (#59 items 2 and 3): blksum in any construction equals blksum of the
+/// disk, an encrypted one with its key file; blksync restores it into an
+/// existing disk writing only what differs, and the result's checksum is
+/// the backup's.
+#[test]
+fn a_backup_in_its_datastore_is_the_disk_it_holds() {
+    use testkit::pbs::{Backup, Kdf, key_file, write_backup};
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let mut data: Vec<u8> = (0..10 * MIB as usize + 4096)
+        .map(|i| (i % 253) as u8)
+        .collect();
+    data[4 << 20..8 << 20].fill(0);
+    let disk = d.join("disk.raw");
+    std::fs::write(&disk, &data).unwrap();
+    let key = [0x42u8; 32];
+    let keyfile = d.join("key.json");
+    std::fs::write(&keyfile, key_file(&key, Kdf::Pbkdf2, b"s3cret pass")).unwrap();
+    let pass = d.join("pass");
+    std::fs::write(&pass, "s3cret pass\n").unwrap();
+    let plain = write_backup(&d.join("store"), &Backup::of(&data));
+    let b = Backup {
+        key: Some(key),
+        ..Backup::of(&data)
+    };
+    let encrypted = write_backup(&d.join("enc"), &b);
+    let blksum = blksum();
+    for args in [
+        &[][..],
+        &["--construction", "pbs"],
+        &["--construction", "imageio", "-d", "sha1"],
+    ] {
+        let want = run(&blksum, &[args, &[s(&disk)]].concat());
+        let want = want.stdout.split(' ').next().unwrap().to_string();
+        for (index, extra) in [
+            (&plain, vec![]),
+            (
+                &encrypted,
+                vec!["--keyfile", s(&keyfile), "--secret-file", s(&pass)],
+            ),
+        ] {
+            let o = run(&blksum, &[args, &extra, &[s(index)]].concat());
+            assert_eq!(o.code, 0, "{args:?} {extra:?}: {}", o.stderr);
+            assert_eq!(
+                o.stdout,
+                format!("{want}  {}\n", s(index)),
+                "{args:?} {extra:?}"
+            );
+        }
+    }
+    // A wrong passphrase: refused naming the key file, no checksum.
+    std::fs::write(&pass, "wrong\n").unwrap();
+    let o = run(
+        &blksum,
+        &[
+            "--keyfile",
+            s(&keyfile),
+            "--secret-file",
+            s(&pass),
+            s(&encrypted),
+        ],
+    );
+    assert_eq!((o.code, o.stdout.as_str()), (1, ""), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("the passphrase does not open it"),
+        "{}",
+        o.stderr
+    );
+
+    // Rolled back into an existing disk: only what differs is written.
+    let dst = d.join("dst.raw");
+    let mut changed = data.clone();
+    changed[100..200].fill(9);
+    changed[9 << 20] ^= 1;
+    std::fs::write(&dst, &changed).unwrap();
+    let o = run(BLKSYNC, &[s(&plain), s(&dst)]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(crate::sync::written(&o.stderr), 2 * 65536, "{}", o.stderr);
+    assert!(
+        std::fs::read(&dst).unwrap() == data,
+        "DST is not the backup"
+    );
+    let a = run(&blksum, &["--construction", "pbs", s(&dst)]);
+    let b = run(&blksum, &["--construction", "pbs", s(&plain)]);
+    assert_eq!(a.stdout.split(' ').next(), b.stdout.split(' ').next());
+}
