@@ -469,13 +469,16 @@ pub enum StdinMap {
     Written(blkmap::MapFile, Written),
 }
 
+/// Standard input not taken as a map: the stream, its first bytes put back.
+pub type StdinStream = Box<dyn Read + Send>;
+
 /// Standard input as a saved map or a PBS fixed index (probed by its
 /// first bytes, the index made a map on the way), in an unnamed temporary
 /// file; or, if it is neither, the stream to hash (its first bytes put
 /// back). A caller that takes the digest and block size from the saved
 /// maps reads standard input so first: an index piped in says its chunk
 /// size as one named does.
-pub fn stdin_saved() -> io::Result<Result<(blkmap::MapFile, &'static str), Box<dyn Read + Send>>> {
+pub fn stdin_saved() -> io::Result<Result<(blkmap::MapFile, &'static str), StdinStream>> {
     let mut stdin = io::stdin();
     let mut prefix = Vec::with_capacity(8);
     (&mut stdin).take(8).read_to_end(&mut prefix)?;
