@@ -142,7 +142,8 @@ def matches(want, got):
 
 def environment(scratch):
     """PATH with the release build first, pkg-config's blkhash and the
-    Python module pointing at it, TMPDIR inside the page's directory."""
+    Python module pointing at it, TMPDIR and XDG_STATE_HOME (where blksync
+    records the copies it wrote) inside the page's directory."""
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     release = (target if target.is_absolute() else ROOT / target) / "release"
     for exe in ("blksum", "blkmap", "blkdiff", "blksync", "libblkhash.so"):
@@ -173,6 +174,7 @@ def environment(scratch):
         "LD_LIBRARY_PATH": str(lib),
         "PYTHONPATH": str(py),
         "TMPDIR": str(tmp),
+        "XDG_STATE_HOME": str(scratch / ".state"),
         "LC_ALL": "C.UTF-8",
         "COLUMNS": "100",
     })

@@ -104,6 +104,15 @@ pub struct InputArgs {
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
 
+    /// A Proxmox Backup Server key file (as `proxmox-backup-client key
+    /// create` writes it, with any kdf): the key of an encrypted backup
+    /// read from its datastore (a .fidx above which a directory holds
+    /// .chunks). Its passphrase, if it has one, is taken from
+    /// PBS_ENCRYPTION_PASSWORD, else from the first line of --secret-file
+    /// FILE; never from the command line.
+    #[arg(long, value_name = "FILE")]
+    pub keyfile: Option<PathBuf>,
+
     /// Use the page cache. By default files are read with direct I/O where
     /// the file system allows it, as QEMU's cache=none: a large image does
     /// not evict everything else from memory.
@@ -223,6 +232,7 @@ impl InputArgs {
             format: self.format,
             no_backing: self.no_backing,
             secret_file: self.secret_file.clone(),
+            keyfile: self.keyfile.clone(),
             force_share: self.force_share,
             nbd: self.nbd_options(),
             http: self.http_options(),

@@ -34,6 +34,19 @@ pub fn with_option(e: &io::Error, reason: String) -> String {
     if is::<blkimage::nbd::UnknownIssuer>(e) {
         return format!("{reason} (--tls-certificates FILE|DIR)");
     }
+    if let Some(i) = blkimage::cause::<blkjob::IndexOnly>(e) {
+        // As lines::size_word writes it (which imports this module).
+        let bs = match i.chunk_size {
+            n if n.is_multiple_of(1 << 20) => format!("{}m", n >> 20),
+            n if n.is_multiple_of(1024) => format!("{}k", n >> 10),
+            n => n.to_string(),
+        };
+        let pbs = match bs.as_str() {
+            "4m" => "--construction pbs".to_string(),
+            _ => format!("--construction pbs --block-size {bs}"),
+        };
+        return format!("{reason} ({pbs}, or -d sha256 --block-size {bs})");
+    }
     if let Some(u) = blkimage::cause::<blkimage::http::Unauthorized>(e) {
         if u.wants_export_token() {
             return format!(

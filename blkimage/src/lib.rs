@@ -54,6 +54,7 @@ mod window;
 
 pub use bitmap::{BitmapInfo, Dirty, MAX_DIRTY_RANGES};
 pub use buffer::{ALIGN, AlignedBuf};
+pub use formats::pbs;
 pub use formats::qcow2;
 pub use formats::qcow2::Qcow2;
 /// The formats read through a private qemu-nbd (QEMU's driver names), for

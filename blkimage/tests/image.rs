@@ -8,6 +8,7 @@ mod http;
 mod nbd;
 mod nbd_bitmaps;
 mod nbd_hostile;
+mod pbs;
 mod qcow2;
 mod qcow2_bitmaps;
 mod reader;

@@ -23,12 +23,14 @@
 pub mod checkpoint;
 pub mod guard;
 pub mod incremental;
+mod index;
 mod job;
 pub mod record;
 mod span;
 pub mod state;
 pub mod sync;
 
+pub use index::{IndexOnly, hash_named, index_checksum};
 pub use job::{
     DEFAULT_QUEUE_DEPTH, DEFAULT_READ_SIZE, Job, JobError, JobSpec, MAX_IO_DEPTH, MAX_QUEUE_DEPTH,
     MAX_READ_SIZE, MIN_READ_SIZE, check_block_size, check_read_size, open_dirty,
@@ -483,30 +485,50 @@ pub enum StdinMap {
     Written(blkmap::MapFile, Box<Written>),
 }
 
+/// Standard input not taken as a map: the stream, its first bytes put back.
+pub type StdinStream = Box<dyn Read + Send>;
+
+/// Standard input as a saved map or a PBS fixed index (probed by its
+/// first bytes, the index made a map on the way), in an unnamed temporary
+/// file; or, if it is neither, the stream to hash (its first bytes put
+/// back). A caller that takes the digest and block size from the saved
+/// maps reads standard input so first: an index piped in says its chunk
+/// size as one named does.
+pub fn stdin_saved() -> io::Result<Result<(blkmap::MapFile, &'static str), StdinStream>> {
+    let mut stdin = io::stdin();
+    let mut prefix = Vec::with_capacity(8);
+    (&mut stdin).take(8).read_to_end(&mut prefix)?;
+    let mut rest = io::Cursor::new(prefix.clone()).chain(stdin);
+    if blkmap::is_fidx(&prefix) {
+        let reader = blkmap::FidxReader::new(io::BufReader::with_capacity(1 << 20, rest))?;
+        let out = temp_file("the index's map")?;
+        return Ok(Ok((blkmap::fidx_map_file(reader, out)?, "fidx")));
+    }
+    if blkmap::is_map(&prefix) {
+        let mut file = temp_file("the map read from standard input")?;
+        io::copy(&mut rest, &mut file)?;
+        return Ok(Ok((blkmap::MapFile::from_file(file)?, "map")));
+    }
+    Ok(Err(Box::new(rest)))
+}
+
 /// Standard input's map: if `detect_map`, a saved map or a PBS fixed
-/// index as it is (probed by its first bytes), else the stream hashed by
-/// `job`; written to an unnamed temporary file either way, never held in
-/// memory.
+/// index as it is (probed by its first bytes, [`stdin_saved`]), else the
+/// stream hashed by `job`; written to an unnamed temporary file either
+/// way, never held in memory.
 pub fn map_stdin(
     job: &Job,
     detect_map: bool,
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<StdinMap> {
-    let mut stdin = io::stdin();
-    let mut prefix = Vec::with_capacity(8);
-    (&mut stdin).take(8).read_to_end(&mut prefix)?;
-    let mut rest = io::Cursor::new(prefix.clone()).chain(stdin);
-    if detect_map && blkmap::is_fidx(&prefix) {
-        let reader = blkmap::FidxReader::new(io::BufReader::with_capacity(1 << 20, rest))?;
-        let out = temp_file("the index's map")?;
-        return Ok(StdinMap::Saved(blkmap::fidx_map_file(reader, out)?, "fidx"));
-    }
-    if detect_map && blkmap::is_map(&prefix) {
-        let mut file = temp_file("the map read from standard input")?;
-        io::copy(&mut rest, &mut file)?;
-        return Ok(StdinMap::Saved(blkmap::MapFile::from_file(file)?, "map"));
-    }
-    let (map, written) = map_to_temp(Input::Stream(Box::new(rest)), job, job.cancel(), progress)?;
+    let stream: Box<dyn Read + Send> = match detect_map {
+        true => match stdin_saved()? {
+            Ok((map, format)) => return Ok(StdinMap::Saved(map, format)),
+            Err(stream) => stream,
+        },
+        false => Box::new(io::stdin()),
+    };
+    let (map, written) = map_to_temp(Input::Stream(stream), job, job.cancel(), progress)?;
     Ok(StdinMap::Written(map, Box::new(written)))
 }
 

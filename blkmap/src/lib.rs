@@ -57,8 +57,8 @@ mod writer;
 pub use builder::{MapBuilder, Observed, Summary};
 pub use diff::{Diff, Mismatch, Range, SizeRule, diff, diff_pieces};
 pub use fidx::{
-    FIDX_HEADER_LEN, FIDX_MAGIC, FidxHeader, FidxReader, fidx_map, fidx_map_file, is_fidx,
-    is_fidx_file, open_fidx,
+    FIDX_HEADER_LEN, FIDX_MAGIC, FidxError, FidxHeader, FidxReader, fidx_map, fidx_map_file,
+    is_fidx, is_fidx_file, open_fidx,
 };
 pub use file::{Lookup, MapFile, MapLike};
 pub use format::{

@@ -40,6 +40,21 @@ fn fidx_of_digests(digests: &[u8], size: u64, chunk: u64) -> (Vec<u8>, [u8; 32])
     (f, csum)
 }
 
+/// `bin args` with blksync's records of the DSTs it wrote kept under
+/// `dir` (never in the user's own state directory).
+fn run_kept(dir: &Path, bin: &str, args: &[&str]) -> Out {
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .env("XDG_STATE_HOME", dir.join("state"))
+        .output()
+        .unwrap();
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 fn hex(b: &[u8]) -> String {
     blkhash::to_hex(b)
 }
@@ -131,17 +146,127 @@ fn index_csum_is_blksum_construction_pbs() {
     }
 }
 
+/// blksum reads an index as the disk it holds (#61 item 5): from its
+/// digests alone where they give the checksum asked for (the pbs
+/// construction's index_csum, blkhash's at sha256 and the chunk size),
+/// refused naming what would (its chunks) otherwise; never a checksum of
+/// the index file's own bytes. `blkmap checksum` of an index prints its
+/// index_csum unless asked for another construction (#61 item 10), and
+/// its --tag line checks with `blksum -c` as it is (the line names the
+/// index, which blksum now reads as the disk).
+#[test]
+fn blksum_reads_an_index_as_the_disk_it_holds() {
+    let Some(dir) = scratch() else { return };
+    let (img, fidx, csum) = disk_and_index(dir.path());
+    let blksum = blksum();
+    let line = |hex: &str| format!("{hex}  {}\n", s(&fidx));
+    let o = run(&blksum, &["--construction", "pbs", s(&fidx)]);
+    assert_eq!((o.code, o.stdout), (0, line(&hex(&csum))), "{}", o.stderr);
+    assert_eq!(
+        o.stderr, "",
+        "no note of a size rounded up: not the file's bytes"
+    );
+    let ours = run(&blksum, &["-d", "sha256", "--block-size", "4m", s(&img)]);
+    let want = ours.stdout.split(' ').next().unwrap();
+    let o = run(&blksum, &["-d", "sha256", "--block-size", "4m", s(&fidx)]);
+    assert_eq!((o.code, o.stdout), (0, line(want)), "{}", o.stderr);
+    let o = run(&blksum, &["--json", "--construction", "pbs", s(&fidx)]);
+    let doc: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    let input = &doc["inputs"][0];
+    assert_eq!(input["format"], "fidx");
+    assert_eq!(input["virtual-size"], 10 * MIB + 65536);
+    // The written zeros' chunk is zeros; the others hold data.
+    assert_eq!(input["zero-bytes"], 4 * MIB);
+    // Other digests or block sizes need the chunks: refused, saying so.
+    for args in [
+        &[][..],
+        &["-d", "blake3", "--block-size", "4m"],
+        &["--construction", "imageio"],
+    ] {
+        let o = run(&blksum, &[args, &[s(&fidx)]].concat());
+        assert_eq!(
+            (o.code, o.stdout.as_str()),
+            (1, ""),
+            "{args:?}: {}",
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains(&format!(
+                "blksum: {}: a PBS fixed index whose datastore was not found",
+                s(&fidx)
+            )) && o
+                .stderr
+                .contains("needs the chunks (--construction pbs, or -d sha256 --block-size 4m)"),
+            "{args:?}: {}",
+            o.stderr
+        );
+    }
+    // A damaged index is no checksum either.
+    let bad = dir.path().join("bad.fidx");
+    let mut bytes = std::fs::read(&fidx).unwrap();
+    bytes[4096 + 3] ^= 1;
+    std::fs::write(&bad, bytes).unwrap();
+    let o = run(&blksum, &["--construction", "pbs", s(&bad)]);
+    assert_eq!((o.code, o.stdout.as_str()), (1, ""), "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains("index_csum is not the SHA-256 of its digests"),
+        "{}",
+        o.stderr
+    );
+
+    // blkmap checksum: the index's own checksum by default.
+    let o = run(BLKMAP, &["checksum", s(&fidx)]);
+    assert_eq!((o.code, o.stdout), (0, line(&hex(&csum))), "{}", o.stderr);
+    let o = run(BLKMAP, &["checksum", "--construction", "blkhash", s(&fidx)]);
+    assert_eq!((o.code, o.stdout), (0, line(want)), "{}", o.stderr);
+    // Its tagged lines, naming the index, check with blksum -c.
+    for c in ["pbs", "blkhash"] {
+        let o = run(
+            BLKMAP,
+            &["checksum", "--construction", c, "--tag", s(&fidx)],
+        );
+        let list = dir.path().join("SUMS");
+        std::fs::write(&list, &o.stdout).unwrap();
+        let c = run(&blksum, &["-c", s(&list)]);
+        assert_eq!(
+            (c.code, c.stdout),
+            (0, format!("{}: OK\n", s(&fidx))),
+            "{}",
+            c.stderr
+        );
+    }
+}
+
 #[test]
 fn blkdiff_names_the_chunks_that_differ() {
     let Some(dir) = scratch() else { return };
     let (img, fidx, _) = disk_and_index(dir.path());
     let o = run(BLKDIFF, &[s(&img), s(&fidx)]);
     assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{}", o.stderr);
+    // The index on standard input is read as one, its chunk size taken
+    // from it (#57 item 7: "map the images again with the same
+    // --block-size"), on either side.
+    let piped = |args: &[&str]| {
+        let out = std::process::Command::new(BLKDIFF)
+            .args(args)
+            .stdin(std::fs::File::open(&fidx).unwrap())
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    for args in [[s(&img), "-"], ["-", s(&img)]] {
+        let (code, out, err) = piped(&args);
+        assert_eq!((code, out.as_str()), (Some(0), ""), "{args:?}: {err}");
+    }
     // A change in the second 4 MiB chunk (the written zeros).
     write(&img, "qcow2", &["write -P 1 5m 4k"]);
     let o = run(BLKDIFF, &[s(&img), s(&fidx)]);
     assert_eq!(o.code, 1, "{}", o.stderr);
     assert_eq!(o.stdout, format!("{}+{}\n", 4 * MIB, 4 * MIB));
+    let (code, out, err) = piped(&[s(&img), "-"]);
+    assert_eq!((code, out), (Some(1), o.stdout.clone()), "{err}");
     // Either side; --json says the construction asked for.
     let o = run(
         BLKDIFF,
@@ -342,7 +467,7 @@ fn blksync_takes_an_index_as_dsts_state() {
     let from_index = |extra: &[&str]| {
         let mut args = vec!["--state", s(&fidx), s(&src), s(&dst)];
         args.extend(extra);
-        run(BLKSYNC, &args)
+        run_kept(d, BLKSYNC, &args)
     };
 
     // The state after the copy must go somewhere: refused, DST untouched.
@@ -367,6 +492,24 @@ fn blksync_takes_an_index_as_dsts_state() {
     let o = from_index(&["--save-state", s(&map)]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert_eq!(crate::sync::written(&o.stderr), 4 * MIB);
+    // It says what it checked of DST, and what it leaves.
+    assert!(
+        o.stderr.contains(&format!(
+            "{}: taken as DST's state: {} of its 24 chunks read from DST",
+            s(&fidx),
+            sampled.len()
+        )),
+        "{}",
+        o.stderr
+    );
+    assert!(
+        o.stderr
+            .contains(&format!("state saved: {} (SRC's map", s(&map)))
+            && o.stderr
+                .contains(&format!("and {}.dst (DST's identity", s(&map))),
+        "{}",
+        o.stderr
+    );
     assert_eq!(
         std::fs::read(&fidx).unwrap(),
         bytes,
@@ -422,4 +565,165 @@ fn blksync_takes_an_index_as_dsts_state() {
     );
     assert_eq!(o.code, 1, "{}", o.stderr);
     assert!(o.stderr.contains("--save-state is for"), "{}", o.stderr);
+}
+
+/// A run from an index that wrote DST supersedes the index for every
+/// later run, whatever map that run names (#57 item 1: SRC rolled back to
+/// the backup, the same index with `--save-state run2.map` wrote nothing
+/// and left DST holding run 1's chunk, exit 0).
+#[test]
+fn an_index_is_refused_once_a_run_wrote_dst_whatever_map_is_named() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let chunk = 4 << 20;
+    let src = image(d, "src.qcow2", "qcow2", 96 * MIB, &["write -P 0x33 0 3m"]);
+    let dst = d.join("restored.raw");
+    let data = testkit::tools::guest_bytes(&src, &dst);
+    std::fs::write(&dst, &data).unwrap();
+    let fidx = d.join("drive-scsi0.img.fidx");
+    std::fs::write(&fidx, fidx_bytes(&data, chunk).0).unwrap();
+    // A chunk of zeros the state check does not sample.
+    let checksum = blkhash::checksum_of(Algorithm::Sha256, chunk, &data);
+    let jitter = u64::from_le_bytes(checksum.as_bytes()[..8].try_into().unwrap());
+    let sampled = blkjob::state::spread(24, jitter);
+    let hidden = (1..24u64).find(|i| !sampled.contains(i)).unwrap();
+    let at = format!("{}m", hidden * 4);
+    let sync = |map: &str, extra: &[&str]| {
+        let map = d.join(map);
+        let mut args = vec!["--state", s(&fidx), "--save-state", s(&map)];
+        args.extend(extra);
+        args.extend([s(&src), s(&dst)]);
+        run_kept(d, BLKSYNC, &args)
+    };
+
+    write(&src, "qcow2", &[&format!("write -P 0x66 {at} 4k")]);
+    let o = sync("run1.map", &[]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(crate::sync::written(&o.stderr), 4 * MIB);
+    // SRC back to the backup's content: the index and SRC agree again.
+    write(&src, "qcow2", &[&format!("write -z {at} 4k")]);
+    let o = sync("run2.map", &[]);
+    assert_eq!(o.code, 1, "DST left holding run 1's chunk: {}", o.stderr);
+    assert!(
+        o.stderr.contains("blksync wrote DST at")
+            && o.stderr
+                .contains(&format!("--state {}", s(&d.join("run1.map")))),
+        "{}",
+        o.stderr
+    );
+    assert!(!d.join("run2.map").exists());
+    // Reading DST instead of the index makes it right.
+    let o = sync("run2.map", &["--force-rescan"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stderr.contains("4194304 zeroed"), "{}", o.stderr);
+    assert!(
+        std::fs::read(&dst).unwrap() == data,
+        "DST is not the backup"
+    );
+    // A run from the map wrote DST too: the index stays refused.
+    write(&src, "qcow2", &[&format!("write -P 0x77 {at} 4k")]);
+    let map2 = d.join("run2.map");
+    let o = run_kept(d, BLKSYNC, &["--state", s(&map2), s(&src), s(&dst)]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    write(&src, "qcow2", &[&format!("write -z {at} 4k")]);
+    let o = sync("run3.map", &[]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    // DST restored from the backup again (by other means): the index
+    // describes it again.
+    std::fs::write(&dst, &data).unwrap();
+    let o = sync("run3.map", &[]);
+    assert_eq!(
+        (o.code, crate::sync::written(&o.stderr)),
+        (0, 0),
+        "{}",
+        o.stderr
+    );
+}
+
+/// A backup in its datastore is the disk it holds for every command
+/// (#59 items 2 and 3): blksum in any construction equals blksum of the
+/// disk, an encrypted one with its key file; blksync restores it into an
+/// existing disk writing only what differs, and the result's checksum is
+/// the backup's.
+#[test]
+fn a_backup_in_its_datastore_is_the_disk_it_holds() {
+    use testkit::pbs::{Backup, Kdf, key_file, write_backup};
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let mut data: Vec<u8> = (0..10 * MIB as usize + 4096)
+        .map(|i| (i % 253) as u8)
+        .collect();
+    data[4 << 20..8 << 20].fill(0);
+    let disk = d.join("disk.raw");
+    std::fs::write(&disk, &data).unwrap();
+    let key = [0x42u8; 32];
+    let keyfile = d.join("key.json");
+    std::fs::write(&keyfile, key_file(&key, Kdf::Pbkdf2, b"s3cret pass")).unwrap();
+    let pass = d.join("pass");
+    std::fs::write(&pass, "s3cret pass\n").unwrap();
+    let plain = write_backup(&d.join("store"), &Backup::of(&data));
+    let b = Backup {
+        key: Some(key),
+        ..Backup::of(&data)
+    };
+    let encrypted = write_backup(&d.join("enc"), &b);
+    let blksum = blksum();
+    for args in [
+        &[][..],
+        &["--construction", "pbs"],
+        &["--construction", "imageio", "-d", "sha1"],
+    ] {
+        let want = run(&blksum, &[args, &[s(&disk)]].concat());
+        let want = want.stdout.split(' ').next().unwrap().to_string();
+        for (index, extra) in [
+            (&plain, vec![]),
+            (
+                &encrypted,
+                vec!["--keyfile", s(&keyfile), "--secret-file", s(&pass)],
+            ),
+        ] {
+            let o = run(&blksum, &[args, &extra, &[s(index)]].concat());
+            assert_eq!(o.code, 0, "{args:?} {extra:?}: {}", o.stderr);
+            assert_eq!(
+                o.stdout,
+                format!("{want}  {}\n", s(index)),
+                "{args:?} {extra:?}"
+            );
+        }
+    }
+    // A wrong passphrase: refused naming the key file, no checksum.
+    std::fs::write(&pass, "wrong\n").unwrap();
+    let o = run(
+        &blksum,
+        &[
+            "--keyfile",
+            s(&keyfile),
+            "--secret-file",
+            s(&pass),
+            s(&encrypted),
+        ],
+    );
+    assert_eq!((o.code, o.stdout.as_str()), (1, ""), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("the passphrase does not open it"),
+        "{}",
+        o.stderr
+    );
+
+    // Rolled back into an existing disk: only what differs is written.
+    let dst = d.join("dst.raw");
+    let mut changed = data.clone();
+    changed[100..200].fill(9);
+    changed[9 << 20] ^= 1;
+    std::fs::write(&dst, &changed).unwrap();
+    let o = run(BLKSYNC, &[s(&plain), s(&dst)]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(crate::sync::written(&o.stderr), 2 * 65536, "{}", o.stderr);
+    assert!(
+        std::fs::read(&dst).unwrap() == data,
+        "DST is not the backup"
+    );
+    let a = run(&blksum, &["--construction", "pbs", s(&dst)]);
+    let b = run(&blksum, &["--construction", "pbs", s(&plain)]);
+    assert_eq!(a.stdout.split(' ').next(), b.stdout.split(' ').next());
 }

@@ -17,6 +17,8 @@ pub mod http_reply;
 pub mod nbd_handshake;
 pub mod nbd_reply;
 pub mod nbd_transmission;
+pub mod pbs_blob;
+pub mod pbs_manifest;
 pub mod qcow2;
 pub mod record;
 pub mod state;

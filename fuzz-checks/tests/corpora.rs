@@ -68,4 +68,4 @@ macro_rules! targets {
     };
 }
 
-targets!(qcow2 nbd_reply nbd_transmission nbd_handshake blkmap fidx check_file state record http_reply http_direct vnbd compressed);
+targets!(qcow2 nbd_reply nbd_transmission nbd_handshake blkmap fidx check_file state record http_reply http_direct vnbd compressed pbs_blob pbs_manifest);

@@ -122,7 +122,7 @@ pub fn checksum(
     let job = spec.build().map_err(value_error)?;
     let hashed = run_cancellable(py, &name.clone(), move |cancel| {
         let job = job.with_cancel(cancel);
-        blkjob::hash(job.open(&name)?, &job, &mut |_| {})
+        blkjob::hash_named(&name, &job, &mut |_| {})
     })?;
     warn_rounded(py, &image, hashed.rounded)?;
     warn_note(py, &image, hashed.decompressed)?;

@@ -166,6 +166,7 @@ impl OpenArgs {
             no_backing: self.no_backing,
             force_share: self.force_share,
             secret_file: self.secret_file,
+            keyfile: None,
             nbd: blkimage::nbd::NbdOptions {
                 timeout,
                 tls_certificates: self.tls_certificates.clone(),

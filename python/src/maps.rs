@@ -195,7 +195,9 @@ pub fn merge(
         {
             let name = fidx.display().to_string();
             let sum = blkmap::open_fidx(fidx).and_then(|mut r| r.checksum_in(construction));
-            return Ok(sum.map(|s| s.to_hex()).map_err(|e| e.of(&name)));
+            return Ok(sum
+                .map(|s| s.to_hex())
+                .map_err(|e| blkmap::MapError::from(e).of(&name)));
         }
         let merged = blkmap::merge_files_until(&parts, out.as_deref(), &cancel);
         Ok(match (merged, &out) {

@@ -4,6 +4,8 @@
 //! HTTP servers (nginx, Python's, and a hostile one: [`http`]),
 //! qemu-storage-daemon driven over QMP ([`qsd`]), a SOCKS proxy ([`socks`]),
 //! virtnbdbackup's streams written and restored by its own code ([`vnbd`]).
+//! Proxmox Backup Server datastores written from the published format
+//! ([`pbs`]).
 //!
 //! A recipe is segments separated by spaces, each `SIZE:KIND` (see
 //! `vectors.json`'s README in the shared vectors): `-` a hole, `0` written
@@ -17,6 +19,7 @@ pub mod hostile;
 pub mod http;
 pub mod libvirt;
 pub mod nbd;
+pub mod pbs;
 pub mod qsd;
 pub mod socks;
 pub mod tools;

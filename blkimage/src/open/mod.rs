@@ -7,6 +7,7 @@
 mod chain;
 mod compressed;
 mod http;
+mod pbs;
 mod vnbd;
 
 use crate::formats::qcow2;
@@ -85,8 +86,14 @@ pub struct OpenOptions {
     /// Refuse images that refer to other files: a qcow2 backing file or
     /// external data file (an untrusted image can name any host file).
     pub no_backing: bool,
-    /// The file with the passphrase of LUKS images (its bytes as they are).
+    /// The file with the passphrase of LUKS images (its bytes as they
+    /// are), or of a PBS key file (its first line).
     pub secret_file: Option<std::path::PathBuf>,
+    /// A Proxmox Backup Server key file (as `proxmox-backup-client key
+    /// create` writes it): the key of an encrypted backup read from its
+    /// datastore. Its passphrase, if it has one, comes from
+    /// `PBS_ENCRYPTION_PASSWORD`, else `secret_file`.
+    pub keyfile: Option<std::path::PathBuf>,
     /// Ignore QEMU's image locks (qemu-img's `-U`/`--force-share`): read an
     /// image even while a VM or a writable qemu-nbd has it open. Without
     /// it such an image is an error ([`io::ErrorKind::ResourceBusy`],
@@ -324,6 +331,9 @@ fn open_one(name: &OsStr, opts: &OpenOptions) -> io::Result<Input> {
 /// a virtnbdbackup stream with its chain, another format QEMU reads, qcow2
 /// with its chain, or raw; probed unless `opts.format` says.
 fn open_image(path: &Path, ft: std::fs::FileType, opts: &OpenOptions) -> io::Result<Input> {
+    if opts.format.is_none() && ft.is_file() && crate::formats::pbs::is_fidx_file(path) {
+        return pbs::open(path, opts);
+    }
     let file = RawFile::open_with(path, opts)?;
     file.lock(opts.force_share)?;
     if opts.format.is_none() && ft.is_file() && crate::formats::vnbd::probe_file(&file)? {

@@ -14,6 +14,7 @@ pub mod file;
 pub mod http;
 pub mod mapped;
 pub mod nbd;
+pub mod pbs;
 
 pub use file::{ImageFile, RawFile};
 

@@ -16,6 +16,7 @@
 //! a few sampled blocks are checked for every state.
 
 pub mod check;
+pub mod written;
 
 use crate::record::Record;
 use blkhash::{Algorithm, Checksum};
@@ -96,6 +97,11 @@ pub fn load_side(state: &Path, map: &dyn MapLike) -> Result<Option<Record>, Stri
     };
     let side = Record::parse_side(&text).map_err(|why| format!("{}: {why}", path.display()))?;
     Ok((side.map == checksum_of(map).map(|c| c.to_hex())).then_some(side))
+}
+
+/// How many of DST's blocks a check of the state `map` reads.
+pub fn sample_count(map: &dyn MapLike) -> u64 {
+    samples(map).len() as u64
 }
 
 /// Block indexes to sample: the first block, then spread over the image,

@@ -123,6 +123,9 @@ pub struct Report {
     /// An update read through SRC's dirty bitmap: the blocks it marked
     /// (the only ones read and compared, but for the sampled ones).
     pub dirty_blocks: Option<u64>,
+    /// DST's state was a PBS fixed index: the chunks of DST read to check
+    /// it, of how many (the others were taken on the index's word).
+    pub index_samples: Option<(u64, u64)>,
 }
 
 /// What a dry run would have done to DST.
@@ -172,6 +175,9 @@ pub fn run(
         _ => None,
     };
 
+    let index_samples = (dst_map.as_ref())
+        .filter(|_| req.index_state().is_some())
+        .map(|m| (state::sample_count(m), m.header().blocks()));
     // A DST known to hold only zeros is not read.
     let known = match dst_map {
         Some(_) => DstKnown::State,
@@ -184,6 +190,10 @@ pub fn run(
     let compares = !matches!(plan, Plan::FirstCopy { .. });
     progress.start(size, job.block_size(), compares);
     // From here on DST is written: a failed run leaves it for the next.
+    let written = match req.dry_run {
+        false => mark_written(req, &dst)?,
+        true => None,
+    };
     dst.keep();
     let dirty_blocks = changes.as_ref().map(|c| c.dirty_blocks());
     let src = cached_for_bitmap(req, &job, &src_name, src, changes.is_some())?;
@@ -206,6 +216,10 @@ pub fn run(
     if !req.dry_run {
         save_served_side(req, &mut dst, &done)?;
     }
+    if let Some((key, mut w)) = written {
+        w.after = Some(dst_now(&dst).map_err(|e| Error::io(&dst.name, e))?);
+        state::written::save(&key, &w).map_err(|e| Error::io(&dst.name, e))?;
+    }
     src_unwritten(&src_name, &src_before, &*src_watch)?;
     Ok(Report {
         plan,
@@ -217,7 +231,84 @@ pub fn run(
         src_map: done.src_map,
         would_write: done.would_write,
         dirty_blocks,
+        index_samples,
     })
+}
+
+/// What DST is, as the record of a run that wrote it keys it
+/// ([`state::written`]): a file by device and inode, a block device by
+/// its number, an export by its URL.
+fn dst_key(dst: &Dst) -> io::Result<String> {
+    use std::os::unix::fs::FileTypeExt;
+    if dst.nbd.is_some() && dst.served.is_none() {
+        return Ok(format!("nbd {}", dst.name));
+    }
+    let m = std::fs::metadata(&dst.path)?;
+    Ok(match m.file_type().is_block_device() {
+        true => format!("device {}", m.rdev()),
+        false => format!("file {} {}", m.dev(), m.ino()),
+    })
+}
+
+/// DST now, as a record of a run that wrote it keeps it.
+fn dst_now(dst: &Dst) -> io::Result<crate::record::Record> {
+    if dst.nbd.is_some() && dst.served.is_none() {
+        return Ok(crate::record::Record {
+            size: dst.size,
+            map: None,
+            remote: Vec::new(),
+            files: Vec::new(),
+        });
+    }
+    let m = std::fs::metadata(&dst.path)?;
+    let size = if m.is_file() { m.len() } else { dst.size };
+    Ok(crate::record::Record::of_target(
+        "0".into(),
+        &dst.path,
+        &m,
+        size,
+    ))
+}
+
+/// Before DST is written: a record that blksync is writing it, for a run
+/// that names an index as DST's state, or a DST that has a record (the
+/// index stays superseded whatever state later runs name). The record
+/// and its key, to complete once DST is flushed.
+fn mark_written(
+    req: &Request,
+    dst: &Dst,
+) -> Result<Option<(String, state::written::Written)>, Error> {
+    let key = dst_key(dst).map_err(|e| Error::io(&dst.name, e))?;
+    let had = state::written::load(&key).is_ok_and(|w| w.is_some());
+    if req.index_state().is_none() && !had {
+        return Ok(None);
+    }
+    let w = state::written::Written {
+        dst: dst.name.clone(),
+        state: req.state_out().map(Path::to_path_buf),
+        at: state::written::now_secs(),
+        after: None,
+    };
+    state::written::save(&key, &w).map_err(|e| Error::io(&dst.name, e))?;
+    Ok(Some((key, w)))
+}
+
+/// Why an index may not be DST's state, if blksync's record says a run
+/// wrote DST (see [`state::written`]).
+fn index_written(dst: &Dst) -> Result<(), String> {
+    let key = dst_key(dst).map_err(|e| crate::reason(&e))?;
+    let Some((path, w)) = state::written::load(&key)? else {
+        return Ok(());
+    };
+    let now = dst_now(dst).map_err(|e| crate::reason(&e))?;
+    match w.refuses_index(&now) {
+        Some(why) => Err(format!(
+            "{why} (blksync's record {}: remove it only if DST was restored from this backup \
+             again since)",
+            path.display()
+        )),
+        None => Ok(()),
+    }
 }
 
 /// SRC again through the page cache if a bitmap says which blocks to
@@ -393,6 +484,11 @@ fn judge_state(
             )),
             (None, None) => None,
         };
+        // blksync's record first: it names the map that says what DST
+        // holds, where a sampled chunk would only say that it differs.
+        if req.index_state().is_some() && dst.size == m.header().size {
+            index_written(dst)?;
+        }
         state::check::check(&m, path, job.algorithm(), job.block_size(), now, dst.size)?;
         Ok(m)
     });

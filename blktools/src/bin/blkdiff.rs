@@ -5,6 +5,7 @@ use blkcli::manual::Page;
 use blkcli::output::{Form, Stdout};
 use blkcli::progress::Progress;
 use blkcli::units::reason;
+use blkimage::Input;
 use blkjob::{Job, StdinMap};
 use blkmap::{Diff, Header, MapLike, SizeRule};
 use clap::Parser;
@@ -165,7 +166,7 @@ fn main() -> ExitCode {
     let detect = [args.input.format.is_none(), b_format.is_none()];
 
     // Saved maps first: they say how to hash the images.
-    let maps = match saved_maps(&args, detect) {
+    let (maps, stdin) = match saved_maps(&args, detect) {
         Ok(maps) => maps,
         Err(msg) => return trouble(msg),
     };
@@ -187,7 +188,7 @@ fn main() -> ExitCode {
         Ok(job) => job,
         Err(msg) => return trouble(msg),
     };
-    let (ra, rb) = hash_both(&args, maps, [&job, &job_b], detect, &progress);
+    let (ra, rb) = hash_both(&args, maps, stdin, [&job, &job_b], &progress);
     let (a, b) = match (ra, rb) {
         (Ok(a), Ok(b)) => (a, b),
         _ if signals.cancelled() => {
@@ -244,16 +245,34 @@ impl Side {
     }
 }
 
-/// A and B that are saved maps (where the format is probed and the input
-/// is not standard input), opened.
-fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Side>; 2], String> {
+/// A and B that are saved maps (where the format is probed), opened; and
+/// standard input, if it is one of them and not a map: the stream to
+/// hash. Standard input is read first as a map too, so that an index or
+/// a map piped in says the digest and block size as one named does.
+#[allow(clippy::type_complexity)]
+fn saved_maps(
+    args: &Args,
+    detect: [bool; 2],
+) -> Result<([Option<Side>; 2], Option<Box<dyn io::Read + Send>>), String> {
     let mut maps: [Option<Side>; 2] = [None, None];
+    let mut stdin = None;
     for ((slot, (path, name)), detect) in maps
         .iter_mut()
         .zip([(&args.a_path, &args.a), (&args.b_path, &args.b)])
         .zip(detect)
     {
-        if !detect || path == "-" {
+        if !detect {
+            continue;
+        }
+        if path == "-" {
+            match blkjob::stdin_saved() {
+                Ok(Ok((map, format))) => match map.header().whole() {
+                    Ok(_) => *slot = Some(Side::Saved(map, format)),
+                    Err(e) => return Err(format!("{name}: {e}")),
+                },
+                Ok(Err(stream)) => stdin = Some(stream),
+                Err(e) => return Err(format!("{name}: {}", reason(&e))),
+            }
             continue;
         }
         // A PBS fixed index is streamed into a map in a temporary file
@@ -267,7 +286,7 @@ fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Side>; 2], Strin
             Err(e) => return Err(format!("{name}: {}", reason(&e))),
         }
     }
-    Ok(maps)
+    Ok((maps, stdin))
 }
 
 /// The maps of A and B: saved ones as they are, images hashed both at once
@@ -276,22 +295,24 @@ fn saved_maps(args: &Args, detect: [bool; 2]) -> Result<[Option<Side>; 2], Strin
 fn hash_both(
     args: &Args,
     [ma, mb]: [Option<Side>; 2],
+    stdin: Option<Box<dyn io::Read + Send>>,
     [job_a, job_b]: [&Job; 2],
-    detect: [bool; 2],
     progress: &Progress,
 ) -> (io::Result<Side>, io::Result<Side>) {
-    let side = |m: Option<Side>, name: &OsString, job: &Job, detect| -> io::Result<Side> {
+    // Standard input not read yet (its format given: never a map).
+    let stdin = std::sync::Mutex::new(stdin);
+    let side = |m: Option<Side>, name: &OsString, job: &Job| -> io::Result<Side> {
         match m {
             Some(m) => Ok(m),
-            None if name == "-" => progress
-                .track("-", None, |p| blkjob::map_stdin(job, detect, p))
-                .and_then(|m| match m {
-                    StdinMap::Saved(map, format) => {
-                        map.header().whole().map_err(io::Error::other)?;
-                        Ok(Side::Saved(map, format))
-                    }
-                    StdinMap::Written(map, written) => Ok(Side::Written(map, written)),
-                }),
+            None if name == "-" => {
+                let stream = stdin.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let stream = stream.unwrap_or_else(|| Box::new(io::stdin()));
+                progress
+                    .track("-", None, |p| {
+                        blkjob::map_to_temp(Input::Stream(stream), job, job.cancel(), p)
+                    })
+                    .map(|(file, written)| Side::Written(file, written))
+            }
             None => {
                 let input = job.open(name)?;
                 progress
@@ -305,12 +326,12 @@ fn hash_both(
     let ma = std::sync::Mutex::new(ma);
     let side_a = || {
         let m = ma.lock().unwrap_or_else(|p| p.into_inner()).take();
-        side(m, &args.a_path, job_a, detect[0])
+        side(m, &args.a_path, job_a)
     };
     std::thread::scope(|s| {
         // At the system's limit on threads, one after the other.
         let ha = std::thread::Builder::new().spawn_scoped(s, side_a);
-        let rb = side(mb, &args.b_path, job_b, detect[1]);
+        let rb = side(mb, &args.b_path, job_b);
         let ra = match ha {
             Ok(h) => h.join().expect("hashing thread"),
             Err(_) => side_a(),

@@ -134,8 +134,9 @@ enum Command {
     /// MAP may be a Proxmox Backup Server fixed index (.fidx, probed by
     /// its magic: the map of the disk it backed up, sha256 digests of its
     /// chunks), its length and index_csum checked against its digests:
-    /// with --construction pbs the line holds its index_csum, which
-    /// `blksum --construction pbs DISK` gives for the disk it backed up.
+    /// the line holds its index_csum (what PBS shows as the file's csum,
+    /// and `blksum --construction pbs DISK` gives for the disk it backed
+    /// up) unless another --construction is asked for.
     Checksum {
         /// A map, or the parts of one.
         #[arg(value_name = "MAP", required = true)]
@@ -160,7 +161,7 @@ struct LineArgs {
     /// The checksum to print, computed from the block digests: blkhash
     /// (blkhash 0.11's, the one a map holds), imageio (oVirt imageio's
     /// checksum API), pbs (a Proxmox Backup Server index_csum: of a .fidx,
-    /// its own, checked) [default: blkhash].
+    /// its own, checked) [default: blkhash; pbs for a .fidx].
     #[arg(long, value_name = "NAME", value_parser = blkcli::args::construction_parser(), hide_possible_values = true)]
     construction: Option<blkhash::Construction>,
 }
@@ -680,6 +681,9 @@ fn checksum(maps: &[PathBuf], line: &LineArgs) -> ExitCode {
     if let [path] = maps
         && blkmap::is_fidx_file(path)
     {
+        // An index's own checksum is its index_csum, what PBS shows: a
+        // blkhash checksum of it would match nothing a PBS user has.
+        let c = line.construction.unwrap_or(blkhash::Construction::Pbs);
         let sum = blkmap::open_fidx(path).and_then(|mut r| {
             let sum = r.checksum_in(c)?;
             Ok((sum, r.header().chunk_size))
@@ -687,7 +691,7 @@ fn checksum(maps: &[PathBuf], line: &LineArgs) -> ExitCode {
         return match sum {
             Ok((sum, bs)) => print_line(&sum.to_hex(), &name, (c, sum.algorithm(), bs), line.tag),
             Err(e) => {
-                say_merge_error(&path.display().to_string(), e);
+                say_merge_error(&path.display().to_string(), e.into());
                 ExitCode::FAILURE
             }
         };

@@ -248,6 +248,30 @@ fn message(e: &Error) -> String {
     }
 }
 
+/// After a run from a PBS fixed index: what was checked of DST against
+/// it, and the state it leaves (a map and its side record) for the next.
+fn index_said(args: &Args, r: &Report) {
+    let (Some((read, of)), Some(index)) = (r.index_samples, &args.state) else {
+        return;
+    };
+    eprintln!(
+        "blksync: {}: taken as DST's state: {read} of its {} read from DST and found as it \
+         says; the others were taken on its word (DST must not have been written since the \
+         restore)",
+        index.display(),
+        blkcli::plural(of, "chunk", "chunks"),
+    );
+    if let Some(map) = &args.save_state {
+        let side = blkjob::state::side_path(map);
+        eprintln!(
+            "blksync: state saved: {} (SRC's map: give it as --state next time) and {} (DST's \
+             identity, size and times, which the next run checks)",
+            map.display(),
+            side.display()
+        );
+    }
+}
+
 /// What the run did: a dry run's ranges on standard output; else the
 /// summary on standard error, and SRC's checksum line if asked.
 fn print(args: &Args, src: &str, dst: &str, r: &Report) -> Result<(), output::Failed> {
@@ -262,6 +286,8 @@ fn print(args: &Args, src: &str, dst: &str, r: &Report) -> Result<(), output::Fa
             Ok(())
         });
     }
+    // Before the summary, which stays the last line.
+    index_said(args, r);
     let blocks = blkcli::plural(r.size.div_ceil(r.block_size as u64), "block", "blocks");
     // A first copy compares nothing: DST held no data.
     let how = match r.plan {

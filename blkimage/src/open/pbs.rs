@@ -1,0 +1,129 @@
+//! A Proxmox Backup Server fixed index opened as the disk it holds: its
+//! datastore found above it, its manifest checked (the index's csum and
+//! size, the key's fingerprint and the signature), the key loaded for an
+//! encrypted backup.
+
+use crate::formats::pbs::image::PbsImage;
+use crate::formats::pbs::manifest::{MAX_MANIFEST, Manifest};
+use crate::formats::pbs::{self, NoDatastore};
+use crate::open::{Input, OpenOptions};
+use crate::storage::pbs::{ChunkStore, Key, keyfile};
+use std::io::{self, Read};
+use std::path::Path;
+
+/// The environment variable the passphrase of a key file is taken from,
+/// as proxmox-backup-client takes it.
+pub const PASSWORD_ENV: &str = "PBS_ENCRYPTION_PASSWORD";
+
+fn invalid(what: impl std::fmt::Display, why: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("{what}: {why}"))
+}
+
+/// The disk the index at `path` holds. Its datastore is looked for above
+/// it; without one, an error carrying [`NoDatastore`] (what the index
+/// alone gives is the caller's to take).
+pub fn open(path: &Path, opts: &OpenOptions) -> io::Result<Input> {
+    let mut reader = pbs::open_fidx(path)?;
+    let header = reader.header().clone();
+    let Some(store) = pbs::find_datastore(path) else {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            NoDatastore {
+                index: path.to_path_buf(),
+                header,
+            },
+        ));
+    };
+    // Checked whole before a chunk is read: its length, its index_csum.
+    reader.checksum()?;
+    let canon = std::fs::canonicalize(path)?;
+    let dir = canon.parent().unwrap_or(Path::new("/"));
+    let snapshot = dir
+        .strip_prefix(&store)
+        .unwrap_or(dir)
+        .display()
+        .to_string();
+    let name = canon.file_name().unwrap_or_default().to_string_lossy();
+    let manifest_path = dir.join("index.json.blob");
+    let manifest = read_manifest(&manifest_path)?;
+    let info = manifest
+        .file(&name)
+        .map_err(|why| invalid(manifest_path.display(), why))?;
+    if (info.csum, info.size) != (header.index_csum, header.size) {
+        return Err(invalid(
+            path.display(),
+            format!(
+                "not the index the manifest {} lists (its csum {} and size {}; the index's {} \
+                 and {})",
+                manifest_path.display(),
+                blkhash::to_hex(&info.csum),
+                info.size,
+                blkhash::to_hex(&header.index_csum),
+                header.size
+            ),
+        ));
+    }
+    let key = match (&opts.keyfile, info.crypt_mode.as_str()) {
+        (Some(k), _) => Some(load_key(k, opts)?),
+        (None, "encrypt") => {
+            return Err(invalid(
+                path.display(),
+                format!(
+                    "an encrypted backup (its manifest says so: key {}): its key file is needed",
+                    manifest.fingerprint().unwrap_or("unknown")
+                ),
+            ));
+        }
+        (None, _) => None,
+    };
+    if let Some(key) = &key {
+        manifest
+            .check_key(key)
+            .map_err(|why| invalid(manifest_path.display(), why))?;
+    }
+    let store = ChunkStore::new(&store, key);
+    let index = std::fs::File::open(path)?;
+    let image = PbsImage::new(path.to_path_buf(), index, header, store, snapshot)?;
+    Ok(Input::Image(Box::new(image)))
+}
+
+/// The manifest at `path`, read within its bound and parsed.
+fn read_manifest(path: &Path) -> io::Result<Manifest> {
+    let f = std::fs::File::open(path).map_err(|e| {
+        crate::with_context(e, format!("{}: the snapshot's manifest", path.display()))
+    })?;
+    let mut raw = Vec::new();
+    f.take(MAX_MANIFEST as u64 + 64).read_to_end(&mut raw)?;
+    Manifest::parse(&raw).map_err(|why| invalid(path.display(), why))
+}
+
+/// The key in the key file `path`, its passphrase (if its kdf needs one)
+/// from [`PASSWORD_ENV`], else the first line of `opts.secret_file`.
+fn load_key(path: &Path, opts: &OpenOptions) -> io::Result<Key> {
+    let shown = path.display();
+    let mut text = Vec::new();
+    std::fs::File::open(path)
+        .map_err(|e| crate::with_context(e, format!("{shown}: the key file")))?
+        .take(1 << 20)
+        .read_to_end(&mut text)?;
+    let pass = match keyfile::needs_passphrase(&text).map_err(|why| invalid(&shown, why))? {
+        false => None,
+        true => Some(passphrase(opts).map_err(|why| invalid(&shown, why))?),
+    };
+    keyfile::load(&text, pass.as_deref()).map_err(|why| invalid(&shown, why))
+}
+
+fn passphrase(opts: &OpenOptions) -> Result<Vec<u8>, String> {
+    if let Some(p) = std::env::var_os(PASSWORD_ENV) {
+        use std::os::unix::ffi::OsStrExt;
+        return Ok(p.as_bytes().to_vec());
+    }
+    let Some(file) = &opts.secret_file else {
+        return Err(format!(
+            "its key is protected by a passphrase: give it in {PASSWORD_ENV} or a file"
+        ));
+    };
+    let text = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let line = text.split(|&b| b == b'\n').next().unwrap_or(&[]);
+    Ok(line.strip_suffix(b"\r").unwrap_or(line).to_vec())
+}

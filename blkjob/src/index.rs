@@ -1,0 +1,99 @@
+//! A Proxmox Backup Server fixed index named where an image is: the disk
+//! it holds. With its datastore it is read from the chunks (an image like
+//! any other, [`blkimage::open`]); without, what its digests give: its
+//! `index_csum` (the `pbs` construction, and `imageio`'s with sha256,
+//! which is the same) and blkhash 0.11's construction, both in sha256 and
+//! blocks of its chunk size. Anything else needs the chunks: refused,
+//! saying so ([`IndexOnly`]).
+
+use crate::{Hashed, Job};
+use blkhash::Algorithm;
+use blkimage::pbs::{DIGEST_LEN, NoDatastore};
+use std::fmt;
+use std::io;
+use std::path::Path;
+
+/// A checksum asked of an index without its datastore that its digests
+/// cannot give: another digest or block size than sha256 and its chunk
+/// size.
+#[derive(Debug)]
+pub struct IndexOnly {
+    /// The index's chunk size.
+    pub chunk_size: usize,
+    /// The digest asked for.
+    pub algorithm: Algorithm,
+    /// The block size asked for.
+    pub block_size: usize,
+}
+
+impl fmt::Display for IndexOnly {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a PBS fixed index whose datastore was not found (no directory holding .chunks above \
+             it) gives the checksum of the disk it holds only in sha256 with blocks of its chunk \
+             size ({} bytes); {} with {}-byte blocks needs the chunks",
+            self.chunk_size,
+            self.algorithm.name(),
+            self.block_size
+        )
+    }
+}
+
+impl std::error::Error for IndexOnly {}
+
+/// The checksum of the disk the index at `index` holds, from its digests
+/// alone, as `job` asks: checked whole (its length, its `index_csum`).
+/// Nothing is read of the disk: its data and zero bytes are told by the
+/// digests (a chunk with the digest of a chunk of zeros is zeros).
+pub fn index_checksum(index: &Path, job: &Job) -> io::Result<Hashed> {
+    let mut r = blkimage::pbs::open_fidx(index)?;
+    let h = r.header().clone();
+    if (job.algorithm(), job.block_size()) != (Algorithm::Sha256, h.chunk_size) {
+        let e = IndexOnly {
+            chunk_size: h.chunk_size,
+            algorithm: job.algorithm(),
+            block_size: job.block_size(),
+        };
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
+    }
+    let zero = Algorithm::Sha256.digest_zeros(h.chunk_size);
+    let (full, mut at) = (h.size / h.chunk_size as u64, 0u64);
+    let mut stats = blkimage::Stats::default();
+    while let Some(digests) = r.next_digests()? {
+        for d in digests.chunks_exact(DIGEST_LEN) {
+            let len = (h.size - at * h.chunk_size as u64).min(h.chunk_size as u64);
+            match at < full && d == zero {
+                true => stats.zero += len,
+                false => stats.data += len,
+            }
+            at += 1;
+        }
+    }
+    Ok(Hashed {
+        checksum: r.checksum_in(job.construction())?,
+        format: "fidx".into(),
+        size: h.size,
+        block_size: h.chunk_size,
+        stats,
+        rounded: None,
+        resumed_at: 0,
+    })
+}
+
+/// The checksum of the image `name` as `job` asks ([`crate::hash`] of
+/// [`Job::open`]), or of the disk a fixed index holds when its datastore
+/// is not found ([`index_checksum`]).
+pub fn hash_named(
+    name: impl AsRef<std::ffi::OsStr>,
+    job: &Job,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<Hashed> {
+    match job.open(name) {
+        Ok(input) => crate::hash(input, job, progress),
+        Err(e) => match blkimage::cause::<NoDatastore>(&e) {
+            Some(nd) => index_checksum(&nd.index, job),
+            None => Err(e),
+        },
+    }
+}
