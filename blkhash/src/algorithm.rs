@@ -213,14 +213,44 @@ impl Algorithm {
     /// }
     /// ```
     pub fn digest_many(self, msgs: &[&[u8]], out: &mut [u8]) {
+        self.digest_many_keyed(msgs, &[], out);
+    }
+
+    /// [`digest_many`](Algorithm::digest_many) of each message followed by
+    /// `key`: `H(msg || key)`, a keyed block digest (Proxmox Backup
+    /// Server's encrypted chunks are digested so, with a key of 32 bytes).
+    /// SHA-256 keeps its multi-buffer kernels: the key is a tail each
+    /// stream reads after its message, never copied beside it.
+    ///
+    /// ```
+    /// use blkhash::Algorithm;
+    /// let msgs: [&[u8]; 2] = [b"a", &[7u8; 4096]];
+    /// let mut many = vec![0u8; 2 * 32];
+    /// Algorithm::Sha256.digest_many_keyed(&msgs, b"key", &mut many);
+    /// let mut one = [0u8; 32];
+    /// Algorithm::Sha256.digest_keyed_into(&[7u8; 4096], b"key", &mut one);
+    /// assert_eq!(&many[32..], one);
+    /// Algorithm::Sha256.digest_into(b"akey", &mut one);
+    /// assert_eq!(&many[..32], one);
+    /// ```
+    pub fn digest_many_keyed(self, msgs: &[&[u8]], key: &[u8], out: &mut [u8]) {
         let n = self.output_len();
         assert_eq!(out.len(), msgs.len() * n, "digest_many: output length");
         if self == Algorithm::Sha256 && msgs.len() > 1 {
-            // Batches of at most 16 keep the temporary on the stack.
+            // Batches of at most 16 keep the temporaries on the stack.
             let mut tmp = [[0u8; 32]; 16];
+            let mut framed = [tape_sha256::Message::new(&[]); 16];
             for (m, o) in msgs.chunks(16).zip(out.chunks_mut(16 * 32)) {
                 let t = &mut tmp[..m.len()];
-                tape_sha256::hash_many(m, t);
+                if key.is_empty() {
+                    tape_sha256::hash_many(m, t);
+                } else {
+                    let f = &mut framed[..m.len()];
+                    for (f, body) in f.iter_mut().zip(m) {
+                        *f = tape_sha256::Message::pair(&[], body, key);
+                    }
+                    tape_sha256::hash_messages(f, t);
+                }
                 for (d, o) in t.iter().zip(o.chunks_exact_mut(32)) {
                     o.copy_from_slice(d);
                 }
@@ -228,8 +258,20 @@ impl Algorithm {
             return;
         }
         for (m, o) in msgs.iter().zip(out.chunks_exact_mut(n.max(1))) {
-            self.digest_into(m, &mut o[..n]);
+            self.digest_keyed_into(m, key, &mut o[..n]);
         }
+    }
+
+    /// The digest of `data` followed by `key` (`H(data || key)`) into
+    /// `out`: [`digest_into`](Algorithm::digest_into) when `key` is empty.
+    pub fn digest_keyed_into(self, data: &[u8], key: &[u8], out: &mut [u8]) {
+        if key.is_empty() {
+            return self.digest_into(data, out);
+        }
+        let mut s = self.streaming();
+        s.update(data);
+        s.update(key);
+        out.copy_from_slice(&s.finalize());
     }
 
     /// A streaming state for this algorithm.
@@ -286,6 +328,19 @@ impl Algorithm {
     /// assert_eq!(Algorithm::Sha256.digest_zeros(100_000), want);
     /// ```
     pub fn digest_zeros(self, len: usize) -> Vec<u8> {
+        self.digest_zeros_keyed(len, &[])
+    }
+
+    /// The digest of `len` zero bytes followed by `key`: a zero block's
+    /// keyed digest ([`digest_many_keyed`](Algorithm::digest_many_keyed)).
+    ///
+    /// ```
+    /// use blkhash::Algorithm;
+    /// let mut want = [0u8; 32];
+    /// Algorithm::Sha256.digest_keyed_into(&[0u8; 5000], b"k", &mut want);
+    /// assert_eq!(Algorithm::Sha256.digest_zeros_keyed(5000, b"k"), want);
+    /// ```
+    pub fn digest_zeros_keyed(self, len: usize, key: &[u8]) -> Vec<u8> {
         static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
         let mut s = self.streaming();
         let mut left = len;
@@ -294,6 +349,7 @@ impl Algorithm {
             s.update(&ZEROS[..n]);
             left -= n;
         }
+        s.update(key);
         s.finalize()
     }
 }

@@ -46,6 +46,17 @@ pub fn depth_within_budget(depth: usize, bytes: usize) -> usize {
 #[derive(Clone)]
 pub(crate) struct JobDone(pub Arc<dyn Fn() + Send + Sync>);
 
+/// The bytes every block digest is taken with after the block
+/// ([`Options::block_key`]); its `Debug` says how long it is, never what.
+#[derive(Clone, Default)]
+pub(crate) struct BlockKey(pub Arc<[u8]>);
+
+impl fmt::Debug for BlockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlockKey({} bytes)", self.0.len())
+    }
+}
+
 impl fmt::Debug for JobDone {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("JobDone")
@@ -126,6 +137,7 @@ pub struct Options {
     pub(crate) threads: usize,
     pub(crate) queue_depth: Option<usize>,
     pub(crate) job_done: Option<JobDone>,
+    pub(crate) block_key: BlockKey,
 }
 
 impl Default for Options {
@@ -144,6 +156,7 @@ impl Options {
             threads: default_threads(),
             queue_depth: None,
             job_done: None,
+            block_key: BlockKey::default(),
         }
     }
     /// How block digests become the checksum (default blkhash 0.11's).
@@ -185,6 +198,29 @@ impl Options {
     /// finish (default 16: enough that workers never wait for the caller).
     pub fn queue_depth(mut self, n: usize) -> Self {
         self.queue_depth = Some(n.max(1));
+        self
+    }
+    /// Key the block digests: each is `H(block || key)` instead of
+    /// `H(block)` (a full block of zeros' constant too), the outer digest
+    /// unchanged. Proxmox Backup Server digests an encrypted backup's
+    /// chunks so (`SHA-256(chunk || id key)`), and its index's `index_csum`
+    /// is the [`Pbs`](Construction::Pbs) construction of them: a disk
+    /// hashed with the backup's id key gives it. Empty (the default): not
+    /// keyed. SHA-256 keeps its multi-buffer kernels either way.
+    ///
+    /// ```
+    /// use blkhash::{Algorithm, Construction, Hasher, Options};
+    /// let opts = Options::new().construction(Construction::Pbs).block_size(4 << 20);
+    /// let mut h = Hasher::with_options(opts.block_key(b"id key")).unwrap();
+    /// h.update(b"data");
+    /// let mut block = [0u8; 32];
+    /// Algorithm::Sha256.digest_into(b"dataid key", &mut block);
+    /// let mut want = [0u8; 32];
+    /// Algorithm::Sha256.digest_into(&block, &mut want);
+    /// assert_eq!(h.finalize().as_bytes(), want);
+    /// ```
+    pub fn block_key(mut self, key: impl AsRef<[u8]>) -> Self {
+        self.block_key = BlockKey(Arc::from(key.as_ref()));
         self
     }
     /// Call `f` on a worker thread each time a job is digested: a caller

@@ -127,16 +127,21 @@ impl<B: AsRef<[u8]> + Send + 'static> Engine<B> {
         let alg = opts.algorithm;
         let bs = opts.block_size;
         let out_len = alg.output_len();
-        let zero_digest = alg.digest_zeros(bs);
+        let key = opts.block_key.0.clone();
+        let zero_digest = alg.digest_zeros_keyed(bs, &key);
         let (zero_run, zero_run_blocks) = zero_run(&zero_digest);
         let staging_cap = (STAGING_SIZE / bs).max(1) * bs;
         let max_in_flight = opts.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH).max(2);
-        let pool =
-            Pool::new(opts.threads, alg, bs, zero_digest.clone(), opts.job_done).map_err(|e| {
-                OptionsError::ThreadStart {
-                    errno: e.raw_os_error(),
-                }
-            })?;
+        let pool = Pool::new(
+            opts.threads,
+            (alg, key),
+            bs,
+            zero_digest.clone(),
+            opts.job_done,
+        )
+        .map_err(|e| OptionsError::ThreadStart {
+            errno: e.raw_os_error(),
+        })?;
         Ok(Engine {
             construction: opts.construction,
             alg,

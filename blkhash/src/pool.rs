@@ -8,6 +8,7 @@ use crate::options::{IN_FLIGHT_BUDGET, JobDone};
 use crate::zero::is_zero;
 use crossbeam_channel::{Receiver, Sender};
 use std::io;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// Produces a job's bytes on a worker: fills the whole slice, or fails.
@@ -59,7 +60,7 @@ pub(crate) struct Pool<B> {
 impl<B: AsRef<[u8]> + Send + 'static> Pool<B> {
     pub fn new(
         threads: usize,
-        alg: Algorithm,
+        (alg, key): (Algorithm, Arc<[u8]>),
         block_size: usize,
         zero_digest: Vec<u8>,
         job_done: Option<JobDone>,
@@ -80,6 +81,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Pool<B> {
             let done = done_tx.clone();
             let zero_digest = zero_digest.clone();
             let job_done = job_done.clone();
+            let key = key.clone();
             // A thread the system will not start (a limit on threads or
             // memory) is the caller's error to report; returning drops the
             // pool, which stops and joins the workers already started.
@@ -92,7 +94,13 @@ impl<B: AsRef<[u8]> + Send + 'static> Pool<B> {
                 .name(format!("blkhash-{i}"))
                 .spawn(move || {
                     drop(started);
-                    worker(jobs, done, job_done, alg, block_size, &zero_digest, keep)
+                    let digest = BlockDigest {
+                        alg,
+                        key: &key,
+                        block_size,
+                        zero_digest: &zero_digest,
+                    };
+                    worker(jobs, done, job_done, digest, keep)
                 })?;
             pool.threads.push(t);
             let _ = running.recv();
@@ -124,9 +132,7 @@ fn worker<B: AsRef<[u8]>>(
     jobs: Receiver<Job<B>>,
     done: Sender<Done<B>>,
     job_done: Option<JobDone>,
-    alg: Algorithm,
-    block_size: usize,
-    zero_digest: &[u8],
+    how: BlockDigest<'_>,
     keep: usize,
 ) {
     let mut scratch = Scratch::default();
@@ -137,7 +143,7 @@ fn worker<B: AsRef<[u8]>>(
         end,
     } in jobs
     {
-        let digest = |data: &[u8]| digest_blocks(data, alg, block_size, zero_digest);
+        let digest = |data: &[u8]| digest_blocks(data, &how);
         // A panic (a bug, or a caller's fill that panics) must become this
         // job's error: left to unwind, it would end this worker while the
         // others keep the done channel open, and the caller would wait forever.
@@ -197,16 +203,21 @@ fn worker<B: AsRef<[u8]>>(
     }
 }
 
+/// How a worker digests blocks: the digest, its key (empty: none), the
+/// block size, and the constant of a full block of zeros.
+struct BlockDigest<'a> {
+    alg: Algorithm,
+    key: &'a [u8],
+    block_size: usize,
+    zero_digest: &'a [u8],
+}
+
 /// Digest every block of `data` (the last may be short): the digests, and
 /// which blocks were all zeros. An error if their memory cannot be had (a
 /// large read of small blocks: 16 MiB of 4 KiB blocks takes 256 KiB of
 /// SHA-512 digests).
-fn digest_blocks(
-    data: &[u8],
-    alg: Algorithm,
-    block_size: usize,
-    zero_digest: &[u8],
-) -> io::Result<(Vec<u8>, Vec<bool>)> {
+fn digest_blocks(data: &[u8], how: &BlockDigest<'_>) -> io::Result<(Vec<u8>, Vec<bool>)> {
+    let (alg, block_size, key) = (how.alg, how.block_size, how.key);
     let out_len = alg.output_len();
     let blocks = data.len().div_ceil(block_size);
     let mut digests = crate::try_zeroed(blocks * out_len, "block digests")?;
@@ -234,15 +245,15 @@ fn digest_blocks(
         }
     }
     if data_blocks.len() == blocks {
-        alg.digest_many(&data_blocks, &mut digests);
+        alg.digest_many_keyed(&data_blocks, key, &mut digests);
         return Ok((digests, zero));
     }
     let mut data_digests = crate::try_zeroed(data_blocks.len() * out_len, "block digests")?;
-    alg.digest_many(&data_blocks, &mut data_digests);
+    alg.digest_many_keyed(&data_blocks, key, &mut data_digests);
     let mut next = data_digests.chunks_exact(out_len);
     for (out, z) in digests.chunks_exact_mut(out_len).zip(&zero) {
         if *z {
-            out.copy_from_slice(zero_digest);
+            out.copy_from_slice(how.zero_digest);
         } else if let Some(d) = next.next() {
             out.copy_from_slice(d);
         }
