@@ -54,7 +54,13 @@ mod window;
 
 pub use bitmap::{BitmapInfo, Dirty, MAX_DIRTY_RANGES};
 pub use buffer::{ALIGN, AlignedBuf};
-pub use formats::pbs;
+/// Proxmox Backup Server: the fixed index and its datastore
+/// ([`formats::pbs`]), and how a backup's key is loaded and checked
+/// against its manifest.
+pub mod pbs {
+    pub use crate::formats::pbs::*;
+    pub use crate::open::pbs::{PASSWORD_ENV, check_manifest, load_key};
+}
 pub use formats::qcow2;
 pub use formats::qcow2::Qcow2;
 /// The formats read through a private qemu-nbd (QEMU's driver names), for

@@ -748,7 +748,8 @@ pub fn verify(
         Box::new(file.try_clone()?),
         false,
         None,
-    )?;
+    )?
+    .block_key(job.digest_key());
     let mut h = blkhash::Pipeline::new(job.hasher_options())?;
     h.set_observer(builder.observer());
     let input = Input::Image(Box::new(whole));

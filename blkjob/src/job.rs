@@ -4,6 +4,7 @@
 
 use blkhash::{Algorithm, Construction, MAX_THREADS, Options};
 use blkimage::OpenOptions;
+use blkimage::pbs::store::Key;
 use std::fmt;
 use std::io;
 use std::sync::Arc;
@@ -63,6 +64,14 @@ pub struct JobSpec {
     /// Set (by Ctrl-C, SIGTERM, a Python signal handler): the job stops
     /// between reads with an "interrupted" error.
     pub cancel: Arc<AtomicBool>,
+    /// Key the block digests with the Proxmox Backup Server key of
+    /// `open.keyfile`, if one is named (`SHA-256(block || id key)`, as an
+    /// encrypted backup's index holds them): what maps compared with an
+    /// encrypted backup's index need. The `pbs` construction keys them
+    /// whenever a key file is named, whatever this says; the others only
+    /// if this is set (a key file alone is then the key of a datastore
+    /// read, and blkhash 0.11's checksum of the disk stays the plain one).
+    pub keyed: bool,
 }
 
 impl JobSpec {
@@ -97,6 +106,18 @@ impl JobSpec {
         if let Some(d) = self.io_depth.filter(|d| *d > MAX_IO_DEPTH) {
             return Err(JobError::IoDepth(d));
         }
+        let keyed = self.keyed || self.construction == Construction::Pbs;
+        let block_key = match (&self.open.keyfile, keyed) {
+            (Some(path), true) => {
+                if algorithm != Algorithm::Sha256 {
+                    return Err(JobError::KeyedDigest(algorithm));
+                }
+                let key = blkimage::pbs::load_key(path, &self.open)
+                    .map_err(|e| JobError::Key(e.to_string()))?;
+                Some(key)
+            }
+            _ => None,
+        };
         Ok(Job {
             construction: self.construction,
             algorithm,
@@ -107,6 +128,8 @@ impl JobSpec {
             io_depth: self.io_depth,
             open: self.open,
             cancel: self.cancel,
+            keyed: self.keyed,
+            block_key,
         })
     }
 }
@@ -143,6 +166,10 @@ pub enum JobError {
     ReadSize(u64),
     /// More than 256.
     IoDepth(usize),
+    /// Block digests keyed with a PBS key in another digest than sha256.
+    KeyedDigest(Algorithm),
+    /// The key file could not be read or opened (the reason, naming it).
+    Key(String),
 }
 
 impl fmt::Display for JobError {
@@ -161,6 +188,12 @@ impl fmt::Display for JobError {
                 "read size must be a multiple of 4k from 4k to 256m, not {n}"
             ),
             JobError::IoDepth(n) => write!(f, "io depth must be 0 to {MAX_IO_DEPTH}, not {n}"),
+            JobError::KeyedDigest(a) => write!(
+                f,
+                "a Proxmox Backup Server key keys sha256 block digests (an encrypted backup's), \
+                 not {a}"
+            ),
+            JobError::Key(why) => write!(f, "{why}"),
         }
     }
 }
@@ -187,6 +220,8 @@ pub struct Job {
     io_depth: Option<usize>,
     open: OpenOptions,
     cancel: Arc<AtomicBool>,
+    keyed: bool,
+    block_key: Option<Key>,
 }
 
 impl Default for Job {
@@ -255,7 +290,19 @@ impl Job {
             io_depth: self.io_depth,
             open: self.open.clone(),
             cancel: self.cancel.clone(),
+            keyed: self.keyed,
         }
+    }
+
+    /// The Proxmox Backup Server key the block digests are keyed with
+    /// ([`JobSpec::keyed`]), if they are.
+    pub fn block_key(&self) -> Option<&Key> {
+        self.block_key.as_ref()
+    }
+
+    /// The suffix of every block digest: the key's id key, or nothing.
+    pub fn digest_key(&self) -> &[u8] {
+        self.block_key.as_ref().map_or(&[], |k| k.id_key())
     }
 
     /// The same job stopped by `cancel`.
@@ -272,6 +319,7 @@ impl Job {
             .block_size(self.block_size)
             .threads(self.threads)
             .queue_depth(self.queue_depth)
+            .block_key(self.digest_key())
     }
 
     /// Open the image `name` (a path, an NBD URL, or "-" for standard

@@ -163,7 +163,7 @@ pub fn hasher_also(
     mut also: impl FnMut(BlockEvent<'_>) + Send + 'static,
 ) -> io::Result<(Pipeline<AlignedBuf>, MapBuilder)> {
     let mut h = Pipeline::new(job.hasher_options())?;
-    let builder = MapBuilder::new(job.algorithm(), job.block_size())?;
+    let builder = MapBuilder::new(job.algorithm(), job.block_size())?.block_key(job.digest_key());
     let mut build = builder.observer();
     h.set_observer(move |e| {
         also(e);
@@ -337,6 +337,7 @@ pub fn map_image_to(
             false,
             identity,
         )
+        .map(|b| b.block_key(job.digest_key()))
     };
     blkmap::save_with(out.path, out.inputs, |file| {
         write_map(input, job, cancel, progress, builder(file)?)
@@ -375,7 +376,8 @@ pub fn map_to_temp(
 ) -> io::Result<(blkmap::MapFile, Written)> {
     let file = temp_file("the image's map")?;
     let out = Box::new(file.try_clone()?);
-    let builder = MapBuilder::writing(job.algorithm(), job.block_size(), out, false, None)?;
+    let builder = MapBuilder::writing(job.algorithm(), job.block_size(), out, false, None)?
+        .block_key(job.digest_key());
     let written = write_map(input, job, cancel, progress, builder)?;
     Ok((blkmap::MapFile::from_file(file)?, written))
 }
@@ -422,7 +424,8 @@ pub fn map_range_to(
             Box::new(file),
             true,
             identity,
-        )?;
+        )?
+        .block_key(job.digest_key());
         let (sink, builder) = hasher_into(job, builder)?;
         let (part, _) = read_all(input, sink, job, job.cancel(), progress, |sink| {
             builder.finalize_written_part(sink, size, range.offset)

@@ -204,6 +204,42 @@ impl MapBuilder {
         Ok(b)
     }
 
+    /// The builder of a hasher whose block digests are keyed with `key`
+    /// ([`blkhash::Options::block_key`]): a zero block's digest is then
+    /// the keyed one, and the checksum checked is of keyed digests. Set
+    /// before the first block; an empty key changes nothing.
+    ///
+    /// ```
+    /// use blkhash::{Algorithm, Hasher, Options};
+    /// use blkmap::MapBuilder;
+    /// let opts = Options::new().block_size(512).block_key(b"k");
+    /// let mut h = Hasher::with_options(opts).unwrap();
+    /// let b = MapBuilder::new(Algorithm::Sha256, 512).unwrap().block_key(b"k");
+    /// h.set_observer(b.observer());
+    /// h.update(&[0u8; 1024]); // zeros given as data: zero blocks still
+    /// let map = b.finalize(h).unwrap();
+    /// assert_eq!(map.zero_blocks(), 2);
+    /// ```
+    pub fn block_key(self, key: &[u8]) -> MapBuilder {
+        if key.is_empty() {
+            return self;
+        }
+        let zero = self.algorithm.digest_zeros_keyed(self.block_size, key);
+        {
+            let mut st = self.lock();
+            if let Sink::Written(w) = &mut st.body
+                && let Some(outer) = &mut w.outer
+            {
+                *outer = [
+                    Outer::new(self.algorithm, &zero),
+                    Outer::new(self.algorithm, &zero),
+                ];
+            }
+            st.zero_digest = zero;
+        }
+        self
+    }
+
     /// An observer to give [`Hasher::set_observer`] (what
     /// [`attach`](MapBuilder::attach) does).
     pub fn observer(&self) -> impl FnMut(BlockEvent<'_>) + Send + 'static {

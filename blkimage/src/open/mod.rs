@@ -7,7 +7,7 @@
 mod chain;
 mod compressed;
 mod http;
-mod pbs;
+pub(crate) mod pbs;
 mod vnbd;
 
 use crate::formats::qcow2;

@@ -43,8 +43,50 @@ pub fn open(path: &Path, opts: &OpenOptions) -> io::Result<Input> {
         .unwrap_or(dir)
         .display()
         .to_string();
+    let key = opts
+        .keyfile
+        .as_deref()
+        .map(|k| load_key(k, opts))
+        .transpose()?;
+    match check_manifest(path, &header, key.as_ref(), false)? {
+        Some(_) => {}
+        None => {
+            let m = canon.with_file_name("index.json.blob");
+            return Err(crate::with_context(
+                io::Error::from(io::ErrorKind::NotFound),
+                format!("{}: the snapshot's manifest", m.display()),
+            ));
+        }
+    }
+    let store = ChunkStore::new(&store, key);
+    let index = std::fs::File::open(path)?;
+    let image = PbsImage::new(path.to_path_buf(), index, header, store, snapshot)?;
+    Ok(Input::Image(Box::new(image)))
+}
+
+/// What the manifest beside the index at `path` (`index.json.blob`, if
+/// there is one: `None` if not) says of it, checked: it lists the index
+/// with its `index_csum` and size (`header`'s); an encrypted backup's
+/// needs `key`, whose fingerprint must be the one it records (and its
+/// signature the one the key gives, whatever the backup); where its
+/// `digests` are to be compared with keyed ones, an unencrypted backup's
+/// refuses a key: its plain digests would all differ.
+///
+/// The one check of a key against a backup, for the datastore read as an
+/// image and for an index compared as digests alike: a wrong key is an
+/// error naming both fingerprints, never "every block differs".
+pub fn check_manifest(
+    path: &Path,
+    header: &pbs::FidxHeader,
+    key: Option<&Key>,
+    digests: bool,
+) -> io::Result<Option<Manifest>> {
+    let canon = std::fs::canonicalize(path)?;
+    let manifest_path = canon.with_file_name("index.json.blob");
+    if !manifest_path.exists() {
+        return Ok(None);
+    }
     let name = canon.file_name().unwrap_or_default().to_string_lossy();
-    let manifest_path = dir.join("index.json.blob");
     let manifest = read_manifest(&manifest_path)?;
     let info = manifest
         .file(&name)
@@ -63,28 +105,30 @@ pub fn open(path: &Path, opts: &OpenOptions) -> io::Result<Input> {
             ),
         ));
     }
-    let key = match (&opts.keyfile, info.crypt_mode.as_str()) {
-        (Some(k), _) => Some(load_key(k, opts)?),
-        (None, "encrypt") => {
-            return Err(invalid(
-                path.display(),
-                format!(
-                    "an encrypted backup (its manifest says so: key {}): its key file is needed",
-                    manifest.fingerprint().unwrap_or("unknown")
-                ),
-            ));
+    match (key, info.crypt_mode.as_str()) {
+        (None, "encrypt") => Err(invalid(
+            path.display(),
+            format!(
+                "an encrypted backup (its manifest says so: key {}): its key file is needed",
+                manifest.fingerprint().unwrap_or("unknown")
+            ),
+        )),
+        (Some(key), mode) => {
+            (manifest.check_key(key)).map_err(|why| invalid(manifest_path.display(), why))?;
+            if digests && mode != "encrypt" {
+                return Err(invalid(
+                    path.display(),
+                    format!(
+                        "a backup not encrypted (its manifest says crypt-mode {mode}) compared \
+                         with a key (key {}): its digests are not keyed",
+                        key.fingerprint_text()
+                    ),
+                ));
+            }
+            Ok(Some(manifest))
         }
-        (None, _) => None,
-    };
-    if let Some(key) = &key {
-        manifest
-            .check_key(key)
-            .map_err(|why| invalid(manifest_path.display(), why))?;
+        (None, _) => Ok(Some(manifest)),
     }
-    let store = ChunkStore::new(&store, key);
-    let index = std::fs::File::open(path)?;
-    let image = PbsImage::new(path.to_path_buf(), index, header, store, snapshot)?;
-    Ok(Input::Image(Box::new(image)))
 }
 
 /// The manifest at `path`, read within its bound and parsed.
@@ -99,7 +143,7 @@ fn read_manifest(path: &Path) -> io::Result<Manifest> {
 
 /// The key in the key file `path`, its passphrase (if its kdf needs one)
 /// from [`PASSWORD_ENV`], else the first line of `opts.secret_file`.
-fn load_key(path: &Path, opts: &OpenOptions) -> io::Result<Key> {
+pub fn load_key(path: &Path, opts: &OpenOptions) -> io::Result<Key> {
     let shown = path.display();
     let mut text = Vec::new();
     std::fs::File::open(path)

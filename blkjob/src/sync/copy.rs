@@ -108,7 +108,7 @@ impl Op {
         } else {
             let mut check = w
                 .check
-                .map(|(alg, bs)| Recheck::new(alg, bs, self, digests));
+                .map(|(alg, bs)| Recheck::new((alg, w.key), bs, self, digests));
             let mut done = 0;
             while done < self.len {
                 let n = (self.len - done).min(CHUNK) as usize;
@@ -140,6 +140,8 @@ impl Op {
 /// does not describe DST.
 struct Recheck<'a> {
     alg: blkhash::Algorithm,
+    /// What the digests are keyed with (empty: nothing).
+    key: &'a [u8],
     bs: u64,
     /// The next block to complete, its end (short at the op's end), and
     /// the digests left.
@@ -154,9 +156,15 @@ struct Recheck<'a> {
 }
 
 impl<'a> Recheck<'a> {
-    fn new(alg: blkhash::Algorithm, bs: u64, op: &Op, digests: &'a [u8]) -> Recheck<'a> {
+    fn new(
+        (alg, key): (blkhash::Algorithm, &'a [u8]),
+        bs: u64,
+        op: &Op,
+        digests: &'a [u8],
+    ) -> Recheck<'a> {
         Recheck {
             alg,
+            key,
             bs,
             block: op.offset / bs,
             end: (op.offset + bs).min(op.end()),
@@ -178,7 +186,7 @@ impl<'a> Recheck<'a> {
             let expect = self.digests.get(..dl).ok_or(self.block)?;
             match self.partial.take() {
                 None if data.len() >= need => {
-                    self.alg.digest_into(&data[..need], &mut self.out);
+                    (self.alg).digest_keyed_into(&data[..need], self.key, &mut self.out);
                     data = &data[need..];
                 }
                 partial => {
@@ -193,6 +201,7 @@ impl<'a> Recheck<'a> {
                         self.partial = Some(s);
                         continue;
                     }
+                    s.update(self.key);
                     self.out = s.finalize();
                 }
             }
@@ -221,6 +230,8 @@ pub struct Writer<'a> {
     /// SRC's digest and block size, when the blocks copied must still be
     /// what was hashed (a state or a checksum will claim so).
     pub check: Option<(blkhash::Algorithm, u64)>,
+    /// What SRC's block digests are keyed with (empty: nothing).
+    pub key: &'a [u8],
 }
 
 /// A buffer for [`Op::apply`].

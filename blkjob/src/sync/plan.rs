@@ -162,6 +162,7 @@ impl Ctx<'_> {
             cancel: self.cancel,
             check: (self.req.state.is_some() || self.req.checksum)
                 .then_some((self.job.algorithm(), self.job.block_size() as u64)),
+            key: self.job.digest_key(),
         }
     }
 
@@ -488,7 +489,8 @@ fn hash_src_map(
     let file = Box::new(out.file().try_clone()?);
     let identity = c.src_record.and_then(|r| r.identity());
     let builder =
-        MapBuilder::writing(c.job.algorithm(), c.job.block_size(), file, false, identity)?;
+        MapBuilder::writing(c.job.algorithm(), c.job.block_size(), file, false, identity)?
+            .block_key(c.job.digest_key());
     let mut h = observed(c, &builder, watch)?;
     read_src(c, &src, through, &mut h)?;
     let header = builder.finalize_written(h)?.header;
@@ -504,7 +506,7 @@ fn hash_src_part(
     src: Arc<dyn Source>,
     watch: impl FnMut(BlockEvent<'_>) + Send + 'static,
 ) -> io::Result<Part> {
-    let builder = MapBuilder::new(c.job.algorithm(), c.job.block_size())?;
+    let builder = MapBuilder::new(c.job.algorithm(), c.job.block_size())?.block_key(c.job.digest_key());
     let mut h = observed(c, &builder, watch)?;
     read_src(c, &src, None, &mut h)?;
     let part = builder.finalize_part(h, src.size(), 0)?;

@@ -49,6 +49,11 @@ impl Key {
         &self.enc
     }
 
+    /// The id key: what a chunk's digest is keyed with (its suffix).
+    pub fn id_key(&self) -> &[u8; 32] {
+        &self.id
+    }
+
     /// A chunk's keyed digest: `SHA-256(data || id key)`.
     pub fn digest(&self, data: &[u8]) -> [u8; 32] {
         let mut h = Sha256::new();
