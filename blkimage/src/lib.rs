@@ -69,5 +69,5 @@ pub use reader::{
 };
 pub use sink::{Fill, Lend, Sink};
 pub use source::{Extent, ExtentKind, Origin, Remote, Role, Rounded, Source};
-pub use storage::{RawFile, Storage, http, mapped, nbd};
+pub use storage::{MapReads, RawFile, Storage, http, mapped, nbd};
 pub use window::Window;
