@@ -26,7 +26,8 @@ MKIMAGE = RELEASE / "mkimage"
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
-CASES = ["speed", "random", "holes", "zero", "empty", "ranges", "qcow2", "compressed", "direct",
+CASES = ["speed", "random", "readpath", "holes", "zero", "empty", "ranges", "qcow2", "compressed",
+         "direct",
          "nbd", "remote", "http",
          "sync", "sync_nbd", "lib", "python"]
 # Run only when named (--only): dirty needs about 24 GiB of disk at its
