@@ -7,7 +7,7 @@
 //! size, the file's length rounded up to 512); an [`ImageFile`] is the
 //! same file as a format's [`Storage`], its exact length.
 
-use super::readpath::{Chooser, MapReads, Way, thread_cpu_nanos};
+use super::readpath::{Chooser, MIN_LEND, MapReads, Plan, Way, thread_cpu_nanos};
 use super::{Storage, check_range};
 use crate::source::{Extent, ExtentKind, Origin, Role};
 use std::fs::File;
@@ -31,10 +31,6 @@ pub struct RawFile {
     /// Whether lent ranges are mapped or copied ([`RawFile::map_reads`]).
     reads: Chooser,
 }
-
-/// The least a raw file lends from a map: below it a copy costs less than
-/// mapping, filling the page tables and unmapping.
-const MIN_LEND: usize = 256 << 10;
 
 /// The magic number of the file system `fd` lives on (`statfs`'s `f_type`).
 pub(crate) fn fs_type(fd: &impl AsRawFd) -> io::Result<i64> {
@@ -300,16 +296,20 @@ impl RawFile {
     }
 
     /// How many of the `len` bytes from `offset` are lent in place from a
-    /// memory map: all of them, or none (not mapped, too few to be worth
-    /// a map, or not all inside the file).
+    /// memory map (or copied by the worker that digests them, while the
+    /// choice measures both ways): all of them, or none (not mapped, too
+    /// few to be worth a map, not all inside the file, or copied as a
+    /// plain read: [`Chooser::plan`]). Asked once per range, in order.
     pub(crate) fn lendable_bytes(&self, offset: u64, len: usize) -> usize {
         let in_file = offset
             .checked_add(len as u64)
             .is_some_and(|end| end <= self.file_size);
-        if self.reads.maps() && len >= MIN_LEND && in_file {
-            len
-        } else {
-            0
+        if !self.reads.maps() || len < MIN_LEND || !in_file {
+            return 0;
+        }
+        match self.reads.plan(offset) {
+            Plan::Lend(_) => len,
+            Plan::Read => 0,
         }
     }
 
@@ -320,7 +320,7 @@ impl RawFile {
         if !self.reads.maps() {
             return crate::source::copy_to(len, |buf| self.read_bytes(buf, offset), f);
         }
-        let (way, measure) = self.reads.next();
+        let (way, measure) = (self.reads.take(offset), self.reads.measures());
         match way {
             Way::Mapped => {
                 let start = if measure { thread_cpu_nanos() } else { 0 };

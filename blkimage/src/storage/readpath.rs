@@ -9,17 +9,22 @@
 //! Xeon VM of `docs/performance.md` (machine D) maps took 0.72-0.88x the
 //! time of copies; on the AMD EPYC VM (machine C) copies took 0.68x the
 //! time of maps. So a file whose ranges may be mapped ([`MapReads::Auto`])
-//! measures both: its lends are taken in rounds of [`ROUND`], the first
-//! [`FIRST`] rounds alternately mapped and copied, and each lend's cost is
-//! the CPU time of the thread that read and digested it
-//! (`CLOCK_THREAD_CPUTIME_ID`: what other processes take of the CPUs does
-//! not count, as wall time would on a busy machine), per byte, averaged per
-//! way. After them every lend takes the cheaper way, but for one round in
-//! [`PROBE_EVERY`] that takes the other, so that a change (the cache
-//! evicted, another load on the memory bus) turns the choice. The probes
-//! cost a sixteenth of the difference between the two ways, and nothing
-//! while they cost the same.
+//! measures both. The reader asks for its ranges in order
+//! ([`Chooser::plan`]), in rounds of [`ROUND`]: the first [`FIRST`] rounds
+//! are lent alternately mapped and copied (a copy into a buffer of the
+//! worker's, then digested), and each lend's cost is the CPU time of the
+//! thread that read and digested it (`CLOCK_THREAD_CPUTIME_ID`: what other
+//! processes take of the CPUs does not count, as wall time would on a busy
+//! machine), per byte, averaged per way. After them every range takes the
+//! cheaper way, copies as the reader's plain reads of the read size (as
+//! `--no-mmap` reads: a smaller copy stays in the core's cache for the
+//! digest), but for one round in [`PROBE_EVERY`] (or [`PROBE_RARELY`] when
+//! one way costs a quarter more) lent the other way, so that a change (the
+//! cache evicted, another load on the memory bus) turns the choice; while
+//! copies are chosen, the round after each probe is copied as timed lends,
+//! to keep their cost current.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Whether files read through the page cache are read from memory maps.
@@ -62,15 +67,36 @@ pub(crate) const ROUND: u64 = 4;
 /// lends, 16 MiB each way).
 pub(crate) const FIRST: u64 = 4;
 /// After the first rounds, one round in this many takes the way that costs
-/// more.
+/// more, while the two cost within a quarter of each other (a probe then
+/// costs at most a quarter of a round, 1/64 of the time)...
 pub(crate) const PROBE_EVERY: u64 = 16;
+/// ... and one in this many when one way costs more (1.46x on machine C:
+/// 0.7% of the time).
+pub(crate) const PROBE_RARELY: u64 = 64;
+/// Ranges planned and not yet lent, at most (the lends in flight are far
+/// fewer).
+const MAX_PENDING: usize = 1024;
+/// The least a file lends from a map: below it a copy costs less than
+/// mapping, filling the page tables and unmapping.
+pub(crate) const MIN_LEND: usize = 256 << 10;
+
+/// How a range is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Lent to the worker that digests it, mapped or copied.
+    Lend(Way),
+    /// Copied by the reader's plain read, into the worker's own buffer.
+    Read,
+}
 
 /// The choice for one file, shared by the workers that read it.
 #[derive(Debug)]
 pub(crate) struct Chooser {
     how: MapReads,
-    /// Lends begun.
-    lends: AtomicU64,
+    /// Ranges planned.
+    ranges: AtomicU64,
+    /// The ways planned for lends not yet taken: (offset, way).
+    pending: Mutex<Vec<(u64, Way)>>,
     /// Per way: the running average of CPU nanoseconds per MiB read and
     /// digested; 0 until measured.
     cost: [AtomicU64; 2],
@@ -82,7 +108,8 @@ impl Chooser {
     pub(crate) fn new(how: MapReads) -> Chooser {
         Chooser {
             how,
-            lends: AtomicU64::new(0),
+            ranges: AtomicU64::new(0),
+            pending: Mutex::new(Vec::new()),
             cost: [AtomicU64::new(0), AtomicU64::new(0)],
             mapped: AtomicU64::new(0),
         }
@@ -93,28 +120,70 @@ impl Chooser {
         self.how != MapReads::Never
     }
 
-    /// The way of the next lend, and whether its cost is to be measured.
-    pub(crate) fn next(&self) -> (Way, bool) {
-        match self.how {
-            MapReads::Never => (Way::Copied, false),
-            MapReads::Always => (Way::Mapped, false),
+    /// True if lends are timed for the choice.
+    pub(crate) fn measures(&self) -> bool {
+        self.how == MapReads::Auto
+    }
+
+    /// How the next range of the file (from `offset`, at least [`MIN_LEND`]
+    /// bytes: the reader asks in order) is read: as a lend of the way said
+    /// (which [`Chooser::take`] then gives its lend), or as a plain read,
+    /// which the reader then copies into a digest worker's buffer of the
+    /// read size (`--read-size`, 1 MiB: the copies' way while copies cost
+    /// less; a copy of a whole lend, 2 MiB, costs a few percent more).
+    pub(crate) fn plan(&self, offset: u64) -> Plan {
+        let way = match self.how {
+            MapReads::Never => return Plan::Read,
+            MapReads::Always => return Plan::Lend(Way::Mapped),
             MapReads::Auto => {
-                let round = self.lends.fetch_add(1, Ordering::Relaxed) / ROUND;
-                if round < FIRST {
-                    let way = if round.is_multiple_of(2) {
-                        Way::Mapped
-                    } else {
-                        Way::Copied
-                    };
-                    return (way, true);
-                }
+                let round = self.ranges.fetch_add(1, Ordering::Relaxed) / ROUND;
                 let cheaper = self.cheaper();
-                match round.is_multiple_of(PROBE_EVERY) {
-                    true => (cheaper.other(), true),
-                    false => (cheaper, true),
+                let every = if self.close() {
+                    PROBE_EVERY
+                } else {
+                    PROBE_RARELY
+                };
+                match (round < FIRST, round % every, cheaper) {
+                    (true, _, _) if round.is_multiple_of(2) => Way::Mapped,
+                    (true, _, _) => Way::Copied,
+                    (false, 0, _) => cheaper.other(),
+                    // While copies cost less, one round after each probe
+                    // is copied as lends, timed, so that their cost keeps
+                    // up with the maps'.
+                    (false, 1, Way::Copied) => Way::Copied,
+                    (false, _, Way::Copied) => return Plan::Read,
+                    (false, _, Way::Mapped) => Way::Mapped,
                 }
             }
+        };
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if pending.len() >= MAX_PENDING {
+            // Ranges planned and never lent (a run stopped): forget them.
+            pending.clear();
         }
+        pending.push((offset, way));
+        Plan::Lend(way)
+    }
+
+    /// The way [`Chooser::plan`] chose for the lend from `offset` (the
+    /// cheaper way if it planned none there).
+    pub(crate) fn take(&self, offset: u64) -> Way {
+        if self.how == MapReads::Always {
+            return Way::Mapped;
+        }
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        match pending.iter().position(|(o, _)| *o == offset) {
+            Some(i) => pending.swap_remove(i).1,
+            None => self.cheaper(),
+        }
+    }
+
+    /// True while the two ways' costs are within a quarter of each other
+    /// (or one is not measured yet): then either may overtake the other,
+    /// and probes come more often.
+    fn close(&self) -> bool {
+        let [m, c] = self.costs();
+        m == 0 || c == 0 || m.max(c) < m.min(c) + m.min(c) / 4
     }
 
     /// The way measured to cost less so far (mapped while neither is
@@ -217,35 +286,82 @@ pub(crate) fn thread_cpu_nanos() -> u64 {
 mod tests {
     use super::*;
 
-    fn ways(c: &Chooser, n: u64) -> Vec<Way> {
-        (0..n).map(|_| c.next().0).collect()
+    /// The plans of the next `n` ranges of 2 MiB (from `at`), each lend
+    /// taken as a worker would.
+    fn plans(c: &Chooser, at: u64, n: u64) -> Vec<Plan> {
+        (at..at + n)
+            .map(|i| {
+                let p = c.plan(i << 21);
+                if let Plan::Lend(way) = p {
+                    assert_eq!(c.take(i << 21), way, "range {i}");
+                }
+                p
+            })
+            .collect()
+    }
+
+    fn count(plans: &[Plan], p: Plan) -> u64 {
+        plans.iter().filter(|x| **x == p).count() as u64
     }
 
     #[test]
     fn fixed_choices_never_measure() {
-        assert_eq!(Chooser::new(MapReads::Always).next(), (Way::Mapped, false));
-        assert_eq!(Chooser::new(MapReads::Never).next(), (Way::Copied, false));
+        let always = Chooser::new(MapReads::Always);
+        assert_eq!(always.plan(0), Plan::Lend(Way::Mapped));
+        assert_eq!(always.take(0), Way::Mapped);
+        assert!(!always.measures());
+        assert_eq!(Chooser::new(MapReads::Never).plan(0), Plan::Read);
         assert!(!Chooser::new(MapReads::Never).maps());
     }
 
     #[test]
     fn the_first_rounds_alternate_then_the_cheaper_way_wins() {
         let c = Chooser::new(MapReads::Auto);
-        let first = ways(&c, FIRST * ROUND);
-        for (i, w) in first.iter().enumerate() {
+        let first = plans(&c, 0, FIRST * ROUND);
+        for (i, p) in first.iter().enumerate() {
             let want = [Way::Mapped, Way::Copied][(i as u64 / ROUND % 2) as usize];
-            assert_eq!(*w, want, "lend {i}");
+            assert_eq!(*p, Plan::Lend(want), "range {i}");
         }
-        // Copies measured at 0.7x the maps' cost.
+        // Copies measured at 0.9x the maps' cost: close, probed often.
         for _ in 0..8 {
             c.record(Way::Mapped, 1000, 1 << 20);
-            c.record(Way::Copied, 700, 1 << 20);
+            c.record(Way::Copied, 900, 1 << 20);
         }
         assert_eq!(c.cheaper(), Way::Copied);
-        let later = ways(&c, PROBE_EVERY * ROUND);
-        let mapped = later.iter().filter(|w| **w == Way::Mapped).count() as u64;
-        // One round in PROBE_EVERY probes the dearer way.
-        assert_eq!(mapped, ROUND);
+        let n = PROBE_EVERY * ROUND;
+        let later = plans(&c, FIRST * ROUND, n);
+        // One round in PROBE_EVERY probes the maps, the next is copied as
+        // lends (timed), the rest are plain reads.
+        assert_eq!(count(&later, Plan::Lend(Way::Mapped)), ROUND);
+        assert_eq!(count(&later, Plan::Lend(Way::Copied)), ROUND);
+        assert_eq!(count(&later, Plan::Read), n - 2 * ROUND);
+        // Maps at 1.5x the copies' cost: probed one round in PROBE_RARELY.
+        for _ in 0..32 {
+            c.record(Way::Mapped, 1500, 1 << 20);
+            c.record(Way::Copied, 1000, 1 << 20);
+        }
+        let n = PROBE_RARELY * ROUND;
+        let later = plans(&c, 1 << 20, n);
+        assert_eq!(count(&later, Plan::Lend(Way::Mapped)), ROUND);
+        // And the other way round: maps cheaper, copies probed.
+        for _ in 0..32 {
+            c.record(Way::Mapped, 600, 1 << 20);
+        }
+        let later = plans(&c, 2 << 20, n);
+        assert_eq!(count(&later, Plan::Lend(Way::Copied)), ROUND);
+        assert_eq!(count(&later, Plan::Lend(Way::Mapped)), n - ROUND);
+    }
+
+    #[test]
+    fn a_lend_not_planned_takes_the_cheaper_way_and_stale_plans_are_dropped() {
+        let c = Chooser::new(MapReads::Auto);
+        c.record(Way::Mapped, 900, 1 << 20);
+        c.record(Way::Copied, 700, 1 << 20);
+        assert_eq!(c.take(12345), Way::Copied);
+        for i in 0..3 * MAX_PENDING as u64 {
+            let _ = c.plan(i);
+        }
+        assert!(c.pending.lock().unwrap().len() <= MAX_PENDING);
     }
 
     #[test]
