@@ -643,8 +643,9 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
                 said.append(f"{cmd.name}: {way} ({share:.0%} of the data from memory maps)")
         if said:
             self.r("Read path the default chose (`--json`'s mapped-bytes, one more run each; it "
-                   "measures both ways on the first 32 MiB, then probes the other one round in "
-                   "16): " + "; ".join(said))
+                   "measures both ways on the first 32 MiB, then takes the cheaper but for one "
+                   "round of 8 MiB in 16, or in 64 once a way costs a quarter more): "
+                   + "; ".join(said))
             self.r()
 
     def read_path_choice(self, section, c, size):

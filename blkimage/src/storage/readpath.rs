@@ -68,10 +68,11 @@ pub(crate) const ROUND: u64 = 4;
 pub(crate) const FIRST: u64 = 4;
 /// After the first rounds, one round in this many takes the way that costs
 /// more, while the two cost within a quarter of each other (a probe then
-/// costs at most a quarter of a round, 1/64 of the time)...
+/// costs at most a quarter of a round or two in 16)...
 pub(crate) const PROBE_EVERY: u64 = 16;
-/// ... and one in this many when one way costs more (1.46x on machine C:
-/// 0.7% of the time).
+/// ... and one in this many when one way costs more (a probe round maps
+/// 8 MiB where copies go 4 MiB a round: at machine C's 1.46x, 1.4% of the
+/// time).
 pub(crate) const PROBE_RARELY: u64 = 64;
 /// Ranges planned and not yet lent, at most (the lends in flight are far
 /// fewer).
