@@ -43,6 +43,7 @@ Python 3 standard library only.
 
 import argparse
 import contextlib
+import json
 import datetime
 import os
 import platform
@@ -138,6 +139,32 @@ IMAGE_CASES = {
             STATIC_TARGET,
         ],
         after="sha256_efficiency",
+    ),
+    # The read paths from the page cache side by side (issue 60): the default
+    # measures each file both ways and keeps the cheaper, so it must be within
+    # 5% of the faster of the two on any machine; the report says what it chose.
+    "readpath": ImageCase(
+        title="Read paths from the page cache ({size} of random data): mapped (`--mmap`), "
+              "copied (`--no-mmap`) and the default's measured choice",
+        image="random",
+        commands={
+            "ours": ours("sha256"),
+            "mapped": ours("sha256", path="mapped"),
+            "copied": ours("sha256", path="copied"),
+            "ref": ref("sha256"),
+            "ours3": ours("blake3"),
+            "mapped3": ours("blake3", path="mapped"),
+            "copied3": ours("blake3", path="copied"),
+            "b3sum": peer("b3sum"),
+        },
+        ratios=[("ours", "mapped"), ("ours", "copied"), ("copied", "mapped"), ("ref", "ours"),
+                ("ours3", "mapped3"), ("ours3", "copied3"), ("copied3", "mapped3"),
+                ("ours3", "b3sum")],
+        targets=[
+            ("ref", "ours", "≥", 3.9, "sha256: blksum ≥ 3.9× the reference"),
+            ("ours3", "b3sum", "≤", 0.9, "blake3: blksum time ≤ 0.9× b3sum's"),
+        ],
+        after="read_path_choice",
     ),
     "holes": ImageCase(
         title="Half data, half holes ({size}: 1 MiB data, 1 MiB hole, ...)",
@@ -235,12 +262,16 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
 
     # -- commands
 
-    def ours(self, digest, img, cache=True, label=None, threads=None, static=False):
+    def ours(self, digest, img, cache=True, label=None, threads=None, static=False, path=None):
         """label: the image in the command's name ("qcow2"); threads: -t, shown in the
-        name (default: --threads, not shown); static: BLKSUM_STATIC's binary."""
+        name (default: --threads, not shown); static: BLKSUM_STATIC's binary; path:
+        "mapped" (`--mmap`) or "copied" (`--no-mmap`), else the default's measured
+        choice."""
         argv = [self.static if static else self.blksum, "-d", digest]
         if cache:
             argv.append("--cache")
+        if path:
+            argv.append({"mapped": "--mmap", "copied": "--no-mmap"}[path])
         if self.a.block_size:
             argv += ["--block-size", short(self.a.block_size)]
         if threads or self.a.threads:
@@ -249,6 +280,8 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
             argv += ["--read-size", short(self.a.read_size)]
         argv.append(str(img))
         mode = "cache" if cache else "direct"
+        if path:
+            mode += f", {path}"
         if threads:
             mode += f", -t {threads}"
         what = f"{digest} {label}" if label else digest
@@ -585,6 +618,60 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
         self.memory_target(name, cmds)
         self.r()
 
+    def read_path(self, img, digest):
+        """What the default read path chose for `img`: the share of its data
+        `blksum --json --cache` says it hashed from memory maps (mapped-bytes),
+        or None if that run failed."""
+        argv = [self.blksum, "--json", "--cache", "-d", digest, str(img)]
+        p = run_once(argv, self.a.timeout)
+        try:
+            doc = json.loads(p.out)["inputs"][0]
+            return doc["mapped-bytes"] / max(doc["data-bytes"], 1)
+        except (ValueError, KeyError, IndexError, TypeError):
+            self.r.problem(f"FAILED: {' '.join(argv)}: exit {p.rc}: {p.err.strip()[-200:]}")
+            return None
+
+    def say_read_path(self, c, keys):
+        """A line saying which read path the default took, for the commands c[k]
+        (our default blksum with --cache) of `keys`: one more run of each with
+        --json."""
+        said = []
+        for k in keys:
+            cmd = c.get(k)
+            if not cmd or cmd.failed:
+                continue
+            digest, img = cmd.argv[cmd.argv.index("-d") + 1], cmd.argv[-1]
+            share = self.read_path(img, digest)
+            if share is not None:
+                way = "mapped" if share > 0.5 else "copied"
+                said.append(f"{cmd.name}: {way} ({share:.0%} of the data from memory maps)")
+        if said:
+            self.r("Read path the default chose (`--json`'s mapped-bytes, one more run each; it "
+                   "measures both ways on the first 32 MiB, then takes the cheaper but for one "
+                   "round of 8 MiB in 16, or in 64 once a way costs a quarter more): "
+                   + "; ".join(said))
+            self.r()
+
+    def read_path_choice(self, section, c, size):
+        """The readpath case: the default against the faster of mapped and
+        copied, CPU seconds of each, and what the default chose."""
+        for d, (auto, mapped, copied) in (("sha256", ("ours", "mapped", "copied")),
+                                          ("blake3", ("ours3", "mapped3", "copied3"))):
+            a, m, p = c[auto], c[mapped], c[copied]
+            what = f"{d}: the default's time ≤ 1.05× the faster of mapped and copied"
+            if a.failed or m.failed or p.failed:
+                self.target(section, f"{what}: a command failed", False)
+                continue
+            best = min(m, p, key=lambda x: x.median)
+            v = a.median / best.median
+            self.target(section, f"{what}: {a.name}/{best.name} = {v:.2f}x "
+                        f"(target ≤ 1.05x)", v <= 1.05)
+        cpu = [f"{x.name} {x.cpu:.3f}" for x in c.values() if x and not x.failed]
+        self.r()
+        self.r("CPU seconds (user + system, median): " + "; ".join(cpu))
+        self.r()
+        self.say_read_path(c, ["ours", "ours3"])
+
     def sha256_efficiency(self, section, c, size):
         """blksum's sha256 time against cores × single-thread SHA-256."""
         ours = c["ours"]
@@ -603,6 +690,8 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
                 self.r(f"- For information, against cores × multi-buffer SHA-256 (the kernel the "
                        f"workers run): limit {limit:.3f} s / blksum {ours.median:.3f} s = "
                        f"{limit / ours.median:.0%}")
+                self.r()
+        self.say_read_path(c, ["ours", "ours3"])
 
     # -- compressed qcow2: images and a thread-scaling measure of their own
 

@@ -7,7 +7,7 @@ use crate::units::{parse_block_size, parse_size, parse_timeout};
 use blkhash::{Algorithm, Construction, MAX_THREADS};
 use blkimage::http::HttpOptions;
 use blkimage::nbd::NbdOptions;
-use blkimage::{Format, OpenOptions};
+use blkimage::{Format, MapReads, OpenOptions};
 use blkjob::{Job, JobSpec};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -119,12 +119,19 @@ pub struct InputArgs {
     #[arg(long)]
     pub cache: bool,
 
-    /// Read files through the page cache with copies (read(2)) instead of
-    /// hashing them in place from memory maps, the default with --cache
-    /// (as b3sum's --no-mmap); implied under an address-space limit
-    /// (ulimit -v).
-    #[arg(long)]
+    /// Read files through the page cache with copies (read(2)), never
+    /// hashing them in place from memory maps (as b3sum's --no-mmap);
+    /// implied under an address-space limit (ulimit -v). By default, with
+    /// --cache, each file is read both ways at first, and then the way
+    /// measured to cost less CPU time on this machine is kept.
+    #[arg(long, conflicts_with = "mmap")]
     pub no_mmap: bool,
+
+    /// Read files through the page cache by hashing them in place from
+    /// memory maps, never copied (but for ranges under 256 KiB), instead
+    /// of the way measured to cost less (the default with --cache).
+    #[arg(long)]
+    pub mmap: bool,
 
     /// NBD and HTTP(S) URLs: seconds a handshake step or a reply may take
     /// (trickled or silent), and a request may wait for its reply to begin,
@@ -228,7 +235,11 @@ impl InputArgs {
             cache: self.cache,
             // A command owns its process's signals, so it may install the
             // SIGBUS handler mapped reads need.
-            map: !self.no_mmap,
+            map: match (self.mmap, self.no_mmap) {
+                (true, _) => MapReads::Always,
+                (_, true) => MapReads::Never,
+                _ => MapReads::Auto,
+            },
             format: self.format,
             no_backing: self.no_backing,
             secret_file: self.secret_file.clone(),

@@ -71,5 +71,5 @@ pub use reader::{
 };
 pub use sink::{Fill, Lend, Sink};
 pub use source::{Decompressed, Extent, ExtentKind, Origin, Remote, Role, Rounded, Source};
-pub use storage::{RawFile, Storage, compressed, http, mapped, nbd};
+pub use storage::{MapReads, RawFile, Storage, compressed, http, mapped, nbd};
 pub use window::Window;

@@ -135,7 +135,7 @@ fn a_mapped_file_reads_the_same_and_a_shrunk_one_is_an_error() {
     want.resize(want.len().next_multiple_of(512), 0);
     let opts = OpenOptions {
         cache: true,
-        map: true,
+        map: blkimage::MapReads::Always,
         ..Default::default()
     };
     for depth in [0, 4] {

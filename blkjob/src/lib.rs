@@ -107,10 +107,11 @@ pub(crate) fn read_all<T>(
         progress,
     );
     let value = finalize(sink);
-    let read = read?;
+    let mut read = read?;
     let value = value?;
     // Only now are all reads done: is the image still what we read?
     read.finish()?;
+    read.stats.mapped = read.mapped_bytes();
     Ok((value, read))
 }
 

@@ -263,6 +263,7 @@ fn json_document() {
         "data-bytes",
         "zero-bytes",
         "unallocated-bytes",
+        "mapped-bytes",
     ] {
         let quoted = format!("\"{key}\"");
         match text[at..].find(&quoted) {

@@ -161,7 +161,7 @@ impl OpenArgs {
             // Copied, not mapped: a mapped file that shrinks raises SIGBUS,
             // and the host interpreter owns that signal's handler
             // (blkimage::mapped says why).
-            map: false,
+            map: blkimage::MapReads::Never,
             format,
             no_backing: self.no_backing,
             force_share: self.force_share,

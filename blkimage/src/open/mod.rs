@@ -14,6 +14,7 @@ use crate::formats::qcow2;
 use crate::formats::qemu::{self, QemuExport};
 use crate::source::{Origin, Role, Rounded, Source};
 use crate::storage::compressed::{Compression, PROBE_LEN, read_head};
+use crate::storage::MapReads;
 use crate::storage::file::RawFile;
 use crate::storage::nbd;
 use std::ffi::OsStr;
@@ -74,12 +75,14 @@ impl std::str::FromStr for Format {
 pub struct OpenOptions {
     /// Use the page cache (else direct I/O where the file system allows it).
     pub cache: bool,
-    /// Files read through the page cache (with `cache`, or on a file system
-    /// without direct I/O) are read in place from memory maps, not copied
-    /// (see [`crate::mapped`]). This installs a process-wide SIGBUS handler the
-    /// first time: for programs that own their signals (the commands); a
-    /// library inside a host program leaves it false.
-    pub map: bool,
+    /// Whether files read through the page cache (with `cache`, or on a
+    /// file system without direct I/O) are read in place from memory maps
+    /// (see [`crate::mapped`]): never (the default), where measured to cost
+    /// less than copies, or always ([`MapReads`]). Maps install a
+    /// process-wide SIGBUS handler the first time: for programs that own
+    /// their signals (the commands); a library inside a host program leaves
+    /// it [`MapReads::Never`].
+    pub map: MapReads,
     /// The format; `None` probes the content (qcow2 magic and version 2 or
     /// later: qcow2; else raw).
     pub format: Option<Format>,
@@ -419,12 +422,10 @@ fn grow_pipe(fd: &impl std::os::fd::AsRawFd) {
 
 impl RawFile {
     /// [`RawFile::open`] as `opts` ask: direct I/O unless `opts.cache`,
-    /// and read from memory maps if `opts.map` (see [`RawFile::map_reads`]).
+    /// and read from memory maps as `opts.map` says (see [`RawFile::map_reads`]).
     pub fn open_with(path: &Path, opts: &OpenOptions) -> io::Result<RawFile> {
         let mut file = RawFile::open(path, !opts.cache)?;
-        if opts.map {
-            file.map_reads()?;
-        }
+        file.map_reads(opts.map)?;
         Ok(file)
     }
 }
