@@ -6,7 +6,7 @@ use blkcli::output::{Form, Stdout};
 use blkcli::progress::Progress;
 use blkcli::units::reason;
 use blkimage::Input;
-use blkjob::{Job, StdinMap};
+use blkjob::Job;
 use blkmap::{Diff, Header, MapLike, SizeRule};
 use clap::Parser;
 use serde_json::json;
@@ -311,7 +311,7 @@ fn hash_both(
                     .track("-", None, |p| {
                         blkjob::map_to_temp(Input::Stream(stream), job, job.cancel(), p)
                     })
-                    .map(|(file, written)| Side::Written(file, written))
+                    .map(|(file, written)| Side::Written(file, Box::new(written)))
             }
             None => {
                 let input = job.open(name)?;
