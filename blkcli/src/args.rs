@@ -25,10 +25,12 @@ pub struct InputArgs {
     #[arg(long, value_name = "NAME", value_parser = construction_parser(), hide_possible_values = true)]
     pub construction: Option<Construction>,
 
-    /// Digest, by its OpenSSL name (blksum --list-digests lists them) or
-    /// oVirt imageio's (sha3_256, and blake2b for blake2b-256) [default:
-    /// sha256 (blake2b-256 with --construction imageio), or a saved map's
-    /// where one is read].
+    /// Digest, by its OpenSSL name (blksum --list-digests lists them, each
+    /// a name Python's hashlib takes too), hashlib's (sha3_256, shake_128),
+    /// or blake2b-256: BLAKE2b with a 32-byte output, oVirt imageio's
+    /// blake2b (also taken as blake2b). --construction imageio takes the
+    /// digests imageio computes [default: sha256 (blake2b-256 with
+    /// --construction imageio), or a saved map's where one is read].
     #[arg(short, long, value_name = "NAME", value_parser = digest_parser(), hide_possible_values = true)]
     pub digest: Option<Algorithm>,
 
@@ -347,7 +349,7 @@ pub fn construction_parser() -> Named<Construction> {
 pub fn digest_parser() -> Named<Algorithm> {
     Named {
         parse: parse_digest,
-        names: || blkhash::ALGORITHMS.iter().map(|a| a.name()).collect(),
+        names: || blkhash::Algorithm::listed().map(|a| a.name()).collect(),
     }
 }
 

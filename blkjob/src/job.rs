@@ -39,6 +39,9 @@ pub const MAX_READ_SIZE: usize = 256 << 20;
 /// use blkhash::{Algorithm, Construction};
 /// let job = JobSpec { construction: Construction::Imageio, ..Default::default() }.build().unwrap();
 /// assert_eq!((job.algorithm(), job.block_size()), (Algorithm::Blake2b256, 4 << 20));
+/// // A digest imageio does not compute is refused there.
+/// let md5_sha1 = JobSpec { construction: Construction::Imageio, digest: Some(Algorithm::Md5Sha1), ..Default::default() };
+/// assert_eq!(md5_sha1.build().unwrap_err(), JobError::Digest(Construction::Imageio, Algorithm::Md5Sha1));
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct JobSpec {
@@ -87,6 +90,9 @@ impl JobSpec {
         let queue_depth = self.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH);
         let read_size = self.read_size.unwrap_or(DEFAULT_READ_SIZE);
         check_block_size(block_size)?;
+        if !self.construction.takes(algorithm) {
+            return Err(JobError::Digest(self.construction, algorithm));
+        }
         if !(1..=MAX_THREADS).contains(&threads) {
             return Err(JobError::Threads(threads));
         }
@@ -143,6 +149,9 @@ pub enum JobError {
     ReadSize(u64),
     /// More than 256.
     IoDepth(usize),
+    /// A digest the construction does not take ([`Construction::takes`]):
+    /// imageio's checksum of a digest oVirt imageio does not compute.
+    Digest(Construction, Algorithm),
 }
 
 impl fmt::Display for JobError {
@@ -161,6 +170,7 @@ impl fmt::Display for JobError {
                 "read size must be a multiple of 4k from 4k to 256m, not {n}"
             ),
             JobError::IoDepth(n) => write!(f, "io depth must be 0 to {MAX_IO_DEPTH}, not {n}"),
+            JobError::Digest(c, a) => f.write_str(&blkhash::unsupported_digest(*c, *a)),
         }
     }
 }

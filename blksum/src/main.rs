@@ -30,9 +30,7 @@ fn main() -> ExitCode {
     let args: cli::Args = blkcli::help::parse(cli::command());
     if args.list_digests {
         return blkcli::output::print_code("blksum", |out| {
-            blkhash::ALGORITHMS
-                .iter()
-                .try_for_each(|a| writeln!(out, "{a}"))
+            blkhash::Algorithm::listed().try_for_each(|a| writeln!(out, "{a}"))
         });
     }
     if let Some(code) = args.manual.print::<cli::Args>(&cli::PAGE) {

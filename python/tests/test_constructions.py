@@ -54,6 +54,12 @@ def test_new_defaults_and_model():
     assert blkhash.new("sha256", data).construction == "blkhash"
     with pytest.raises(ValueError, match="unknown construction 'ovirt'"):
         blkhash.new(construction="ovirt")
+    # A digest imageio does not compute has no imageio checksum.
+    for name in ("md5-sha1", "ripemd160", "sm3", "sha512_224", "shake_128", "blake3"):
+        with pytest.raises(ValueError, match="oVirt imageio computes .*, not "):
+            blkhash.new(name, construction="imageio")
+        with pytest.raises(ValueError, match="oVirt imageio computes"):
+            blkhash.checksum("/dev/null", digest=name, construction="imageio")
 
 
 def test_checksum_of_an_image(tmp_path):
