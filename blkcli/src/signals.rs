@@ -95,6 +95,6 @@ fn status(sig: usize) -> u8 {
 }
 
 fn exit_now(message: &str, sig: usize) -> ! {
-    eprintln!("{message}");
+    crate::say!("{message}");
     std::process::exit(status(sig).into())
 }

@@ -1,6 +1,10 @@
 //! blksync: bring a copy of an image up to date by writing only the
 //! blocks that differ.
 
+// Messages go through blkcli::say!, which never panics on a closed
+// standard error (`cmd 2>&1 | head -1`).
+#![deny(clippy::print_stderr)]
+
 use blkcli::args::InputArgs;
 use blkcli::manual::{ManualArgs, Page};
 use blkcli::output;
@@ -206,7 +210,7 @@ fn main() -> ExitCode {
     // at once (as in blksum). Either way the state is never ahead of DST.
     let signals =
         blkcli::signals::Signals::install(&format!("blksync: {src} -> {dst}: interrupted"));
-    let mut warn = |w: &str| eprintln!("blksync: warning: {w}");
+    let mut warn = |w: &str| blkcli::say!("blksync: warning: {w}");
     let bar = blkcli::progress::SyncBar::new(args.progress);
     // `Err(None)`: standard output failed, already said.
     let printed = blkjob::sync::run(&req, &signals.cancel, &mut warn, &bar)
@@ -216,11 +220,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(None) => ExitCode::FAILURE,
         Err(_) if signals.cancelled() => {
-            eprintln!("blksync: {src} -> {dst}: interrupted");
+            blkcli::say!("blksync: {src} -> {dst}: interrupted");
             ExitCode::from(signals.exit_status())
         }
         Err(Some(e)) => {
-            eprintln!("blksync: {e}");
+            blkcli::say!("blksync: {e}");
             ExitCode::FAILURE
         }
     }
@@ -271,7 +275,7 @@ fn print(args: &Args, src: &str, dst: &str, r: &Report) -> Result<(), output::Fa
             None => format!("{blocks} compared"),
         },
     };
-    eprintln!(
+    blkcli::say!(
         "blksync: {src} -> {dst}: {} bytes written, {} zeroed, in {}, of {}; {how}, {} bytes saved",
         r.written,
         r.zeroed,
