@@ -11,6 +11,7 @@ mod dirty;
 mod fidx;
 mod guard;
 mod http;
+mod interrupted;
 mod libvirt;
 mod limits;
 mod luks;
