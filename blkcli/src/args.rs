@@ -47,15 +47,21 @@ pub struct InputArgs {
 
     /// Image format: raw (the bytes whatever they hold, the size rounded up
     /// to a multiple of 512 with zeros as QEMU does: a 1000-byte file is
-    /// hashed as 1024 bytes, which is said on standard error), qcow2, or one
+    /// hashed as 1024 bytes, which is said on standard error; with
+    /// --construction imageio or pbs, its exact size, as oVirt imageio and
+    /// Proxmox's backup client read a file), qcow2, or one
     /// QEMU reads through a private qemu-nbd: vmdk, vdi, vhdx, vpc, qed,
-    /// parallels, dmg, qcow, bochs, cloop, luks (with --secret-file)
-    /// [default: probed from the magic bytes: qcow2 if the file starts with
-    /// the qcow2 magic and version 2 or later, one of the others by its
-    /// signature, else raw]. Standard input, pipes and NBD URLs are always
-    /// raw, their exact bytes (so `blksum < FILE` differs from `blksum FILE`
-    /// when the size is not a multiple of 512). HTTP(S) URLs are probed as
-    /// files are, and read as raw or qcow2 only.
+    /// parallels, dmg, qcow, bochs, cloop, luks (with --secret-file), or
+    /// virtnbdbackup: a stream virtnbdbackup writes (DISK.full.data,
+    /// DISK.inc.CHECKPOINT.data, plain or lz4-compressed), read as the disk
+    /// it holds, an incremental one with the earlier streams found beside
+    /// it [default: probed from the magic bytes: qcow2 if the file starts
+    /// with the qcow2 magic and version 2 or later, a virtnbdbackup stream
+    /// by its header, one of the others by its signature, else raw].
+    /// Standard input, pipes and NBD URLs are always raw, their exact bytes
+    /// (so `blksum < FILE` differs from `blksum FILE` when the size is not a
+    /// multiple of 512). HTTP(S) URLs are probed as files are, and read as
+    /// raw, qcow2 or a virtnbdbackup stream only.
     #[arg(short, long, value_name = "FORMAT", value_parser = format_parser(), hide_possible_values = true)]
     pub format: Option<Format>,
 
@@ -198,6 +204,8 @@ impl InputArgs {
             force_share: self.force_share,
             nbd: self.nbd_options(),
             http: self.http_options(),
+            // The job sets it from the construction (blkjob::exact_size).
+            exact_size: false,
         }
     }
 
@@ -290,6 +298,24 @@ pub fn parse_format(s: &str) -> Result<Format, String> {
     s.parse()
 }
 
+/// A format to write (blksync's `-O`): [`parse_format`]'s but
+/// virtnbdbackup's streams, which are read only.
+///
+/// ```
+/// assert!(blkcli::args::parse_output_format("qcow2").is_ok());
+/// assert!(blkcli::args::parse_output_format("virtnbdbackup").is_err());
+/// ```
+pub fn parse_output_format(s: &str) -> Result<Format, String> {
+    match s.parse()? {
+        Format::Virtnbdbackup => Err(
+            "virtnbdbackup streams are read, not written: raw, qcow2 or another format \
+             qemu-img creates"
+                .to_string(),
+        ),
+        f => Ok(f),
+    }
+}
+
 /// A parser that also names the values it takes, so that shell completion
 /// offers them (clap learns them from `possible_values`); parsing and its
 /// error messages stay `parse`'s.
@@ -327,7 +353,7 @@ pub fn format_parser() -> Named<Format> {
     Named {
         parse: parse_format,
         names: || {
-            let mut names = vec!["raw", "qcow2"];
+            let mut names = vec!["raw", "qcow2", "virtnbdbackup"];
             names.extend_from_slice(blkimage::QEMU_FORMATS);
             names
         },

@@ -103,6 +103,8 @@ impl JobSpec {
         if let Some(d) = self.io_depth.filter(|d| *d > MAX_IO_DEPTH) {
             return Err(JobError::IoDepth(d));
         }
+        let mut open = self.open;
+        open.exact_size = exact_size(self.construction);
         Ok(Job {
             construction: self.construction,
             algorithm,
@@ -111,9 +113,29 @@ impl JobSpec {
             queue_depth,
             read_size,
             io_depth: self.io_depth,
-            open: self.open,
+            open,
             cancel: self.cancel,
         })
+    }
+}
+
+/// Whether a raw image is hashed at its bytes' exact size
+/// ([`OpenOptions::exact_size`]) in `construction`: oVirt imageio's file
+/// backend hashes a file at its size, and Proxmox's backup client backs a
+/// file up at its size, so their constructions give what they give; blkhash
+/// 0.11's sees a raw file as QEMU does, its size rounded up to 512 (its
+/// checksums stay what they were).
+///
+/// ```
+/// use blkhash::Construction;
+/// assert!(!blkjob::exact_size(Construction::Blkhash));
+/// assert!(blkjob::exact_size(Construction::Imageio));
+/// assert!(blkjob::exact_size(Construction::Pbs));
+/// ```
+pub fn exact_size(construction: Construction) -> bool {
+    match construction {
+        Construction::Blkhash => false,
+        Construction::Imageio | Construction::Pbs => true,
     }
 }
 

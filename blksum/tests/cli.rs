@@ -416,3 +416,49 @@ fn block_device_equals_its_file() {
         assert_eq!(stdout(&got), format!("{want}  {dev}\n"));
     }
 }
+
+/// `-f virtnbdbackup` names the format `--json` reports for a stream: the
+/// stream read as the disk it holds (what probing gives), an error for a
+/// file that is no stream or for standard input; `--help` lists it, and
+/// blksync does not write it.
+#[test]
+fn virtnbdbackup_is_a_format_to_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/vnbd");
+    let stream = dir.path().join("sda.full.data");
+    std::fs::copy(seeds.join("seed-plain"), &stream).unwrap();
+    let sp = stream.to_str().unwrap();
+    let probed = sum_of(&stream, &[]);
+    assert_eq!(sum_of(&stream, &["-f", "virtnbdbackup"]), probed);
+    assert_ne!(sum_of(&stream, &["-f", "raw"]), probed);
+    let out = run(&["--json", "-f", "virtnbdbackup", sp], None);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["inputs"][0]["format"], "virtnbdbackup");
+
+    let raw = image(dir.path(), "disk.raw", DATA);
+    let out = run(&["-f", "virtnbdbackup", raw.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("not a virtnbdbackup stream"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&["-f", "virtnbdbackup"], Some(&stream));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("virtnbdbackup needs random access, not a stream"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stdout(&run(&["--help"], None)).contains("virtnbdbackup"));
+    let blksync = std::path::Path::new(env!("CARGO_BIN_EXE_blksum")).with_file_name("blksync");
+    if blksync.exists() {
+        let copy = dir.path().join("copy.data");
+        let out = Command::new(&blksync)
+            .args(["-O", "virtnbdbackup", sp, copy.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(!copy.exists());
+    }
+}

@@ -24,7 +24,9 @@ use std::path::PathBuf;
 /// ``new(data).hexdigest()`` (nor that of ``"-"`` reading it, which hashes
 /// the exact bytes). Such a file raises a ``UserWarning`` naming both sizes,
 /// as blksum says it on standard error (``warnings.filterwarnings`` silences
-/// it or makes it an error).
+/// it or makes it an error). With ``construction="imageio"`` or ``"pbs"`` it
+/// is hashed at its exact size, as oVirt imageio and Proxmox's backup
+/// client read a file.
 ///
 /// The options are blksum's:
 ///

@@ -160,6 +160,8 @@ impl OpenArgs {
                 headers: self.headers,
                 retries: self.retries.unwrap_or(blkimage::http::DEFAULT_RETRIES),
             },
+            // The job sets it from the construction.
+            exact_size: false,
         })
     }
 }

@@ -62,6 +62,20 @@ def test_new_defaults_and_model():
             blkhash.checksum("/dev/null", digest=name, construction="imageio")
 
 
+def test_a_raw_file_of_odd_size_at_its_exact_size(tmp_path, recwarn):
+    """imageio's file backend and Proxmox's client read a raw file at its
+    size: those constructions hash its exact bytes, with no warning."""
+    img = tmp_path / "small.raw"
+    data = bytes(range(256)) * 4 + b"tail"
+    img.write_bytes(data)
+    assert blkhash.checksum(img, construction="imageio") == imageio(data)
+    assert blkhash.checksum(img, construction="pbs") == imageio(data, "sha256")
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+    # blkhash 0.11's construction keeps QEMU's rounding, and says so.
+    with pytest.warns(UserWarning, match="1028 bytes, hashed as 1536"):
+        blkhash.checksum(img)
+
+
 def test_checksum_of_an_image(tmp_path):
     img = tmp_path / "disk.raw"
     write_image(RECIPE, img)

@@ -13,10 +13,16 @@ pub(crate) fn open(name: &str, opts: &OpenOptions) -> io::Result<Input> {
     let url = HttpUrl::parse(name)?;
     let http = match open_url(&url, &opts.http)? {
         Opening::Ranges(h) => *h,
+        Opening::Whole(whole) if opts.exact_size => return open_whole(whole.exact(), opts.format),
         Opening::Whole(whole) => return open_whole(whole, opts.format),
     };
-    if opts.format.is_none() && crate::formats::vnbd::probe(http.head()) {
-        return Ok(Input::Image(Box::new(super::vnbd::open_url(http, opts)?)));
+    let stream = crate::formats::vnbd::probe(http.head());
+    match opts.format {
+        None | Some(Format::Virtnbdbackup) if stream => {
+            return Ok(Input::Image(Box::new(super::vnbd::open_url(http, opts)?)));
+        }
+        Some(Format::Virtnbdbackup) => return Err(super::not_a_stream()),
+        _ => {}
     }
     let format = match opts.format {
         Some(f) => f,
@@ -30,6 +36,7 @@ pub(crate) fn open(name: &str, opts: &OpenOptions) -> io::Result<Input> {
             Ok(Input::Image(Box::new(image)))
         }
         Format::Qemu(f) => Err(other_format(f)),
+        Format::Virtnbdbackup => Err(super::not_a_stream()),
     }
 }
 
@@ -73,12 +80,14 @@ fn open_whole(mut whole: Whole, format: Option<Format>) -> io::Result<Input> {
     } else {
         qemu::probe_bytes(&head, 0, |_, _| None)?.map(Format::Qemu)
     };
-    if format.is_none() && crate::formats::vnbd::probe(&head) {
+    let stream = crate::formats::vnbd::probe(&head);
+    if matches!(format, None | Some(Format::Virtnbdbackup)) && stream {
         return Err(no_ranges("the file is a virtnbdbackup stream"));
     }
     match format.or(probed) {
         Some(Format::Qcow2) => Err(no_ranges("the image is qcow2")),
         Some(Format::Qemu(f)) => Err(other_format(f)),
+        Some(Format::Virtnbdbackup) => Err(super::not_a_stream()),
         _ => Ok(Input::Stream(Box::new(io::Cursor::new(head).chain(whole)))),
     }
 }

@@ -13,6 +13,7 @@ use crate::formats::qemu::{self, QemuExport};
 use crate::source::{Rounded, Source};
 use crate::storage::file::RawFile;
 use crate::storage::nbd;
+use crate::window::Window;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileTypeExt;
@@ -28,6 +29,10 @@ pub enum Format {
     /// Another format QEMU reads (a name from [`QEMU_FORMATS`](crate::QEMU_FORMATS)):
     /// served by a private qemu-nbd and read over NBD.
     Qemu(&'static str),
+    /// A virtnbdbackup stream (`DISK.full.data`, `DISK.inc.*.data`): the
+    /// disk it holds, with the earlier streams an incremental one needs;
+    /// an error if the file is not one.
+    Virtnbdbackup,
 }
 
 impl Format {
@@ -37,12 +42,15 @@ impl Format {
     /// let f: blkimage::Format = "vmdk".parse().unwrap();
     /// assert_eq!(f.name(), "vmdk");
     /// assert_eq!(blkimage::Format::Qcow2.name(), "qcow2");
+    /// let f: blkimage::Format = "virtnbdbackup".parse().unwrap();
+    /// assert_eq!(f, blkimage::Format::Virtnbdbackup);
     /// ```
     pub fn name(self) -> &'static str {
         match self {
             Format::Raw => "raw",
             Format::Qcow2 => "qcow2",
             Format::Qemu(name) => name,
+            Format::Virtnbdbackup => "virtnbdbackup",
         }
     }
 }
@@ -53,10 +61,11 @@ impl std::str::FromStr for Format {
         match s {
             "raw" => Ok(Format::Raw),
             "qcow2" => Ok(Format::Qcow2),
+            "virtnbdbackup" => Ok(Format::Virtnbdbackup),
             _ => match qemu::FORMATS.iter().find(|f| **f == s) {
                 Some(f) => Ok(Format::Qemu(f)),
                 None => Err(format!(
-                    "unknown format '{s}' (raw, qcow2, {})",
+                    "unknown format '{s}' (raw, qcow2, virtnbdbackup, {})",
                     qemu::FORMATS.join(", ")
                 )),
             },
@@ -93,6 +102,11 @@ pub struct OpenOptions {
     pub nbd: nbd::NbdOptions,
     /// HTTP(S) requests: timeout, TLS certificates, headers, retries.
     pub http: crate::storage::http::HttpOptions,
+    /// A raw image is its bytes at their exact size (a file's length, a
+    /// URL's), not rounded up to a multiple of 512 as QEMU rounds it (see
+    /// [`Source::rounded`]): how oVirt imageio's file backend and Proxmox's
+    /// backup client read a file. blkjob sets it from the construction.
+    pub exact_size: bool,
 }
 
 /// An opened input.
@@ -131,7 +145,25 @@ impl Input {
 /// stream (always its raw bytes). A name that is no file and looks like a
 /// URL of another scheme (`ndb://`, `ftp://`) is an error saying so.
 pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result<Input> {
-    let name = name.as_ref();
+    match open_input(name.as_ref(), opts)? {
+        Input::Image(s) if opts.exact_size => exact(s),
+        input => Ok(input),
+    }
+}
+
+/// `image` at its bytes' size ([`OpenOptions::exact_size`]): a raw image
+/// whose size was rounded up is seen up to its own end, as a range of
+/// itself; any other image as it is.
+fn exact(image: Box<dyn Source>) -> io::Result<Input> {
+    let Some(r) = image.rounded() else {
+        return Ok(Input::Image(image));
+    };
+    let window = Window::new(std::sync::Arc::from(image), 0, r.file_size)?;
+    Ok(Input::Image(Box::new(window)))
+}
+
+/// [`open`], every image at QEMU's size.
+fn open_input(name: &std::ffi::OsStr, opts: &OpenOptions) -> io::Result<Input> {
     if let Some(name) = name.to_str().filter(|n| nbd::is_url(n)) {
         if matches!(opts.format, Some(f) if f != Format::Raw) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, nbd::RawOnly));
@@ -141,14 +173,12 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
     if let Some(name) = name.to_str().filter(|n| crate::storage::http::is_url(n)) {
         return http::open(name, opts);
     }
-    let stream = |r: Box<dyn Read + Send>| {
-        if matches!(opts.format, Some(f) if f != Format::Raw) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "qcow2 needs random access, not a stream",
-            ));
-        }
-        Ok(Input::Stream(r))
+    let stream = |r: Box<dyn Read + Send>| match opts.format {
+        Some(f) if f != Format::Raw => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} needs random access, not a stream", f.name()),
+        )),
+        _ => Ok(Input::Stream(r)),
     };
     if name == "-" {
         grow_pipe(&io::stdin());
@@ -181,7 +211,13 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
 fn open_image(path: &Path, ft: std::fs::FileType, opts: &OpenOptions) -> io::Result<Input> {
     let file = RawFile::open_with(path, opts)?;
     file.lock(opts.force_share)?;
-    if opts.format.is_none() && ft.is_file() && crate::formats::vnbd::probe_file(&file)? {
+    let stream = match opts.format {
+        None => ft.is_file() && crate::formats::vnbd::probe_file(&file)?,
+        Some(Format::Virtnbdbackup) if crate::formats::vnbd::probe_file(&file)? => true,
+        Some(Format::Virtnbdbackup) => return Err(not_a_stream()),
+        Some(_) => false,
+    };
+    if stream {
         return Ok(Input::Image(Box::new(vnbd::open(file, path, opts)?)));
     }
     let other = match opts.format {
@@ -219,6 +255,14 @@ fn open_image(path: &Path, ft: std::fs::FileType, opts: &OpenOptions) -> io::Res
     Ok(Input::Image(Box::new(chain::open_file(
         file, path, opts, &mut chain,
     )?)))
+}
+
+/// The error for `-f virtnbdbackup` of what is no such stream.
+fn not_a_stream() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        "virtnbdbackup: not a virtnbdbackup stream (no stream header at its start)",
+    )
 }
 
 /// The schemes of the URLs [`open`] takes, for the message naming them.

@@ -640,14 +640,16 @@ impl Storage for Http {
 
 /// The whole file, from a server that does not answer ranges: read once,
 /// start to end, then padded with zeros to a multiple of 512 as a raw file
-/// of that length is hashed. A body shorter or longer than its
-/// `Content-Length` is an error.
+/// of that length is hashed (unless [`Whole::exact`]). A body shorter or
+/// longer than its `Content-Length` is an error.
 pub struct Whole {
     body: ureq::BodyReader<'static>,
     len: Option<u64>,
     got: u64,
     /// Zeros still to give after the body.
     pad: Option<u64>,
+    /// No padding: the body's bytes alone.
+    exact: bool,
 }
 
 impl Whole {
@@ -659,7 +661,15 @@ impl Whole {
             len,
             got: 0,
             pad: None,
+            exact: false,
         })
+    }
+
+    /// The body's bytes alone, at their exact length, not padded to a
+    /// multiple of 512 ([`crate::OpenOptions::exact_size`]).
+    pub fn exact(mut self) -> Whole {
+        self.exact = true;
+        self
     }
 }
 
@@ -686,7 +696,11 @@ impl Read for Whole {
             ));
         }
         if n == 0 {
-            self.pad = Some(self.got.next_multiple_of(512) - self.got);
+            let rounded = match self.exact {
+                true => self.got,
+                false => self.got.next_multiple_of(512),
+            };
+            self.pad = Some(rounded - self.got);
             return self.read(buf);
         }
         Ok(n)

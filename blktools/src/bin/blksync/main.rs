@@ -82,7 +82,7 @@ struct Args {
     /// sparse file; qcow2, or another format QEMU writes: `qemu-img
     /// create`), and an existing file must be of it [default: an existing
     /// DST's, else raw].
-    #[arg(short = 'O', long, value_name = "FORMAT", value_parser = blkcli::args::parse_format)]
+    #[arg(short = 'O', long, value_name = "FORMAT", value_parser = blkcli::args::parse_output_format)]
     output_format: Option<blkimage::Format>,
 
     #[command(flatten)]
