@@ -70,7 +70,7 @@ proptest! {
         // refused (Construction::takes), not hashed.
         let opts = Options::new().construction(construction).algorithm(alg).block_size(bs).threads(threads).queue_depth(depth);
         if !construction.takes(alg) {
-            prop_assert!(Pipeline::new(opts).is_err());
+            prop_assert!(Pipeline::<Vec<u8>>::new(opts).is_err());
             return Ok(());
         }
         let mut h = Pipeline::new(opts).unwrap();
