@@ -137,13 +137,18 @@ fn a_stopped_checkpointed_run_leaves_no_lock_or_temporary_file() {
         testkit::nbd::Listen::Unix(&sock),
         &["--filter=delay", "pattern", "16M", "rdelay=60"],
     );
-    let ck = dir.path().join("disk.ck");
-    let lock = dir.path().join("disk.ck.lock");
     for (sig, status) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
-        let child = spawn(&["--checkpoint", ck.to_str().unwrap(), &srv.url]);
+        // A checkpoint of its own each time: a fresh run, not a resumed one.
+        let ck = dir.path().join(format!("disk-{sig}.ck"));
+        let lock = dir.path().join(format!("disk-{sig}.ck.lock"));
+        let mut child = spawn(&["--checkpoint", ck.to_str().unwrap(), &srv.url]);
         // The lock is taken once the export is open, before the reads.
         let start = Instant::now();
         while !lock.exists() {
+            if let Some(st) = child.try_wait().unwrap() {
+                let out = child.wait_with_output().unwrap();
+                panic!("exited ({st}): {}", String::from_utf8_lossy(&out.stderr));
+            }
             assert!(start.elapsed() < START_LIMIT, "no lock file");
             std::thread::sleep(Duration::from_millis(10));
         }
