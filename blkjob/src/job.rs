@@ -39,6 +39,9 @@ pub const MAX_READ_SIZE: usize = 256 << 20;
 /// use blkhash::{Algorithm, Construction};
 /// let job = JobSpec { construction: Construction::Imageio, ..Default::default() }.build().unwrap();
 /// assert_eq!((job.algorithm(), job.block_size()), (Algorithm::Blake2b256, 4 << 20));
+/// // A digest imageio does not compute is refused there.
+/// let md5_sha1 = JobSpec { construction: Construction::Imageio, digest: Some(Algorithm::Md5Sha1), ..Default::default() };
+/// assert_eq!(md5_sha1.build().unwrap_err(), JobError::Digest(Construction::Imageio, Algorithm::Md5Sha1));
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct JobSpec {
@@ -87,6 +90,9 @@ impl JobSpec {
         let queue_depth = self.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH);
         let read_size = self.read_size.unwrap_or(DEFAULT_READ_SIZE);
         check_block_size(block_size)?;
+        if !self.construction.takes(algorithm) {
+            return Err(JobError::Digest(self.construction, algorithm));
+        }
         if !(1..=MAX_THREADS).contains(&threads) {
             return Err(JobError::Threads(threads));
         }
@@ -97,6 +103,8 @@ impl JobSpec {
         if let Some(d) = self.io_depth.filter(|d| *d > MAX_IO_DEPTH) {
             return Err(JobError::IoDepth(d));
         }
+        let mut open = self.open;
+        open.exact_size = exact_size(self.construction);
         Ok(Job {
             construction: self.construction,
             algorithm,
@@ -105,9 +113,29 @@ impl JobSpec {
             queue_depth,
             read_size,
             io_depth: self.io_depth,
-            open: self.open,
+            open,
             cancel: self.cancel,
         })
+    }
+}
+
+/// Whether a raw image is hashed at its bytes' exact size
+/// ([`OpenOptions::exact_size`]) in `construction`: oVirt imageio's file
+/// backend hashes a file at its size, and Proxmox's backup client backs a
+/// file up at its size, so their constructions give what they give; blkhash
+/// 0.11's sees a raw file as QEMU does, its size rounded up to 512 (its
+/// checksums stay what they were).
+///
+/// ```
+/// use blkhash::Construction;
+/// assert!(!blkjob::exact_size(Construction::Blkhash));
+/// assert!(blkjob::exact_size(Construction::Imageio));
+/// assert!(blkjob::exact_size(Construction::Pbs));
+/// ```
+pub fn exact_size(construction: Construction) -> bool {
+    match construction {
+        Construction::Blkhash => false,
+        Construction::Imageio | Construction::Pbs => true,
     }
 }
 
@@ -143,6 +171,9 @@ pub enum JobError {
     ReadSize(u64),
     /// More than 256.
     IoDepth(usize),
+    /// A digest the construction does not take ([`Construction::takes`]):
+    /// imageio's checksum of a digest oVirt imageio does not compute.
+    Digest(Construction, Algorithm),
 }
 
 impl fmt::Display for JobError {
@@ -161,6 +192,7 @@ impl fmt::Display for JobError {
                 "read size must be a multiple of 4k from 4k to 256m, not {n}"
             ),
             JobError::IoDepth(n) => write!(f, "io depth must be 0 to {MAX_IO_DEPTH}, not {n}"),
+            JobError::Digest(c, a) => f.write_str(&blkhash::unsupported_digest(*c, *a)),
         }
     }
 }

@@ -388,8 +388,10 @@ fn summarize(
         warnings(&tally, err)?;
     }
     // Every image of a plain line (which does not say how it was made) read
-    // and none matched, or no plain line fit the digest: made with other
-    // options, or by another tool; say which options would check them.
+    // and none matched, or no plain line fit the digest: the images changed
+    // (or were damaged) since, or the list was made with other options, or
+    // by another tool; say so, first the images, and which options would
+    // check them.
     let all_failed = tally.untagged_mismatched > 0
         && tally.untagged_mismatched == tally.untagged_verified
         || tally.unfit > 0 && tally.untagged_verified == 0;
@@ -397,8 +399,14 @@ fn summarize(
         tally.verified == tally.mismatched,
         tally.untagged_mismatched > 0,
     ) {
-        (true, true) => "no listed image matched: ",
-        (false, true) => "no image of an untagged line matched: ",
+        (true, true) => {
+            "no listed image matched: the images may have changed since the list was made, \
+             or be damaged; or the list was made otherwise: "
+        }
+        (false, true) => {
+            "no image of an untagged line matched: those images may have changed since the \
+             list was made, or be damaged; or those lines were made otherwise: "
+        }
         (_, false) => "",
     };
     let tally = Tally {
@@ -570,7 +578,9 @@ mod tests {
         assert_eq!(out, "a.img: FAILED\nb.img: FAILED\n");
         assert!(
             err.contains(
-                "sums: no listed image matched: the checksums are 64 hex digits, as sha256, \
+                "sums: no listed image matched: the images may have changed since the list was \
+                 made, or be damaged; or the list was made otherwise: the checksums are 64 hex \
+                 digits, as sha256, \
                  sha512-256, sha3-256, blake2b-256, blake2s256, sm3, shake256 and blake3 write \
                  them, made \
                  with another --digest or --block-size? (`blksum -c -d blake3 --block-size 1m \
@@ -589,6 +599,27 @@ mod tests {
         );
         let (_, _, err) = run(&format!("{tagged}\n"), &opts());
         assert!(!err.contains("another construction"), "{err}");
+    }
+
+    #[test]
+    fn a_list_whose_images_all_changed_says_so_first() {
+        // Made by blksum with the default options, of images that have
+        // changed since (their content is their name: another name).
+        let list = format!(
+            "{}  a.img\n{}  b.img\n",
+            sum("a.img.before", Algorithm::Sha256, 65536),
+            sum("b.img.before", Algorithm::Sha256, 65536)
+        );
+        let (ok, out, err) = run(&list, &opts());
+        assert!(!ok);
+        assert_eq!(out, "a.img: FAILED\nb.img: FAILED\n");
+        let hint = err
+            .lines()
+            .find(|l| l.contains("no listed image matched"))
+            .unwrap();
+        let changed = hint.find("may have changed since the list was made, or be damaged");
+        let options = hint.find("another --digest or --block-size");
+        assert!(changed.is_some() && changed < options, "{err}");
     }
 
     /// `names`' plain lines as blksum writes them with `alg` and `bs`.
@@ -675,7 +706,9 @@ mod tests {
         assert_eq!(out, "a.img: OK\nb.img: FAILED\n");
         assert!(
             err.contains(
-                "sums: no image of an untagged line matched: its tagged lines were made with \
+                "sums: no image of an untagged line matched: those images may have changed \
+                 since the list was made, or be damaged; or those lines were made otherwise: \
+                 its tagged lines were made with \
                  -d blake3 and blocks of 1m: `blksum -c -d blake3 --block-size 1m sums` checks \
                  the untagged ones if they were made so too"
             ),

@@ -2,6 +2,7 @@
 through qemu-nbd, errors, and Ctrl-C."""
 
 import errno
+import shutil
 import os
 import signal
 import subprocess
@@ -141,6 +142,30 @@ def test_missing_file(tmp_path):
     assert e.value.errno == errno.ENOENT
     assert e.value.strerror == "No such file or directory"
     assert e.value.filename == str(missing)
+
+
+SEEDS = Path(__file__).resolve().parents[2] / "fuzz" / "seeds" / "vnbd"
+
+
+def test_a_gap_in_a_chain_names_the_missing_file(tmp_path):
+    """An incremental virtnbdbackup stream without its full one, a qcow2
+    image without its backing file: FileNotFoundError (ENOENT) whose
+    filename is the missing file, not the image asked for."""
+    inc = tmp_path / "sda.inc.virtnbdbackup.1.data"
+    shutil.copy(SEEDS / "seed-inc", inc)
+    with pytest.raises(FileNotFoundError) as e:
+        blkhash.checksum(inc)
+    assert e.value.errno == errno.ENOENT
+    assert e.value.filename == str(tmp_path / "sda.full.data")
+    assert "a gap in the chain" in e.value.strerror
+    top = tmp_path / "top.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b", "base.qcow2",
+                    "-F", "qcow2", top, "1M"], check=True)
+    with pytest.raises(FileNotFoundError) as e:
+        blkhash.checksum(top)
+    assert e.value.errno == errno.ENOENT
+    assert e.value.filename == str(tmp_path / "base.qcow2")
+    assert "backing file" in e.value.strerror
 
 
 def test_nbd_connect_errors_have_the_systems_errno(tmp_path):
