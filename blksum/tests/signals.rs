@@ -132,12 +132,14 @@ fn a_stopped_checkpointed_run_leaves_no_lock_or_temporary_file() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("slow.sock");
-    let srv = testkit::nbd::nbdkit(
-        testkit::nbd::Listen::Unix(&sock),
-        &["--filter=delay", "pattern", "16M", "rdelay=60"],
-    );
     for (sig, status) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+        // A server of its own each time: the first run's reads still sleep
+        // in the first one.
+        let sock = dir.path().join(format!("slow-{sig}.sock"));
+        let mut srv = testkit::nbd::nbdkit(
+            testkit::nbd::Listen::Unix(&sock),
+            &["--filter=delay", "pattern", "16M", "rdelay=60"],
+        );
         // A checkpoint of its own each time: a fresh run, not a resumed one.
         let ck = dir.path().join(format!("disk-{sig}.ck"));
         let lock = dir.path().join(format!("disk-{sig}.ck.lock"));
@@ -147,7 +149,12 @@ fn a_stopped_checkpointed_run_leaves_no_lock_or_temporary_file() {
         while !lock.exists() {
             if let Some(st) = child.try_wait().unwrap() {
                 let out = child.wait_with_output().unwrap();
-                panic!("exited ({st}): {}", String::from_utf8_lossy(&out.stderr));
+                let server = srv.exited();
+                panic!(
+                    "exited ({st}): {} (the server: {})",
+                    String::from_utf8_lossy(&out.stderr),
+                    server.map_or("running".to_string(), |s| format!("exited, {s}"))
+                );
             }
             assert!(start.elapsed() < START_LIMIT, "no lock file");
             std::thread::sleep(Duration::from_millis(10));

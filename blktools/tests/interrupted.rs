@@ -59,8 +59,10 @@ fn blkmap_of_a_silent_pipe_leaves_no_temporary_file() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     for (sig, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
-        // Standard input a pipe whose writer stays open and silent.
-        let (reader, writer) = std::io::pipe().unwrap();
+        // Standard input a pipe whose writer stays open and silent after
+        // its first bytes (opening a pipe reads them: is it compressed?).
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        std::io::Write::write_all(&mut writer, &[0u8; 4096]).unwrap();
         let out = d.join("out.map");
         let child = Command::new(BLKMAP)
             .args(["-", s(&out)])
