@@ -430,3 +430,37 @@ def test_size_hashes_the_first_bytes(raw, tmp_path):
     assert blkhash.checksum(grown) != blkhash.checksum(raw)
     with pytest.raises(OSError, match="more than the image"):
         blkhash.checksum(raw, size=len(data) + 1)
+
+
+def test_compressed_images_are_the_image_they_hold(images, tmp_path):
+    """A file compressed by the gzip, xz and zstd CLIs is the image it
+    holds: a raw image hashed as it streams (no warning), a qcow2 image
+    decompressed into a temporary file (a UserWarning says so); format="raw"
+    hashes the compressed bytes; a truncated file raises OSError naming it."""
+    for tool, package in [("gzip", "gzip"), ("xz", "xz-utils"), ("zstd", "zstd")]:
+        need(tool, package)
+    need("qemu-img", "qemu-utils")
+    raw = images("1m:r 1m:- 1m:0 1m:t 512:r")
+    want = blkhash.checksum(raw)
+
+    def compress(tool, src, out):
+        with open(out, "wb") as f:
+            subprocess.run([tool, "-c", src], stdout=f, check=True)
+        return out
+
+    for tool, ext in [("gzip", "gz"), ("xz", "xz"), ("zstd", "zst")]:
+        packed = compress(tool, raw, tmp_path / f"disk.raw.{ext}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert blkhash.checksum(packed) == want, tool
+        assert blkhash.checksum(packed, format="raw") != want, tool
+    qcow2 = tmp_path / "disk.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow2], check=True)
+    packed = compress("zstd", qcow2, tmp_path / "disk.qcow2.zst")
+    with pytest.warns(UserWarning, match="decompressed into an unnamed temporary file"):
+        assert blkhash.checksum(packed) == want
+    gz = tmp_path / "disk.raw.gz"
+    cut = tmp_path / "cut.raw.gz"
+    cut.write_bytes(gz.read_bytes()[: gz.stat().st_size // 2])
+    with pytest.raises(OSError, match="cut.raw.gz"):
+        blkhash.checksum(cut)
