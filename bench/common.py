@@ -26,7 +26,7 @@ MKIMAGE = RELEASE / "mkimage"
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
-CASES = ["speed", "random", "holes", "zero", "empty", "ranges", "qcow2", "compressed",
+CASES = ["speed", "random", "readpath", "holes", "zero", "empty", "ranges", "qcow2", "compressed",
          "decompress", "direct",
          "nbd", "remote", "http", "virtnbdbackup",
          "sync", "sync_nbd", "lib", "python"]

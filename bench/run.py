@@ -43,6 +43,7 @@ Python 3 standard library only.
 
 import argparse
 import contextlib
+import json
 import datetime
 import os
 import platform
@@ -60,7 +61,6 @@ from common import (
     Cmd,
     GiB,
     human,
-    ImageCase,
     KiB,
     log,
     make_image,
@@ -82,133 +82,9 @@ from mapsize import MapSizeCases
 from web import HttpCases
 from library import LibCases
 from net import NetCases
-from ovirt import IMAGEIO_CASE
 from vnbd import VnbdCases
 
-# ---------------------------------------------------------------- the image cases
-
-
-def ours(digest, on="raw", **kw):
-    """Our blksum on the image `on` ("raw" or "qcow2"); kw as Bench.ours."""
-    return lambda b, imgs: b.ours(digest, imgs[on], **kw)
-
-
-def ref(digest, on="raw", **kw):
-    """The reference blksum (None when BLKSUM_REF is unset)."""
-    return lambda b, imgs: b.reference(digest, imgs[on], **kw)
-
-
-def static(digest):
-    """The static (musl) blksum on the raw image (None when BLKSUM_STATIC is unset)."""
-    return lambda b, imgs: b.ours(digest, imgs["raw"], static=True) if b.static else None
-
-
-STATIC_TARGET = ("static", "ours", "≤", 1.05,
-                 "sha256: the static (musl) blksum's time ≤ 1.05× the glibc build's")
-
-
-def peer(which):
-    """sha256sum, b3sum or dd on the raw image (None when missing)."""
-    return lambda b, imgs: b.peer(which, imgs["raw"])
-
-
-IMAGE_CASES = {
-    "random": ImageCase(
-        title="Random data ({size})",
-        image="random",
-        before="measure_sha256",
-        commands={
-            "ours": ours("sha256"),
-            "ref": ref("sha256"),
-            "sha256sum": peer("sha256sum"),
-            "ours3": ours("blake3"),
-            "ref3": ref("blake3"),
-            "b3sum": peer("b3sum"),
-            "dd": peer("dd"),
-            "ours_direct": ours("sha256", cache=False),
-            "ref_direct": ref("sha256", cache=False),
-            "static": static("sha256"),
-        },
-        ratios=[("sha256sum", "ours"), ("ref", "ours"), ("ours", "dd"), ("b3sum", "ours3"),
-                ("ref3", "ours3"), ("ref_direct", "ours_direct"), ("ours_direct", "ours")],
-        targets=[
-            ("sha256sum", "ours", "≥", 6, "sha256: blksum ≥ 6× faster than sha256sum"),
-            ("ref", "ours", "≥", 1.8, "sha256: blksum ≥ 1.8× the reference"),
-            ("ours3", "b3sum", "≤", 1.25, "blake3: blksum time ≤ 1.25× b3sum's"),
-            STATIC_TARGET,
-        ],
-        after="sha256_efficiency",
-    ),
-    "holes": ImageCase(
-        title="Half data, half holes ({size}: 1 MiB data, 1 MiB hole, ...)",
-        image="holes",
-        commands={"ours": ours("sha256"), "ref": ref("sha256"), "sha256sum": peer("sha256sum")},
-        ratios=[("ref", "ours"), ("sha256sum", "ours")],
-    ),
-    "zero": ImageCase(
-        title="Written zeros ({size})",
-        image="zero",
-        commands={"ours": ours("sha256"), "ref": ref("sha256"), "dd": peer("dd")},
-        ratios=[("ref", "ours"), ("ours", "dd")],
-        targets=[
-            ("ref", "ours", "≥", 4, "sha256: blksum ≥ 4× the reference"),
-            ("ours", "dd", "≤", 2, "sha256: blksum time ≤ 2× dd's"),
-        ],
-    ),
-    "empty": ImageCase(
-        title="Empty sparse image ({size}; sha256sum and b3sum skipped)",
-        image="empty",
-        size=TiB,
-        quick_size=16 * GiB,
-        warm=False,
-        commands={"ours": ours("sha256"), "ref": ref("sha256"),
-                  "ours3": ours("blake3"), "ref3": ref("blake3"), "static": static("sha256")},
-        ratios=[("ref", "ours"), ("ref3", "ours3")],
-        targets=[
-            ("ref", "ours", "≥", 1.5, "sha256: blksum ≥ 1.5× the reference"),
-            ("ref3", "ours3", "≥", 5, "blake3: blksum ≥ 5× the reference"),
-            STATIC_TARGET,
-        ],
-    ),
-    "ranges": ImageCase(
-        title="An image hashed in 8 ranges one after another, then merged ({size}, random)",
-        image="random",
-        commands={
-            "ours": ours("sha256"),
-            "parts": lambda b, imgs: b.parts(imgs["raw"], 8),
-            "ours_direct": ours("sha256", cache=False),
-            "parts_direct": lambda b, imgs: b.parts(imgs["raw"], 8, cache=False),
-        },
-        ratios=[("parts", "ours"), ("parts_direct", "ours_direct")],
-        # The target is on blksum's default, direct I/O; from the page cache a
-        # whole run is short enough that the 8 extra processes' start-up shows.
-        targets=[
-            ("parts_direct", "ours_direct", "≤", 1.05,
-             "8 × blkmap --range k/8 and blkmap merge ≤ 1.05× the time of one blksum "
-             "(direct I/O, the default)"),
-        ],
-    ),
-    "qcow2": ImageCase(
-        title="qcow2, half allocated ({size}: the half data, half holes image converted "
-              "with `qemu-img convert -O qcow2`, 64 KiB clusters)",
-        image="holes",
-        qcow2=True,
-        commands={
-            "ours_raw": ours("sha256", label="raw"),
-            "ours": ours("sha256", on="qcow2", label="qcow2"),
-            "ref": ref("sha256", on="qcow2", label="qcow2"),
-        },
-        ratios=[("ref", "ours"), ("ours", "ours_raw")],
-        targets=[
-            ("ref", "ours", "≥", 2, "sha256: blksum ≥ 2× the reference on the qcow2 image"),
-            ("ours", "ours_raw", "≤", 1.2,
-             "sha256: blksum time on the qcow2 image ≤ 1.2× on the raw image"),
-        ],
-    ),
-}
-
-
-IMAGE_CASES["imageio"] = IMAGEIO_CASE
+from cases import IMAGE_CASES
 
 
 # ---------------------------------------------------------------- the bench
@@ -235,12 +111,16 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
 
     # -- commands
 
-    def ours(self, digest, img, cache=True, label=None, threads=None, static=False):
+    def ours(self, digest, img, cache=True, label=None, threads=None, static=False, path=None):
         """label: the image in the command's name ("qcow2"); threads: -t, shown in the
-        name (default: --threads, not shown); static: BLKSUM_STATIC's binary."""
+        name (default: --threads, not shown); static: BLKSUM_STATIC's binary; path:
+        "mapped" (`--mmap`) or "copied" (`--no-mmap`), else the default's measured
+        choice."""
         argv = [self.static if static else self.blksum, "-d", digest]
         if cache:
             argv.append("--cache")
+        if path:
+            argv.append({"mapped": "--mmap", "copied": "--no-mmap"}[path])
         if self.a.block_size:
             argv += ["--block-size", short(self.a.block_size)]
         if threads or self.a.threads:
@@ -249,6 +129,8 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
             argv += ["--read-size", short(self.a.read_size)]
         argv.append(str(img))
         mode = "cache" if cache else "direct"
+        if path:
+            mode += f", {path}"
         if threads:
             mode += f", -t {threads}"
         what = f"{digest} {label}" if label else digest
@@ -585,6 +467,60 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
         self.memory_target(name, cmds)
         self.r()
 
+    def read_path(self, img, digest):
+        """What the default read path chose for `img`: the share of its data
+        `blksum --json --cache` says it hashed from memory maps (mapped-bytes),
+        or None if that run failed."""
+        argv = [self.blksum, "--json", "--cache", "-d", digest, str(img)]
+        p = run_once(argv, self.a.timeout)
+        try:
+            doc = json.loads(p.out)["inputs"][0]
+            return doc["mapped-bytes"] / max(doc["data-bytes"], 1)
+        except (ValueError, KeyError, IndexError, TypeError):
+            self.r.problem(f"FAILED: {' '.join(argv)}: exit {p.rc}: {p.err.strip()[-200:]}")
+            return None
+
+    def say_read_path(self, c, keys):
+        """A line saying which read path the default took, for the commands c[k]
+        (our default blksum with --cache) of `keys`: one more run of each with
+        --json."""
+        said = []
+        for k in keys:
+            cmd = c.get(k)
+            if not cmd or cmd.failed:
+                continue
+            digest, img = cmd.argv[cmd.argv.index("-d") + 1], cmd.argv[-1]
+            share = self.read_path(img, digest)
+            if share is not None:
+                way = "mapped" if share > 0.5 else "copied"
+                said.append(f"{cmd.name}: {way} ({share:.0%} of the data from memory maps)")
+        if said:
+            self.r("Read path the default chose (`--json`'s mapped-bytes, one more run each; it "
+                   "measures both ways on the first 32 MiB, then takes the cheaper but for one "
+                   "round of 8 MiB in 16, or in 64 once a way costs a quarter more): "
+                   + "; ".join(said))
+            self.r()
+
+    def read_path_choice(self, section, c, size):
+        """The readpath case: the default against the faster of mapped and
+        copied, CPU seconds of each, and what the default chose."""
+        for d, (auto, mapped, copied) in (("sha256", ("ours", "mapped", "copied")),
+                                          ("blake3", ("ours3", "mapped3", "copied3"))):
+            a, m, p = c[auto], c[mapped], c[copied]
+            what = f"{d}: the default's time ≤ 1.05× the faster of mapped and copied"
+            if a.failed or m.failed or p.failed:
+                self.target(section, f"{what}: a command failed", False)
+                continue
+            best = min(m, p, key=lambda x: x.median)
+            v = a.median / best.median
+            self.target(section, f"{what}: {a.name}/{best.name} = {v:.2f}x "
+                        f"(target ≤ 1.05x)", v <= 1.05)
+        cpu = [f"{x.name} {x.cpu:.3f}" for x in c.values() if x and not x.failed]
+        self.r()
+        self.r("CPU seconds (user + system, median): " + "; ".join(cpu))
+        self.r()
+        self.say_read_path(c, ["ours", "ours3"])
+
     def sha256_efficiency(self, section, c, size):
         """blksum's sha256 time against cores × single-thread SHA-256."""
         ours = c["ours"]
@@ -603,6 +539,8 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
                 self.r(f"- For information, against cores × multi-buffer SHA-256 (the kernel the "
                        f"workers run): limit {limit:.3f} s / blksum {ours.median:.3f} s = "
                        f"{limit / ours.median:.0%}")
+                self.r()
+        self.say_read_path(c, ["ours", "ours3"])
 
     # -- compressed qcow2: images and a thread-scaling measure of their own
 

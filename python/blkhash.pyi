@@ -30,7 +30,12 @@ __all__ = [
     "__version__",
 ]
 
-#: Every digest name ``new()`` and ``checksum()`` accept.
+#: The digest names ``blksum --list-digests`` prints: each one but
+#: ``blake3`` and ``null`` a name ``hashlib.new()`` takes for the same
+#: digest. ``new()`` and ``checksum()`` take these and other spellings:
+#: hashlib's (``sha3_256``, ``shake_128``), OpenSSL's (``SHA2-256``), and
+#: ``blake2b-256`` (BLAKE2b with a 32-byte output, oVirt imageio's
+#: ``blake2b``, also taken as ``blake2b``), which no hashlib name means.
 algorithms_available: FrozenSet[str]
 #: The same as ``algorithms_available``: every digest is built in.
 algorithms_guaranteed: FrozenSet[str]

@@ -7,7 +7,7 @@ use crate::units::{parse_block_size, parse_size, parse_timeout};
 use blkhash::{Algorithm, Construction, MAX_THREADS};
 use blkimage::http::HttpOptions;
 use blkimage::nbd::NbdOptions;
-use blkimage::{Format, OpenOptions};
+use blkimage::{Format, MapReads, OpenOptions};
 use blkjob::{Job, JobSpec};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,10 +25,12 @@ pub struct InputArgs {
     #[arg(long, value_name = "NAME", value_parser = construction_parser(), hide_possible_values = true)]
     pub construction: Option<Construction>,
 
-    /// Digest, by its OpenSSL name (blksum --list-digests lists them) or
-    /// oVirt imageio's (sha3_256, and blake2b for blake2b-256) [default:
-    /// sha256 (blake2b-256 with --construction imageio), or a saved map's
-    /// where one is read].
+    /// Digest, by its OpenSSL name (blksum --list-digests lists them, each
+    /// a name Python's hashlib takes too), hashlib's (sha3_256, shake_128),
+    /// or blake2b-256: BLAKE2b with a 32-byte output, oVirt imageio's
+    /// blake2b (also taken as blake2b). --construction imageio takes the
+    /// digests imageio computes [default: sha256 (blake2b-256 with
+    /// --construction imageio), or a saved map's where one is read].
     #[arg(short, long, value_name = "NAME", value_parser = digest_parser(), hide_possible_values = true)]
     pub digest: Option<Algorithm>,
 
@@ -45,19 +47,25 @@ pub struct InputArgs {
 
     /// Image format: raw (the bytes whatever they hold, the size rounded up
     /// to a multiple of 512 with zeros as QEMU does: a 1000-byte file is
-    /// hashed as 1024 bytes, which is said on standard error), qcow2, or one
+    /// hashed as 1024 bytes, which is said on standard error; with
+    /// --construction imageio or pbs, its exact size, as oVirt imageio and
+    /// Proxmox's backup client read a file), qcow2, or one
     /// QEMU reads through a private qemu-nbd: vmdk, vdi, vhdx, vpc, qed,
-    /// parallels, dmg, qcow, bochs, cloop, luks (with --secret-file)
-    /// [default: probed from the magic bytes: qcow2 if the file starts with
-    /// the qcow2 magic and version 2 or later, one of the others by its
-    /// signature, else raw]. A file, URL or pipe compressed with gzip, xz or
-    /// zstd is the image it holds, probed the same way (a raw image hashed
-    /// as it is decompressed, a qcow2 image or another decompressed into an
-    /// unnamed temporary file in TMPDIR, which is said); with -f, the bytes
-    /// as they are. Standard input, pipes and NBD URLs are otherwise
-    /// raw, their exact bytes (so `blksum < FILE` differs from `blksum FILE`
-    /// when the size is not a multiple of 512). HTTP(S) URLs are probed as
-    /// files are, and read as raw or qcow2 only.
+    /// parallels, dmg, qcow, bochs, cloop, luks (with --secret-file), or
+    /// virtnbdbackup: a stream virtnbdbackup writes (DISK.full.data,
+    /// DISK.inc.CHECKPOINT.data, plain or lz4-compressed), read as the disk
+    /// it holds, an incremental one with the earlier streams found beside
+    /// it [default: probed from the magic bytes: qcow2 if the file starts
+    /// with the qcow2 magic and version 2 or later, a virtnbdbackup stream
+    /// by its header, one of the others by its signature, else raw]. A
+    /// file, URL or pipe compressed with gzip, xz or zstd is the image it
+    /// holds, probed the same way (a raw image hashed as it is
+    /// decompressed, a qcow2 image or another decompressed into an unnamed
+    /// temporary file in TMPDIR, which is said); with -f, the bytes as they
+    /// are. Standard input, pipes and NBD URLs are otherwise raw, their
+    /// exact bytes (so `blksum < FILE` differs from `blksum FILE` when the
+    /// size is not a multiple of 512). HTTP(S) URLs are probed as files
+    /// are, and read as raw, qcow2 or a virtnbdbackup stream only.
     #[arg(short, long, value_name = "FORMAT", value_parser = format_parser(), hide_possible_values = true)]
     pub format: Option<Format>,
 
@@ -119,12 +127,19 @@ pub struct InputArgs {
     #[arg(long)]
     pub cache: bool,
 
-    /// Read files through the page cache with copies (read(2)) instead of
-    /// hashing them in place from memory maps, the default with --cache
-    /// (as b3sum's --no-mmap); implied under an address-space limit
-    /// (ulimit -v).
-    #[arg(long)]
+    /// Read files through the page cache with copies (read(2)), never
+    /// hashing them in place from memory maps (as b3sum's --no-mmap);
+    /// implied under an address-space limit (ulimit -v). By default, with
+    /// --cache, each file is read both ways at first, and then the way
+    /// measured to cost less CPU time on this machine is kept.
+    #[arg(long, conflicts_with = "mmap")]
     pub no_mmap: bool,
+
+    /// Read files through the page cache by hashing them in place from
+    /// memory maps, never copied (but for ranges under 256 KiB), instead
+    /// of the way measured to cost less (the default with --cache).
+    #[arg(long)]
+    pub mmap: bool,
 
     /// NBD and HTTP(S) URLs: seconds a handshake step or a reply may take
     /// (trickled or silent), and a request may wait for its reply to begin,
@@ -228,7 +243,11 @@ impl InputArgs {
             cache: self.cache,
             // A command owns its process's signals, so it may install the
             // SIGBUS handler mapped reads need.
-            map: !self.no_mmap,
+            map: match (self.mmap, self.no_mmap) {
+                (true, _) => MapReads::Always,
+                (_, true) => MapReads::Never,
+                _ => MapReads::Auto,
+            },
             format: self.format,
             no_backing: self.no_backing,
             secret_file: self.secret_file.clone(),
@@ -239,6 +258,8 @@ impl InputArgs {
             random_access: false,
             chain: self.chain,
             size: self.size,
+            // The job sets it from the construction (blkjob::exact_size).
+            exact_size: false,
         }
     }
 
@@ -346,6 +367,24 @@ pub fn parse_format(s: &str) -> Result<Format, String> {
     s.parse()
 }
 
+/// A format to write (blksync's `-O`): [`parse_format`]'s but
+/// virtnbdbackup's streams, which are read only.
+///
+/// ```
+/// assert!(blkcli::args::parse_output_format("qcow2").is_ok());
+/// assert!(blkcli::args::parse_output_format("virtnbdbackup").is_err());
+/// ```
+pub fn parse_output_format(s: &str) -> Result<Format, String> {
+    match s.parse()? {
+        Format::Virtnbdbackup => Err(
+            "virtnbdbackup streams are read, not written: raw, qcow2 or another format \
+             qemu-img creates"
+                .to_string(),
+        ),
+        f => Ok(f),
+    }
+}
+
 /// A parser that also names the values it takes, so that shell completion
 /// offers them (clap learns them from `possible_values`); parsing and its
 /// error messages stay `parse`'s.
@@ -383,7 +422,7 @@ pub fn format_parser() -> Named<Format> {
     Named {
         parse: parse_format,
         names: || {
-            let mut names = vec!["raw", "qcow2"];
+            let mut names = vec!["raw", "qcow2", "virtnbdbackup"];
             names.extend_from_slice(blkimage::QEMU_FORMATS);
             names
         },
@@ -405,7 +444,7 @@ pub fn construction_parser() -> Named<Construction> {
 pub fn digest_parser() -> Named<Algorithm> {
     Named {
         parse: parse_digest,
-        names: || blkhash::ALGORITHMS.iter().map(|a| a.name()).collect(),
+        names: || blkhash::Algorithm::listed().map(|a| a.name()).collect(),
     }
 }
 

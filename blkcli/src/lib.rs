@@ -10,6 +10,8 @@
 
 // Every public item says what it is (cargo doc is part of the API).
 #![warn(missing_docs)]
+// Messages go through `say!`, which never panics on a closed standard error.
+#![deny(clippy::print_stderr)]
 
 pub mod args;
 pub mod help;

@@ -11,6 +11,12 @@
 //! once, with the progress bars cleared while it is written, so that a
 //! line is out as soon as its input is done.
 //!
+//! Standard error never panics either ([`say!`](crate::say), [`Stderr`]):
+//! `cmd 2>&1 | head -1` closes it as soon as the first line is out, and
+//! `eprintln!` would then panic (exit 101) at the next message. A message
+//! that cannot be written is dropped; the command goes on and ends with
+//! the status it would have had.
+//!
 //! What a document holds (its keys, their order, its `schema`) is the
 //! command's own: each command documents and builds its document; this
 //! module only writes it.
@@ -20,6 +26,52 @@ use blkhash::{Algorithm, Construction};
 use std::ffi::OsStr;
 use std::io::{self, Write};
 use std::process::ExitCode;
+
+/// Standard error, for messages: a write that fails (a reader that went
+/// away, `cmd 2>&1 | head -1`) is dropped, never an error nor a panic, so
+/// a library that writes its messages to it (blksum's `--check`) ends as
+/// it would have, with its own status.
+///
+/// ```
+/// use std::io::Write;
+/// writeln!(blkcli::output::Stderr, "blksum: a message").unwrap();
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stderr;
+
+impl Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let _ = io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let _ = io::stderr().flush();
+        Ok(())
+    }
+}
+
+/// Write `args` and a newline to standard error as one write, dropped if
+/// it cannot be written ([`Stderr`]): what [`say!`](crate::say) calls.
+pub fn say_line(args: std::fmt::Arguments<'_>) {
+    // One buffer, one write: lines of several threads stay whole.
+    let line = format!("{args}\n");
+    let _ = io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// `eprintln!` that never panics: a line on standard error, dropped if it
+/// cannot be written (a reader that went away). Every message of the
+/// commands goes through it (the crates deny `clippy::print_stderr`).
+///
+/// ```
+/// blkcli::say!("blkmap: {}: interrupted", "disk.img");
+/// ```
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::output::say_line(format_args!($($arg)*))
+    };
+}
 
 /// Standard output could not be written; the failure was said (unless
 /// the reader went away). The command ends with its failure status.
@@ -190,7 +242,7 @@ pub fn print(
 /// says it.
 pub fn failed(cmd: &str, e: &io::Error) -> Failed {
     if e.kind() != io::ErrorKind::BrokenPipe {
-        eprintln!("{cmd}: standard output: {}", crate::units::reason(e));
+        crate::say!("{cmd}: standard output: {}", crate::units::reason(e));
     }
     Failed
 }

@@ -221,7 +221,7 @@ impl InputProgress<'_> {
             // reads the same whatever the image holds.
             while self.run.lines && self.tenth < tenth {
                 self.tenth += 1;
-                eprintln!("{}: {}: {}%", self.run.command, self.name, self.tenth * 10);
+                crate::say!("{}: {}: {}%", self.run.command, self.name, self.tenth * 10);
             }
         }
     }
@@ -232,7 +232,7 @@ impl InputProgress<'_> {
     pub fn finish(&mut self) {
         if self.run.lines && self.tenth < 10 {
             self.tenth = 10;
-            eprintln!("{}: {}: 100%", self.run.command, self.name);
+            crate::say!("{}: {}: 100%", self.run.command, self.name);
         }
     }
 

@@ -9,7 +9,9 @@
 //! (blksync never has a state ahead of DST; a private qemu-nbd gets
 //! SIGTERM from the kernel through its parent-death signal; its private
 //! directory lives only while it starts, and the next run removes one a
-//! kill left behind).
+//! kill left behind), and leaves no temporary or lock file behind: those
+//! the skipped destructors would have removed are removed first
+//! ([`blkmap::temps`]).
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 use std::sync::Arc;
@@ -94,7 +96,10 @@ fn status(sig: usize) -> u8 {
     (128 + sig).min(255) as u8
 }
 
+/// Exit at once, skipping the destructors that remove the run's
+/// temporary and lock files: those are removed here instead.
 fn exit_now(message: &str, sig: usize) -> ! {
-    eprintln!("{message}");
+    blkmap::temps::remove_all();
+    crate::say!("{message}");
     std::process::exit(status(sig).into())
 }

@@ -66,7 +66,8 @@ pub enum Algorithm {
     Null,
 }
 
-/// Every algorithm, in the order `blksum --list-digests` prints them.
+/// Every algorithm, in the order `blksum --list-digests` prints them (those
+/// it names: [`Algorithm::listed`]).
 pub const ALGORITHMS: &[Algorithm] = &[
     Algorithm::Md5,
     Algorithm::Sha1,
@@ -355,16 +356,49 @@ impl Algorithm {
 }
 
 impl Algorithm {
+    /// Whether `blksum --list-digests` (and the C library's
+    /// `blkhash_digests`, Python's `algorithms_available`) names it: every
+    /// digest whose name Python's `hashlib.new()` takes for the same digest
+    /// (libblkhash 0.11's contract: its names are OpenSSL's), and `blake3`
+    /// and `null`. BLAKE2b-256 is not listed: no such name means it there
+    /// (hashlib's `blake2b` is BLAKE2b-512), so `blake2b-256` is only taken.
+    ///
+    /// ```
+    /// use blkhash::Algorithm;
+    /// assert!(Algorithm::Sha3_256.is_listed());
+    /// assert!(!Algorithm::Blake2b256.is_listed());
+    /// assert_eq!("blake2b-256".parse(), Ok(Algorithm::Blake2b256));
+    /// ```
+    pub fn is_listed(self) -> bool {
+        self != Algorithm::Blake2b256
+    }
+
+    /// The digests [`Algorithm::is_listed`] names, in [`ALGORITHMS`] order.
+    ///
+    /// ```
+    /// let names: Vec<&str> = blkhash::Algorithm::listed().map(|a| a.name()).collect();
+    /// assert_eq!(names.first(), Some(&"md5"));
+    /// assert!(!names.contains(&"blake2b-256"));
+    /// ```
+    pub fn listed() -> impl Iterator<Item = Algorithm> {
+        ALGORITHMS.iter().copied().filter(|a| a.is_listed())
+    }
+
     /// Its name in oVirt imageio's checksum API (Python's `hashlib` names,
     /// `blake2b` and `blake2s` with imageio's 32-byte output), if imageio
-    /// computes it: imageio lists `shake_128` and `shake_256` too, but
-    /// fails on them (hashlib's SHAKE needs a length it does not give).
+    /// computes it. imageio lists every name of
+    /// `hashlib.algorithms_available` but makes its hasher with
+    /// `getattr(hashlib, NAME)`, which fails for `md5-sha1`, `ripemd160`,
+    /// `sm3`, `sha512_224` and `sha512_256` (no function of their own),
+    /// and its SHAKE hashers need an output length it does not give: it
+    /// computes none of those.
     ///
     /// ```
     /// use blkhash::Algorithm;
     /// assert_eq!(Algorithm::Blake2b256.imageio_name(), Some("blake2b"));
     /// assert_eq!(Algorithm::Sha3_256.imageio_name(), Some("sha3_256"));
     /// assert_eq!(Algorithm::Blake3.imageio_name(), None);
+    /// assert_eq!(Algorithm::Md5Sha1.imageio_name(), None);
     /// assert_eq!("sha512_224".parse(), Ok(Algorithm::Sha512_224));
     /// ```
     pub fn imageio_name(self) -> Option<&'static str> {
@@ -375,15 +409,12 @@ impl Algorithm {
     }
 }
 
-/// imageio's names (`hashlib.algorithms_available` but for SHAKE) of the
-/// digests it computes, and ours for them. Parsing takes them as well as
-/// ours: none of them names another digest of ours.
+/// imageio's names of the digests it computes (see
+/// [`Algorithm::imageio_name`]), and ours for them.
 const IMAGEIO_NAMES: &[(&str, Algorithm)] = &[
     ("blake2b", Algorithm::Blake2b256),
     ("blake2s", Algorithm::Blake2s256),
     ("md5", Algorithm::Md5),
-    ("md5-sha1", Algorithm::Md5Sha1),
-    ("ripemd160", Algorithm::Ripemd160),
     ("sha1", Algorithm::Sha1),
     ("sha224", Algorithm::Sha224),
     ("sha256", Algorithm::Sha256),
@@ -393,9 +424,41 @@ const IMAGEIO_NAMES: &[(&str, Algorithm)] = &[
     ("sha3_384", Algorithm::Sha3_384),
     ("sha3_512", Algorithm::Sha3_512),
     ("sha512", Algorithm::Sha512),
+];
+
+/// Other names of our digests, taken as input but never printed: Python's
+/// `hashlib` names (`hashlib.algorithms_available`, as imageio names its
+/// digests too; imageio's `blake2b` and `blake2s` are in
+/// [`IMAGEIO_NAMES`]), and OpenSSL's other spellings of the same digests
+/// (a C program written for libblkhash 0.11 may pass any name
+/// `EVP_MD_fetch` knows). None names another digest of ours.
+const ALIASES: &[(&str, Algorithm)] = &[
     ("sha512_224", Algorithm::Sha512_224),
     ("sha512_256", Algorithm::Sha512_256),
-    ("sm3", Algorithm::Sm3),
+    ("shake_128", Algorithm::Shake128),
+    ("shake_256", Algorithm::Shake256),
+    ("sha-1", Algorithm::Sha1),
+    ("sha2-224", Algorithm::Sha224),
+    ("sha-224", Algorithm::Sha224),
+    ("sha2-256", Algorithm::Sha256),
+    ("sha-256", Algorithm::Sha256),
+    ("sha2-384", Algorithm::Sha384),
+    ("sha-384", Algorithm::Sha384),
+    ("sha2-512", Algorithm::Sha512),
+    ("sha-512", Algorithm::Sha512),
+    ("sha2-512/224", Algorithm::Sha512_224),
+    ("sha-512/224", Algorithm::Sha512_224),
+    ("sha512/224", Algorithm::Sha512_224),
+    ("sha2-512/256", Algorithm::Sha512_256),
+    ("sha-512/256", Algorithm::Sha512_256),
+    ("sha512/256", Algorithm::Sha512_256),
+    ("blake2b-512", Algorithm::Blake2b512),
+    ("blake2s-256", Algorithm::Blake2s256),
+    ("ripemd-160", Algorithm::Ripemd160),
+    ("ripemd", Algorithm::Ripemd160),
+    ("rmd160", Algorithm::Ripemd160),
+    ("shake-128", Algorithm::Shake128),
+    ("shake-256", Algorithm::Shake256),
 ];
 
 impl fmt::Display for Algorithm {
@@ -408,18 +471,28 @@ impl FromStr for Algorithm {
     type Err = UnknownAlgorithm;
 
     /// Names are matched without regard to case, as OpenSSL does; oVirt
-    /// imageio's names ([`Algorithm::imageio_name`]) are taken too.
+    /// imageio's names ([`Algorithm::imageio_name`]), Python's `hashlib`
+    /// names and OpenSSL's other spellings are taken too.
+    ///
+    /// ```
+    /// use blkhash::Algorithm;
+    /// assert_eq!("shake_128".parse(), Ok(Algorithm::Shake128));
+    /// assert_eq!("SHA2-512/256".parse(), Ok(Algorithm::Sha512_256));
+    /// assert_eq!("blake2b".parse(), Ok(Algorithm::Blake2b256));
+    /// ```
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let alias = |names: &[(&str, Algorithm)]| {
+            names
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(s))
+                .map(|(_, a)| *a)
+        };
         ALGORITHMS
             .iter()
             .copied()
             .find(|a| a.name().eq_ignore_ascii_case(s))
-            .or_else(|| {
-                IMAGEIO_NAMES
-                    .iter()
-                    .find(|(n, _)| n.eq_ignore_ascii_case(s))
-                    .map(|(_, a)| *a)
-            })
+            .or_else(|| alias(IMAGEIO_NAMES))
+            .or_else(|| alias(ALIASES))
             .ok_or_else(|| UnknownAlgorithm(s.to_string()))
     }
 }
@@ -520,6 +593,13 @@ mod tests {
         for (name, a) in IMAGEIO_NAMES {
             assert_eq!(name.parse::<Algorithm>().unwrap(), *a);
             assert_eq!(a.imageio_name(), Some(*name));
+        }
+        // An alias never shadows a name, nor names two digests.
+        for (name, a) in ALIASES.iter().chain(IMAGEIO_NAMES) {
+            assert_eq!(name.parse::<Algorithm>().unwrap(), *a, "{name}");
+            assert_eq!(name.to_uppercase().parse::<Algorithm>().unwrap(), *a);
+            let same = ALIASES.iter().chain(IMAGEIO_NAMES);
+            assert!(same.filter(|(n, _)| n == name).all(|(_, b)| b == a));
         }
     }
 

@@ -95,6 +95,24 @@ impl Construction {
         }
     }
 
+    /// Whether the construction takes digest `a`: imageio's only the digests
+    /// oVirt imageio computes ([`Algorithm::imageio_name`]), as its checksum
+    /// would be one imageio never gives (and `null`, which computes
+    /// nothing, for measuring reads); the others take every digest.
+    ///
+    /// ```
+    /// use blkhash::{Algorithm, Construction};
+    /// assert!(Construction::Imageio.takes(Algorithm::Sha3_256));
+    /// assert!(!Construction::Imageio.takes(Algorithm::Md5Sha1));
+    /// assert!(Construction::Blkhash.takes(Algorithm::Md5Sha1));
+    /// ```
+    pub fn takes(self, a: Algorithm) -> bool {
+        match self {
+            Construction::Imageio => a.imageio_name().is_some() || a == Algorithm::Null,
+            Construction::Blkhash | Construction::Pbs => true,
+        }
+    }
+
     /// The block size when none is asked for.
     pub fn default_block_size(self) -> usize {
         match self {

@@ -147,7 +147,7 @@ pub use memory::{
 };
 pub use options::{
     DEFAULT_BLOCK_SIZE, IN_FLIGHT_BUDGET, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE, Options,
-    OptionsError, default_threads, depth_within_budget,
+    OptionsError, default_threads, depth_within_budget, unsupported_digest,
 };
 pub use order::{BlockEvent, zero_run};
 pub use pipeline::Pipeline;

@@ -72,6 +72,8 @@ pub enum OptionsError {
     BlockSize(usize),
     /// A thread count out of range.
     Threads(usize),
+    /// A digest the construction does not take ([`Construction::takes`]).
+    Digest(Construction, Algorithm),
     /// A digest worker thread could not be started: the system's limit on
     /// threads (RLIMIT_NPROC, a pids cgroup) or memory was reached. The
     /// workers already started are stopped.
@@ -91,6 +93,7 @@ impl fmt::Display for OptionsError {
             OptionsError::Threads(n) => {
                 write!(f, "invalid thread count {n}: must be 1 to {MAX_THREADS}")
             }
+            OptionsError::Digest(c, a) => write!(f, "{}", unsupported_digest(*c, *a)),
             OptionsError::ThreadStart { errno: Some(e) } => write!(
                 f,
                 "cannot start a digest thread: {}",
@@ -248,7 +251,14 @@ impl Options {
         self.job_done = Some(JobDone(Arc::new(f)));
         self
     }
-    /// Check the limits: block size a multiple of 512 in 512 B..=64 MiB, threads 1..=128.
+    /// Check the limits: block size a multiple of 512 in 512 B..=64 MiB,
+    /// threads 1..=128, a digest the construction takes.
+    ///
+    /// ```
+    /// use blkhash::{Algorithm, Construction, Options, OptionsError};
+    /// let o = Options::new().construction(Construction::Imageio).algorithm(Algorithm::Md5Sha1);
+    /// assert_eq!(o.validate(), Err(OptionsError::Digest(Construction::Imageio, Algorithm::Md5Sha1)));
+    /// ```
     pub fn validate(&self) -> Result<(), OptionsError> {
         let bs = self.block_size;
         if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&bs) || !bs.is_multiple_of(512) {
@@ -257,8 +267,31 @@ impl Options {
         if !(1..=MAX_THREADS).contains(&self.threads) {
             return Err(OptionsError::Threads(self.threads));
         }
+        if !self.construction.takes(self.algorithm) {
+            return Err(OptionsError::Digest(self.construction, self.algorithm));
+        }
         Ok(())
     }
+}
+
+/// Why construction `c` does not take digest `a` ([`Construction::takes`]),
+/// naming the digests it takes.
+///
+/// ```
+/// use blkhash::{Algorithm, Construction};
+/// let msg = blkhash::unsupported_digest(Construction::Imageio, Algorithm::Md5Sha1);
+/// assert!(msg.starts_with("the imageio construction takes the digests oVirt imageio computes (md5, sha1, "));
+/// assert!(msg.ends_with("), not md5-sha1"));
+/// ```
+pub fn unsupported_digest(c: Construction, a: Algorithm) -> String {
+    let names: Vec<&str> = crate::ALGORITHMS
+        .iter()
+        .filter_map(|a| a.imageio_name())
+        .collect();
+    format!(
+        "the {c} construction takes the digests oVirt imageio computes ({}), not {a}",
+        names.join(", ")
+    )
 }
 
 /// One worker per core: digesting is CPU-bound, and the caller's thread

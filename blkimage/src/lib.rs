@@ -69,7 +69,7 @@ pub use formats::qemu::FORMATS as QEMU_FORMATS;
 pub use formats::qemu::{PassphraseNeeded, QemuExport, QemuTarget, probe_format};
 pub use masked::Masked;
 pub use open::{Format, Input, OpenOptions, open, unknown_scheme};
-pub use oserror::{cause, caused_by, errno, with_context};
+pub use oserror::{cause, caused_by, errno, file, with_context, with_file};
 pub use readahead::ReadAhead;
 pub use reader::{
     DEFAULT_IO_DEPTH, DIRECT_BYTES_IN_FLIGHT, InputRead, Stats, direct_io_depth, interrupted,
@@ -77,5 +77,5 @@ pub use reader::{
 };
 pub use sink::{Fill, Lend, Sink};
 pub use source::{Decompressed, Extent, ExtentKind, Origin, Remote, Role, Rounded, Source};
-pub use storage::{RawFile, Storage, compressed, http, mapped, nbd};
+pub use storage::{MapReads, RawFile, Storage, compressed, http, mapped, nbd};
 pub use window::Window;

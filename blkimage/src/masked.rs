@@ -59,7 +59,7 @@ impl Masked {
 }
 
 impl Source for Masked {
-    pass_through!(inner: format, size, read_at, lendable, read_in_place, is_direct,
+    pass_through!(inner: format, size, read_at, lendable, read_in_place, mapped_bytes, is_direct,
         default_io_depth, bytes_in_flight, finish, origin, bitmaps, dirty);
 
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {

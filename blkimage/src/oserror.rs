@@ -9,12 +9,15 @@
 use std::error::Error;
 use std::fmt;
 use std::io;
+use std::path::{Path, PathBuf};
 
-/// A message that already includes its cause's text, and the cause.
+/// A message that already includes its cause's text, the cause, and the
+/// file the message is about, if it names one.
 #[derive(Debug)]
 struct Context {
     message: String,
     source: io::Error,
+    path: Option<PathBuf>,
 }
 
 impl fmt::Display for Context {
@@ -48,8 +51,52 @@ pub fn with_context(e: io::Error, message: impl Into<String>) -> io::Error {
         Context {
             message: message.into(),
             source: e,
+            path: None,
         },
     )
+}
+
+/// [`with_context`] for a message about the file `path` (a backing file, a
+/// stream's parent): [`file()`] finds it again, so that a front end that
+/// reports errors with a file name (Python's `OSError.filename`) names the
+/// file the error is about, not only the image it was asked to open.
+///
+/// ```
+/// use std::io;
+/// let e = io::Error::from_raw_os_error(libc::ENOENT);
+/// let e = blkimage::with_file(e, "qcow2: backing file 'base.img': No such file", "base.img");
+/// let e = blkimage::with_context(e, "top.qcow2: qcow2: backing file 'base.img': No such file");
+/// assert_eq!(blkimage::errno(&e), Some(libc::ENOENT));
+/// assert_eq!(blkimage::file(&e), Some(std::path::Path::new("base.img")));
+/// ```
+pub fn with_file(e: io::Error, message: impl Into<String>, path: impl Into<PathBuf>) -> io::Error {
+    let kind = e.kind();
+    io::Error::new(
+        kind,
+        Context {
+            message: message.into(),
+            source: e,
+            path: Some(path.into()),
+        },
+    )
+}
+
+/// The file `e` is about: the innermost one named with [`with_file`] under
+/// its contexts (the file that failed, when an image's chain names
+/// another); `None` if none was.
+pub fn file(e: &io::Error) -> Option<&Path> {
+    let mut found = None;
+    let mut next = e.get_ref().map(|inner| inner as &(dyn Error + 'static));
+    while let Some(err) = next {
+        if let Some(c) = err.downcast_ref::<Context>() {
+            found = c.path.as_deref().or(found);
+        }
+        next = match err.downcast_ref::<io::Error>() {
+            Some(io) => io.get_ref().map(|i| i as &(dyn Error + 'static)),
+            None => err.source(),
+        };
+    }
+    found
 }
 
 /// The errno the system gave for `e`, under any contexts added with

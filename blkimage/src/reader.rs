@@ -31,6 +31,10 @@ pub struct Stats {
     pub zero: u64,
     /// Unallocated, not read.
     pub hole: u64,
+    /// Of `data`, the bytes digested in place from memory maps (the rest
+    /// were copied); known once every read is done
+    /// ([`InputRead::mapped_bytes`]).
+    pub mapped: u64,
 }
 
 impl Stats {
@@ -189,6 +193,12 @@ impl InputRead {
     /// an error if the image changed under the reads ([`Source::finish`]).
     pub fn finish(&self) -> io::Result<()> {
         self.image.as_ref().map_or(Ok(()), |s| s.finish())
+    }
+
+    /// Of the data, the bytes digested in place from memory maps, once the
+    /// sink has finished every read ([`Source::mapped_bytes`]).
+    pub fn mapped_bytes(&self) -> u64 {
+        self.image.as_ref().map_or(0, |s| s.mapped_bytes())
     }
 }
 

@@ -139,6 +139,9 @@ macro_rules! pass_through {
             self.$inner.read_in_place(offset, len, f)
         }
     };
+    (@one $inner:ident mapped_bytes) => {
+        fn mapped_bytes(&self) -> u64 { self.$inner.mapped_bytes() }
+    };
     (@one $inner:ident is_direct) => {
         fn is_direct(&self) -> bool { self.$inner.is_direct() }
     };
@@ -310,6 +313,13 @@ pub trait Source: Send + Sync {
     /// [`Source::read_at`].
     fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
         copy_to(len, |buf| self.read_at(buf, offset), f)
+    }
+
+    /// Of the bytes lent so far ([`Source::read_in_place`]), how many were
+    /// read from memory maps (the rest were copied: a file measured to
+    /// read faster with copies, see [`crate::MapReads`]); for reports.
+    fn mapped_bytes(&self) -> u64 {
+        0
     }
 
     /// True if reads bypass the page cache (direct I/O): such a source

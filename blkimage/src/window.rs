@@ -79,7 +79,8 @@ impl Source for Window {
         self.inner.read_in_place(self.offset + offset, len, f)
     }
 
-    pass_through!(inner: format, is_direct, default_io_depth, bytes_in_flight, finish, origin);
+    pass_through!(inner: format, mapped_bytes, is_direct, default_io_depth, bytes_in_flight, finish,
+        origin);
 }
 
 /// A stream's first `size` bytes, the rest left unread: ending before

@@ -65,7 +65,7 @@ impl Dir {
     fn open_mapped(&self, name: &str) -> io::Result<Box<dyn Source>> {
         let opts = OpenOptions {
             cache: true,
-            map: true,
+            map: blkimage::MapReads::Always,
             ..Default::default()
         };
         open_with(self.path(name), &opts)

@@ -42,10 +42,11 @@ impl Drop for Lock {
     fn drop(&mut self) {
         // Removed while still locked: a run waiting on this file finds, once
         // it holds the lock, that the name is gone, and locks a new file.
-        if let Some(p) = &self.remove
-            && same_file(&self.file, p)
-        {
-            let _ = std::fs::remove_file(p);
+        if let Some(p) = &self.remove {
+            if same_file(&self.file, p) {
+                let _ = std::fs::remove_file(p);
+            }
+            blkmap::temps::forget(p);
         }
     }
 }
@@ -69,6 +70,8 @@ pub fn lock_file(path: &Path, name: &str, wait: Wait<'_>) -> Result<Lock, String
         // it: a lock on a removed file keeps nobody out, so lock anew.
         if same_file(&lock.file, path) {
             lock.remove = Some(path.to_path_buf());
+            // Removed at an exit that skips the lock's drop (a signal's).
+            blkmap::temps::record(path, &lock.file);
             return Ok(lock);
         }
     }

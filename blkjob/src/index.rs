@@ -77,6 +77,7 @@ pub fn index_checksum(index: &Path, job: &Job) -> io::Result<Hashed> {
         block_size: h.chunk_size,
         stats,
         rounded: None,
+        decompressed: None,
         resumed_at: 0,
     })
 }

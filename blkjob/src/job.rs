@@ -40,6 +40,9 @@ pub const MAX_READ_SIZE: usize = 256 << 20;
 /// use blkhash::{Algorithm, Construction};
 /// let job = JobSpec { construction: Construction::Imageio, ..Default::default() }.build().unwrap();
 /// assert_eq!((job.algorithm(), job.block_size()), (Algorithm::Blake2b256, 4 << 20));
+/// // A digest imageio does not compute is refused there.
+/// let md5_sha1 = JobSpec { construction: Construction::Imageio, digest: Some(Algorithm::Md5Sha1), ..Default::default() };
+/// assert_eq!(md5_sha1.build().unwrap_err(), JobError::Digest(Construction::Imageio, Algorithm::Md5Sha1));
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct JobSpec {
@@ -96,6 +99,9 @@ impl JobSpec {
         let queue_depth = self.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH);
         let read_size = self.read_size.unwrap_or(DEFAULT_READ_SIZE);
         check_block_size(block_size)?;
+        if !self.construction.takes(algorithm) {
+            return Err(JobError::Digest(self.construction, algorithm));
+        }
         if !(1..=MAX_THREADS).contains(&threads) {
             return Err(JobError::Threads(threads));
         }
@@ -118,6 +124,8 @@ impl JobSpec {
             }
             _ => None,
         };
+        let mut open = self.open;
+        open.exact_size = exact_size(self.construction);
         Ok(Job {
             construction: self.construction,
             algorithm,
@@ -126,11 +134,31 @@ impl JobSpec {
             queue_depth,
             read_size,
             io_depth: self.io_depth,
-            open: self.open,
+            open,
             cancel: self.cancel,
             keyed: self.keyed,
             block_key,
         })
+    }
+}
+
+/// Whether a raw image is hashed at its bytes' exact size
+/// ([`OpenOptions::exact_size`]) in `construction`: oVirt imageio's file
+/// backend hashes a file at its size, and Proxmox's backup client backs a
+/// file up at its size, so their constructions give what they give; blkhash
+/// 0.11's sees a raw file as QEMU does, its size rounded up to 512 (its
+/// checksums stay what they were).
+///
+/// ```
+/// use blkhash::Construction;
+/// assert!(!blkjob::exact_size(Construction::Blkhash));
+/// assert!(blkjob::exact_size(Construction::Imageio));
+/// assert!(blkjob::exact_size(Construction::Pbs));
+/// ```
+pub fn exact_size(construction: Construction) -> bool {
+    match construction {
+        Construction::Blkhash => false,
+        Construction::Imageio | Construction::Pbs => true,
     }
 }
 
@@ -170,6 +198,9 @@ pub enum JobError {
     KeyedDigest(Algorithm),
     /// The key file could not be read or opened (the reason, naming it).
     Key(String),
+    /// A digest the construction does not take ([`Construction::takes`]):
+    /// imageio's checksum of a digest oVirt imageio does not compute.
+    Digest(Construction, Algorithm),
 }
 
 impl fmt::Display for JobError {
@@ -194,6 +225,7 @@ impl fmt::Display for JobError {
                  not {a}"
             ),
             JobError::Key(why) => write!(f, "{why}"),
+            JobError::Digest(c, a) => f.write_str(&blkhash::unsupported_digest(*c, *a)),
         }
     }
 }

@@ -33,7 +33,7 @@ pub mod sync;
 pub use index::{IndexOnly, hash_named, index_checksum};
 pub use job::{
     DEFAULT_QUEUE_DEPTH, DEFAULT_READ_SIZE, Job, JobError, JobSpec, MAX_IO_DEPTH, MAX_QUEUE_DEPTH,
-    MAX_READ_SIZE, MIN_READ_SIZE, check_block_size, check_read_size, open_dirty,
+    MAX_READ_SIZE, MIN_READ_SIZE, check_block_size, check_read_size, exact_size, open_dirty,
 };
 pub use span::Span;
 
@@ -107,10 +107,11 @@ pub(crate) fn read_all<T>(
         progress,
     );
     let value = finalize(sink);
-    let read = read?;
+    let mut read = read?;
     let value = value?;
     // Only now are all reads done: is the image still what we read?
     read.finish()?;
+    read.stats.mapped = read.mapped_bytes();
     Ok((value, read))
 }
 

@@ -52,6 +52,7 @@ mod outer;
 mod part;
 mod splice;
 mod stream;
+pub mod temps;
 mod writer;
 
 pub use builder::{MapBuilder, Observed, Summary};

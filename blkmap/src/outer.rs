@@ -89,6 +89,9 @@ impl Outer {
 /// let c = Construction::Imageio;
 /// let got = blkmap::checksum_in(map.pieces(), c).unwrap();
 /// assert_eq!(got, Some(checksum_with(c, Algorithm::Sha256, 4096, &data)));
+/// // A digest imageio does not compute has no imageio checksum.
+/// let md5_sha1 = Map::compute(Options::new().algorithm(Algorithm::Md5Sha1), &data).unwrap();
+/// assert!(blkmap::checksum_in(md5_sha1.pieces(), c).is_err());
 /// ```
 pub fn checksum_in(
     mut pieces: impl Pieces,
@@ -97,6 +100,13 @@ pub fn checksum_in(
     let h = pieces.header().clone();
     if construction == Construction::Blkhash {
         return Ok(h.checksum);
+    }
+    if !construction.takes(h.algorithm) {
+        let msg = blkhash::unsupported_digest(construction, h.algorithm);
+        return Err(MapError::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            msg,
+        )));
     }
     let mut outer = Outer::new(h.algorithm, &zero_digest(h.algorithm, h.block_size));
     while let Some(p) = pieces.next_piece()? {

@@ -298,6 +298,8 @@ impl Pending {
             .file_name()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a file name"))?;
         let (tmp, file) = crate::format::create_temp(crate::format::dir_of(path), name)?;
+        // Removed at an exit that skips this one's drop (a signal's).
+        crate::temps::record(&tmp, &file);
         Ok(Pending {
             tmp,
             path: path.to_path_buf(),
@@ -317,6 +319,7 @@ impl Pending {
         self.file.sync_all()?;
         std::fs::rename(&self.tmp, &self.path)?;
         self.committed = true;
+        crate::temps::forget(&self.tmp);
         std::fs::File::open(crate::format::dir_of(&self.path))?.sync_all()
     }
 }
@@ -325,6 +328,7 @@ impl Drop for Pending {
     fn drop(&mut self) {
         if !self.committed {
             let _ = std::fs::remove_file(&self.tmp);
+            crate::temps::forget(&self.tmp);
         }
     }
 }

@@ -5,5 +5,8 @@
 
 // Every public item says what it is (cargo doc is part of the API).
 #![warn(missing_docs)]
+// Messages go through blkcli::say!, which never panics on a closed
+// standard error (`cmd 2>&1 | head -1`).
+#![deny(clippy::print_stderr)]
 
 pub mod check;

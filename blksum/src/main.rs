@@ -1,6 +1,10 @@
 //! blksum: wires inputs to the blkhash construction and prints checksums.
 //! No format or protocol logic lives here: that is blkimage's.
 
+// Messages go through blkcli::say!, which never panics on a closed
+// standard error (`cmd 2>&1 | head -1`).
+#![deny(clippy::print_stderr)]
+
 mod cli;
 mod hashing;
 mod report;
@@ -30,9 +34,7 @@ fn main() -> ExitCode {
     let args: cli::Args = blkcli::help::parse(cli::command());
     if args.list_digests {
         return blkcli::output::print_code("blksum", |out| {
-            blkhash::ALGORITHMS
-                .iter()
-                .try_for_each(|a| writeln!(out, "{a}"))
+            blkhash::Algorithm::listed().try_for_each(|a| writeln!(out, "{a}"))
         });
     }
     if let Some(code) = args.manual.print::<cli::Args>(&cli::PAGE) {
@@ -53,14 +55,14 @@ fn main() -> ExitCode {
     let progress = match Progress::new("blksum", args.progress.progress, inputs) {
         Ok(p) => p,
         Err(msg) => {
-            eprintln!("blksum: {msg}");
+            blkcli::say!("blksum: {msg}");
             return ExitCode::from(2);
         }
     };
     let checkpoint = match checkpoint(&args, &files) {
         Ok(c) => c,
         Err(msg) => {
-            eprintln!("blksum: {msg}");
+            blkcli::say!("blksum: {msg}");
             return ExitCode::from(2);
         }
     };
@@ -125,7 +127,7 @@ fn checkpoint(
             .checkpoint_interval
             .unwrap_or(blkjob::checkpoint::DEFAULT_INTERVAL),
         keep: args.keep_checkpoint,
-        warn: |msg| eprintln!("blksum: {msg}"),
+        warn: |msg| blkcli::say!("blksum: {msg}"),
     }))
 }
 
@@ -229,7 +231,9 @@ impl Results<'_> {
 
     /// A message on standard error, the progress bars cleared meanwhile.
     fn say(&self, msg: std::fmt::Arguments) {
-        self.hashing.progress.suspend(|| eprintln!("blksum: {msg}"));
+        self.hashing
+            .progress
+            .suspend(|| blkcli::say!("blksum: {msg}"));
     }
 
     /// The JSON document, with --json; Ok(true) if every input was hashed.
@@ -327,7 +331,7 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
             match std::fs::File::open(list_os) {
                 Ok(f) => Box::new(f),
                 Err(e) => {
-                    eprintln!("blksum: {list}: {}", blkcli::units::reason(&e));
+                    blkcli::say!("blksum: {list}: {}", blkcli::units::reason(&e));
                     all_ok = false;
                     continue;
                 }
@@ -344,7 +348,7 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
                     for n in notes {
                         hashing
                             .progress
-                            .suspend(|| eprintln!("blksum: {lossy}: {n}"));
+                            .suspend(|| blkcli::say!("blksum: {lossy}: {n}"));
                     }
                 }
                 r.checksum
@@ -356,17 +360,17 @@ fn check_lists(args: &cli::Args, hashing: &Hashing, lists: &[OsString]) -> Resul
             &opts,
             &mut compute,
             &mut Suspended(&hashing.progress, io::stdout()),
-            &mut Suspended(&hashing.progress, io::stderr()),
+            &mut Suspended(&hashing.progress, blkcli::output::Stderr),
         );
         match result {
             Ok(ok) => all_ok &= ok,
             Err(_) if hashing.cancelled() => {
-                eprintln!("blksum: {list}: interrupted");
+                blkcli::say!("blksum: {list}: interrupted");
                 return Err(Stop::Signal);
             }
             Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(stdout_failed(&e)),
             Err(e) => {
-                eprintln!("blksum: {list}: {}", blkcli::units::reason(&e));
+                blkcli::say!("blksum: {list}: {}", blkcli::units::reason(&e));
                 all_ok = false;
             }
         }

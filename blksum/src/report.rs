@@ -8,7 +8,8 @@
 //!     {"name": "disk.qcow2", "format": "qcow2", "virtual-size": 1073741824,
 //!      "construction": "blkhash", "digest": "sha256", "block-size": 65536,
 //!      "checksum": "9f2c…",
-//!      "data-bytes": 1048576, "zero-bytes": 0, "unallocated-bytes": 1072693248},
+//!      "data-bytes": 1048576, "zero-bytes": 0, "unallocated-bytes": 1072693248,
+//!      "mapped-bytes": 1048576},
 //!     {"name": "missing.img", "error": "No such file or directory"}
 //!   ]
 //! }
@@ -18,7 +19,9 @@
 //! (`virtual-size`). `schema` changes only when a key changes meaning or
 //! goes away (new keys may appear); `version` is blksum's. `format` is
 //! `raw`, `qcow2`, another QEMU format name, or `stream` (a pipe or standard
-//! input, whose bytes are all data). `construction` is `blkhash` (blkhash
+//! input, whose bytes are all data). `mapped-bytes` is the part of
+//! `data-bytes` digested in place from memory maps (`--cache`), the rest
+//! being copied. `construction` is `blkhash` (blkhash
 //! 0.11's), `imageio` or `pbs` (`--construction`). Inputs are in argument
 //! order. A name that is not UTF-8 has U+FFFD in `name` for the bytes that
 //! are not, and the whole name, escaped, in `name-escaped` (after the
@@ -55,6 +58,7 @@ fn object(name: &str, result: &io::Result<Report>) -> Value {
             "data-bytes": r.stats.data,
             "zero-bytes": r.stats.zero,
             "unallocated-bytes": r.stats.hole,
+            "mapped-bytes": r.stats.mapped,
         }),
         Err(e) => json!({
             "name": name,

@@ -153,6 +153,84 @@ fn list_digests_and_version() {
     assert!(stdout(&out).contains("--block-size"));
 }
 
+/// The reference's contract (its test_list_digests): every name
+/// `--list-digests` prints but `null` and `blake3` is one Python's
+/// `hashlib.new()` takes, for a digest of the same length; the other
+/// spellings blksum takes (hashlib's, blake2b-256) are not printed but
+/// taken, and give the same checksum as the listed name.
+#[test]
+fn listed_digests_are_hashlib_names() {
+    if !require(&["python3"]) {
+        return;
+    }
+    let listed = stdout(&run(&["--list-digests"], None));
+    let names: Vec<&str> = listed
+        .lines()
+        .filter(|n| !["null", "blake3"].contains(n))
+        .collect();
+    let script = "import hashlib, sys\n\
+                  for n in sys.argv[1:]:\n    \
+                  print(n, hashlib.new(n).digest_size)";
+    let py = Command::new("python3")
+        .args(["-c", script])
+        .args(&names)
+        .output()
+        .unwrap();
+    assert!(
+        py.status.success(),
+        "{}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    for line in String::from_utf8_lossy(&py.stdout).lines() {
+        let (name, len) = line.split_once(' ').unwrap();
+        let alg: blkhash::Algorithm = name.parse().unwrap();
+        // SHAKE's length is the caller's there (0).
+        assert!(len == "0" || len == alg.output_len().to_string(), "{line}");
+    }
+    assert!(!listed.lines().any(|n| n == "blake2b-256"), "{listed}");
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.img", DATA);
+    for (other, listed) in [
+        ("shake_128", "shake128"),
+        ("shake_256", "shake256"),
+        ("sha512_224", "sha512-224"),
+        ("SHA2-256", "sha256"),
+    ] {
+        assert_eq!(sum_of(&img, &["-d", other]), sum_of(&img, &["-d", listed]));
+    }
+    assert_eq!(sum_of(&img, &["-d", "blake2b-256"]).len(), 64);
+}
+
+/// `--construction imageio` takes only the digests imageio computes: a
+/// checksum of another would be one imageio never gives.
+#[test]
+fn imageio_refuses_digests_imageio_does_not_compute() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.img", DATA);
+    let p = img.to_str().unwrap();
+    for d in [
+        "md5-sha1",
+        "ripemd160",
+        "sm3",
+        "sha512_224",
+        "shake_128",
+        "blake3",
+    ] {
+        let out = run(&["--construction", "imageio", "-d", d, p], None);
+        assert_eq!(out.status.code(), Some(2), "{d}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("oVirt imageio computes (md5, sha1, "), "{err}");
+        assert_eq!(stdout(&out), "");
+    }
+    // The blkhash construction takes them all; imageio its own names.
+    assert_eq!(sum_of(&img, &["-d", "md5-sha1"]).len(), 72);
+    let ours = sum_of(&img, &["--construction", "imageio", "-d", "sha3_256"]);
+    assert_eq!(
+        ours,
+        sum_of(&img, &["--construction", "imageio", "-d", "sha3-256"])
+    );
+}
+
 /// `-h` is a summary (at most 40 lines, pointing at `--help`); `--help`
 /// has every option, those `-h` leaves out included.
 #[test]
@@ -336,5 +414,51 @@ fn block_device_equals_its_file() {
     for got in runs {
         assert!(got.status.success(), "{}", stderr(&got));
         assert_eq!(stdout(&got), format!("{want}  {dev}\n"));
+    }
+}
+
+/// `-f virtnbdbackup` names the format `--json` reports for a stream: the
+/// stream read as the disk it holds (what probing gives), an error for a
+/// file that is no stream or for standard input; `--help` lists it, and
+/// blksync does not write it.
+#[test]
+fn virtnbdbackup_is_a_format_to_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/vnbd");
+    let stream = dir.path().join("sda.full.data");
+    std::fs::copy(seeds.join("seed-plain"), &stream).unwrap();
+    let sp = stream.to_str().unwrap();
+    let probed = sum_of(&stream, &[]);
+    assert_eq!(sum_of(&stream, &["-f", "virtnbdbackup"]), probed);
+    assert_ne!(sum_of(&stream, &["-f", "raw"]), probed);
+    let out = run(&["--json", "-f", "virtnbdbackup", sp], None);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["inputs"][0]["format"], "virtnbdbackup");
+
+    let raw = image(dir.path(), "disk.raw", DATA);
+    let out = run(&["-f", "virtnbdbackup", raw.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("not a virtnbdbackup stream"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&["-f", "virtnbdbackup"], Some(&stream));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("virtnbdbackup needs random access, not a stream"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stdout(&run(&["--help"], None)).contains("virtnbdbackup"));
+    let blksync = std::path::Path::new(env!("CARGO_BIN_EXE_blksum")).with_file_name("blksync");
+    if blksync.exists() {
+        let copy = dir.path().join("copy.data");
+        let out = Command::new(&blksync)
+            .args(["-O", "virtnbdbackup", sp, copy.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(!copy.exists());
     }
 }

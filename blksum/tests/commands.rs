@@ -19,6 +19,7 @@ mod nbd_tls;
 mod progress;
 mod qcow2;
 mod qcow2_corrupt;
+mod readpath;
 mod rounding;
 mod shrink;
 mod signals;

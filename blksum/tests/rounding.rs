@@ -96,3 +96,36 @@ fn check_says_it_unless_quiet_or_status() {
         assert_eq!(stderr(&out), "", "{quiet}");
     }
 }
+
+/// oVirt imageio's file backend and Proxmox's backup client read a raw
+/// file at its exact size: their constructions hash its bytes as they
+/// are, with nothing to say, whatever reads it (blksum, blksum -c, a pipe
+/// alike); blkhash 0.11's keeps QEMU's rounding.
+#[test]
+fn imageio_and_pbs_hash_a_raw_file_at_its_exact_size() {
+    use blkhash::{Algorithm, Construction, checksum_with};
+    let dir = tempfile::tempdir().unwrap();
+    let (p, data, _) = small(dir.path(), "small");
+    for (c, alg) in [
+        (Construction::Imageio, Algorithm::Blake2b256),
+        (Construction::Pbs, Algorithm::Sha256),
+    ] {
+        let want = checksum_with(c, alg, 4 << 20, &data).to_hex();
+        let out = run(&["--construction", c.name(), &p], None);
+        assert!(out.status.success(), "{c}: {}", stderr(&out));
+        assert_eq!(stdout(&out), format!("{want}  {p}\n"), "{c}");
+        assert_eq!(stderr(&out), "", "{c}");
+        // Standard input gives the same.
+        let piped = run(&["--construction", c.name()], Some(Path::new(&p)));
+        assert_eq!(stdout(&piped), format!("{want}  -\n"), "{c}");
+        // A --tag line checks with no options, and the file's bytes.
+        let tagged = run(&["--tag", "--construction", c.name(), &p], None);
+        let list = dir.path().join(format!("{c}.sums"));
+        std::fs::write(&list, &tagged.stdout).unwrap();
+        let check = run(&["-c", list.to_str().unwrap()], None);
+        assert_eq!(stdout(&check), format!("{p}: OK\n"), "{}", stderr(&check));
+    }
+    // blkhash 0.11's construction still sees QEMU's size.
+    let out = run(&[&p], None);
+    assert!(stderr(&out).contains(NOTE), "{}", stderr(&out));
+}

@@ -121,3 +121,51 @@ fn one_signal_stops_a_check_list_that_is_a_fifo() {
     assert!(err.contains("interrupted"), "{err}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
 }
+
+/// A checkpointed run stopped while it waits for a read that a server
+/// answers only after a minute exits after the grace period, without
+/// unwinding: its checkpoint's lock file and any temporary file are
+/// removed all the same.
+#[test]
+fn a_stopped_checkpointed_run_leaves_no_lock_or_temporary_file() {
+    if !require(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (sig, status) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+        // A server of its own each time: the first run's reads still sleep
+        // in the first one.
+        let sock = dir.path().join(format!("slow-{sig}.sock"));
+        let mut srv = testkit::nbd::nbdkit(
+            testkit::nbd::Listen::Unix(&sock),
+            &["--filter=delay", "pattern", "16M", "rdelay=60"],
+        );
+        // A checkpoint of its own each time: a fresh run, not a resumed one.
+        let ck = dir.path().join(format!("disk-{sig}.ck"));
+        let lock = dir.path().join(format!("disk-{sig}.ck.lock"));
+        let mut child = spawn(&["--checkpoint", ck.to_str().unwrap(), &srv.url]);
+        // The lock is taken once the export is open, before the reads.
+        let start = Instant::now();
+        while !lock.exists() {
+            if let Some(st) = child.try_wait().unwrap() {
+                let out = child.wait_with_output().unwrap();
+                let server = srv.exited();
+                panic!(
+                    "exited ({st}): {} (the server: {})",
+                    String::from_utf8_lossy(&out.stderr),
+                    server.map_or("running".to_string(), |s| format!("exited, {s}"))
+                );
+            }
+            assert!(start.elapsed() < START_LIMIT, "no lock file");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (code, err, _) = signal(child, sig);
+        assert_eq!(code, Some(status), "{err}");
+        let left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".lock") || n.contains(".tmp-"))
+            .collect();
+        assert!(left.is_empty(), "left behind: {left:?}: {err}");
+    }
+}

@@ -263,6 +263,7 @@ fn json_document() {
         "data-bytes",
         "zero-bytes",
         "unallocated-bytes",
+        "mapped-bytes",
     ] {
         let quoted = format!("\"{key}\"");
         match text[at..].find(&quoted) {
@@ -447,7 +448,9 @@ fn a_list_made_with_other_options_says_which_would_check_it() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains(&format!(
-            "{s}: no listed image matched: the checksums are 64 hex digits, as sha256, "
+            "{s}: no listed image matched: the images may have changed since the list was \
+             made, or be damaged; or the list was made otherwise: the checksums are 64 hex \
+             digits, as sha256, "
         )),
         "{err}"
     );

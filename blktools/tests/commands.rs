@@ -12,6 +12,7 @@ mod dirty;
 mod fidx;
 mod guard;
 mod http;
+mod interrupted;
 mod kubevirt;
 mod libvirt;
 mod libvirt_page;

@@ -238,6 +238,40 @@ fn blksum_reads_an_index_as_the_disk_it_holds() {
     }
 }
 
+/// proxmox-backup-client backs a raw file up at its exact size (the
+/// index's size is the file's): `blksum --construction pbs` of a file
+/// whose size is no multiple of 512 gives its index's index_csum, which
+/// `blkmap checksum --construction pbs` reads from the index.
+#[test]
+fn a_raw_file_of_odd_size_is_backed_up_at_its_size() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let img = image(d, "disk.raw", "raw", 9 * MIB, &["write -P 0x5a 0 5M"]);
+    let mut data = std::fs::read(&img).unwrap();
+    data.truncate((9 * MIB - 24) as usize);
+    std::fs::write(&img, &data).unwrap();
+    let (bytes, csum) = fidx_bytes(&data, 4 << 20);
+    let fidx = d.join("disk.raw.fidx");
+    std::fs::write(&fidx, bytes).unwrap();
+    let o = run(BLKMAP, &["checksum", "--construction", "pbs", s(&fidx)]);
+    assert_eq!(
+        o.stdout,
+        format!("{}  {}\n", hex(&csum), s(&fidx)),
+        "{}",
+        o.stderr
+    );
+    if Path::new(&blksum()).exists() {
+        let o = run(&blksum(), &["--construction", "pbs", s(&img)]);
+        assert_eq!(
+            o.stdout,
+            format!("{}  {}\n", hex(&csum), s(&img)),
+            "{}",
+            o.stderr
+        );
+        assert_eq!(o.stderr, "");
+    }
+}
+
 #[test]
 fn blkdiff_names_the_chunks_that_differ() {
     let Some(dir) = scratch() else { return };

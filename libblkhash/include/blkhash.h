@@ -149,10 +149,14 @@ int blkhash_final(struct blkhash *h, unsigned char *md_value,
 void blkhash_free(struct blkhash *h);
 
 /*
- * The digest names blkhash_opts_new() accepts (the names OpenSSL gives
- * them, plus blake3 and null): fills names with up to count pointers to
- * static strings and returns how many it wrote. With NULL names or a zero
- * count, returns how many names there are.
+ * The digest names (the names OpenSSL gives them, each one Python's
+ * hashlib.new() takes too, plus blake3 and null): fills names with up to
+ * count pointers to static strings and returns how many it wrote. With
+ * NULL names or a zero count, returns how many names there are.
+ * blkhash_opts_new() takes these and other spellings: OpenSSL's
+ * (SHA2-256), hashlib's (sha3_256, shake_128), and blake2b-256 (BLAKE2b
+ * with a 32-byte output, oVirt imageio's blake2b), which no OpenSSL or
+ * hashlib name means.
  */
 size_t blkhash_digests(const char **names, size_t count);
 

@@ -5,32 +5,18 @@ use construction::Algorithm;
 use libc::{c_char, size_t};
 use std::ffi::CStr;
 
-/// The digest a C name stands for: our names, matched without regard to
-/// case as OpenSSL does, and OpenSSL's other spellings of the same digests
-/// (a program written for 0.11 may pass any name EVP_MD_fetch knows).
+/// The digest a C name stands for: any name blksum's `--digest` and
+/// Python's `blkhash.new()` take (ours, hashlib's and OpenSSL's other
+/// spellings, matched without regard to case as OpenSSL does: a program
+/// written for 0.11 may pass any name EVP_MD_fetch knows).
 pub(crate) fn algorithm(name: &str) -> Option<Algorithm> {
-    if let Ok(a) = name.parse() {
-        return Some(a);
-    }
-    let alias = match name.to_ascii_lowercase().as_str() {
-        "sha-1" => "sha1",
-        "sha2-224" | "sha-224" => "sha224",
-        "sha2-256" | "sha-256" => "sha256",
-        "sha2-384" | "sha-384" => "sha384",
-        "sha2-512" | "sha-512" => "sha512",
-        "sha2-512/224" | "sha-512/224" | "sha512/224" => "sha512-224",
-        "sha2-512/256" | "sha-512/256" | "sha512/256" => "sha512-256",
-        "blake2b-512" => "blake2b512",
-        "blake2s-256" => "blake2s256",
-        "ripemd-160" | "ripemd" | "rmd160" => "ripemd160",
-        "shake-128" => "shake128",
-        "shake-256" => "shake256",
-        _ => return None,
-    };
-    alias.parse().ok()
+    name.parse().ok()
 }
-/// Our digest names as C strings, in `ALGORITHMS` order (a test checks).
-static DIGEST_NAMES: [&CStr; 22] = [
+
+/// The names `blkhash_digests` gives, as C strings: those blksum
+/// `--list-digests` prints ([`Algorithm::listed`]), in its order (a test
+/// checks).
+static DIGEST_NAMES: [&CStr; 21] = [
     c"md5",
     c"sha1",
     c"sha224",
@@ -44,7 +30,6 @@ static DIGEST_NAMES: [&CStr; 22] = [
     c"sha3-384",
     c"sha3-512",
     c"blake2b512",
-    c"blake2b-256",
     c"blake2s256",
     c"sm3",
     c"ripemd160",
@@ -81,18 +66,22 @@ mod tests {
     use construction::ALGORITHMS;
 
     #[test]
-    fn digest_names_are_the_algorithms() {
+    fn digest_names_are_the_listed_algorithms() {
         let ours: Vec<&str> = DIGEST_NAMES.iter().map(|c| c.to_str().unwrap()).collect();
-        let theirs: Vec<&str> = ALGORITHMS.iter().map(|a| a.name()).collect();
+        let theirs: Vec<&str> = Algorithm::listed().map(|a| a.name()).collect();
         assert_eq!(ours, theirs);
     }
 
     #[test]
-    fn openssl_spellings() {
+    fn openssl_and_hashlib_spellings() {
         assert_eq!(algorithm("SHA2-256"), Some(Algorithm::Sha256));
         assert_eq!(algorithm("SHA256"), Some(Algorithm::Sha256));
         assert_eq!(algorithm("sha-512/256"), Some(Algorithm::Sha512_256));
         assert_eq!(algorithm("BLAKE2B-512"), Some(Algorithm::Blake2b512));
+        assert_eq!(algorithm("shake_128"), Some(Algorithm::Shake128));
+        assert_eq!(algorithm("sha3_256"), Some(Algorithm::Sha3_256));
+        // Not listed, still taken.
+        assert_eq!(algorithm("blake2b-256"), Some(Algorithm::Blake2b256));
         assert_eq!(algorithm("sha257"), None);
     }
 

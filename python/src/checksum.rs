@@ -24,13 +24,16 @@ use std::path::PathBuf;
 /// ``new(data).hexdigest()`` (nor that of ``"-"`` reading it, which hashes
 /// the exact bytes). Such a file raises a ``UserWarning`` naming both sizes,
 /// as blksum says it on standard error (``warnings.filterwarnings`` silences
-/// it or makes it an error).
+/// it or makes it an error). With ``construction="imageio"`` or ``"pbs"`` it
+/// is hashed at its exact size, as oVirt imageio and Proxmox's backup
+/// client read a file.
 ///
 /// The options are blksum's:
 ///
-/// - ``digest``: one of ``algorithms_available`` (or oVirt imageio's
-///   name of one: ``"blake2b"`` is blake2b-256) [default: sha256, or
-///   blake2b-256 with ``construction="imageio"``];
+/// - ``digest``: one of ``algorithms_available``, or another spelling
+///   blksum's ``-d`` takes (hashlib's ``"sha3_256"``, ``"blake2b-256"``,
+///   oVirt imageio's ``"blake2b"``) [default: sha256, or blake2b-256 with
+///   ``construction="imageio"``, which takes the digests imageio computes];
 /// - ``block_size``: a multiple of 512 from 512 to 64 MiB [default: 64
 ///   KiB, or 4 MiB with ``construction="imageio"`` or ``"pbs"``];
 /// - ``construction``: how block digests become the checksum:

@@ -161,7 +161,7 @@ impl OpenArgs {
             // Copied, not mapped: a mapped file that shrinks raises SIGBUS,
             // and the host interpreter owns that signal's handler
             // (blkimage::mapped says why).
-            map: false,
+            map: blkimage::MapReads::Never,
             format,
             no_backing: self.no_backing,
             force_share: self.force_share,
@@ -181,6 +181,8 @@ impl OpenArgs {
             random_access: false,
             chain: self.chain,
             size: self.size,
+            // The job sets it from the construction.
+            exact_size: false,
         })
     }
 }
@@ -285,8 +287,10 @@ pub fn run_cancellable<T: Send + 'static>(
 
 /// The OSError for `name` with blksum's reason: where the system gave an
 /// errno (under any context the library added), `OSError(errno, reason,
-/// name)` (Python then picks the subclass,
-/// FileNotFoundError..., and sets `filename`); else "NAME: reason".
+/// filename)` (Python then picks the subclass, FileNotFoundError..., and
+/// sets `filename`: the file the library said the error is about, a
+/// backing file or a stream's missing parent, else `name`); else "NAME:
+/// reason".
 pub fn os_error(name: &str, e: &io::Error) -> PyErr {
     // A URL's password is never shown (https://user:***@host/...).
     let name = &*blkimage::http::redact(name);
@@ -323,8 +327,14 @@ pub fn os_error(name: &str, e: &io::Error) -> PyErr {
         return PyOSError::new_err(format!("{name}: {e} (headers={{'{header}': ...}})"));
     }
     let reason = blkjob::reason(e);
+    // The file the error is about, where the library named one (a missing
+    // backing file or earlier stream), else the image asked for.
+    let filename = match blkimage::file(e) {
+        Some(f) => blkimage::http::redact(&f.to_string_lossy()).into_owned(),
+        None => name.to_string(),
+    };
     match blkimage::errno(e) {
-        Some(errno) => PyOSError::new_err((errno, reason, name.to_string())),
+        Some(errno) => PyOSError::new_err((errno, reason, filename)),
         // No errno: OSError's own formatting would then print "[Errno None]"
         // and drop the reason, so the message is blksum's line as it is.
         None => PyOSError::new_err(format!("{name}: {reason}")),

@@ -13,7 +13,7 @@ mod hasher;
 mod image;
 mod maps;
 
-use blkhash::{ALGORITHMS, Algorithm, Construction};
+use blkhash::{Algorithm, Construction};
 use blkjob::JobError;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -87,7 +87,8 @@ fn check_threads(n: Option<i64>) -> PyResult<usize> {
 }
 
 /// A new blkhash hasher for the digest ``name`` (one of
-/// ``algorithms_available``), cutting data into blocks of ``block_size``
+/// ``algorithms_available``, or another spelling blksum's ``-d`` takes:
+/// hashlib's ``"shake_128"``, ``"blake2b-256"``), cutting data into blocks of ``block_size``
 /// bytes (a multiple of 512 from 512 to 64 MiB) digested by ``threads``
 /// worker threads (default: one per core). ``data``, if given, is added
 /// first. ``construction`` says how block digests become the checksum:
@@ -95,7 +96,8 @@ fn check_threads(n: Option<i64>) -> PyResult<usize> {
 /// imageio's checksum API: no length at the end; blake2b-256 and 4 MiB
 /// blocks unless ``name`` and ``block_size`` are given) or ``"pbs"`` (a
 /// Proxmox Backup Server index_csum: imageio's with sha256 and 4 MiB).
-/// Raises ValueError for an unknown digest or construction or a bad size
+/// Raises ValueError for an unknown digest or construction (or a digest
+/// imageio does not compute with ``"imageio"``) or a bad size
 /// or count, OSError (BlockingIOError, EAGAIN) if the system will not
 /// start the worker threads (its limit on threads).
 #[pyfunction]
@@ -130,8 +132,10 @@ fn blkhash_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bitmaps::update_map, m)?)?;
     m.add_function(wrap_pyfunction!(bitmaps::dirty_ranges, m)?)?;
     m.add_function(wrap_pyfunction!(bitmaps::bitmaps, m)?)?;
-    let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.name()).collect();
-    // Every digest is built in, so both sets are the same.
+    // The names blksum --list-digests prints (hashlib's, as libblkhash 0.11
+    // lists OpenSSL's); new() takes the others too. Every digest is built
+    // in, so both sets are the same.
+    let names: Vec<&str> = Algorithm::listed().map(|a| a.name()).collect();
     m.add("algorithms_available", PyFrozenSet::new(py, &names)?)?;
     m.add("algorithms_guaranteed", PyFrozenSet::new(py, &names)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

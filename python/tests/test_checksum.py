@@ -2,6 +2,7 @@
 through qemu-nbd, errors, and Ctrl-C."""
 
 import errno
+import shutil
 import os
 import signal
 import subprocess
@@ -141,6 +142,30 @@ def test_missing_file(tmp_path):
     assert e.value.errno == errno.ENOENT
     assert e.value.strerror == "No such file or directory"
     assert e.value.filename == str(missing)
+
+
+SEEDS = Path(__file__).resolve().parents[2] / "fuzz" / "seeds" / "vnbd"
+
+
+def test_a_gap_in_a_chain_names_the_missing_file(tmp_path):
+    """An incremental virtnbdbackup stream without its full one, a qcow2
+    image without its backing file: FileNotFoundError (ENOENT) whose
+    filename is the missing file, not the image asked for."""
+    inc = tmp_path / "sda.inc.virtnbdbackup.1.data"
+    shutil.copy(SEEDS / "seed-inc", inc)
+    with pytest.raises(FileNotFoundError) as e:
+        blkhash.checksum(inc)
+    assert e.value.errno == errno.ENOENT
+    assert e.value.filename == str(tmp_path / "sda.full.data")
+    assert "a gap in the chain" in e.value.strerror
+    top = tmp_path / "top.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b", "base.qcow2",
+                    "-F", "qcow2", top, "1M"], check=True)
+    with pytest.raises(FileNotFoundError) as e:
+        blkhash.checksum(top)
+    assert e.value.errno == errno.ENOENT
+    assert e.value.filename == str(tmp_path / "base.qcow2")
+    assert "backing file" in e.value.strerror
 
 
 def test_nbd_connect_errors_have_the_systems_errno(tmp_path):
@@ -405,3 +430,37 @@ def test_size_hashes_the_first_bytes(raw, tmp_path):
     assert blkhash.checksum(grown) != blkhash.checksum(raw)
     with pytest.raises(OSError, match="more than the image"):
         blkhash.checksum(raw, size=len(data) + 1)
+
+
+def test_compressed_images_are_the_image_they_hold(images, tmp_path):
+    """A file compressed by the gzip, xz and zstd CLIs is the image it
+    holds: a raw image hashed as it streams (no warning), a qcow2 image
+    decompressed into a temporary file (a UserWarning says so); format="raw"
+    hashes the compressed bytes; a truncated file raises OSError naming it."""
+    for tool, package in [("gzip", "gzip"), ("xz", "xz-utils"), ("zstd", "zstd")]:
+        need(tool, package)
+    need("qemu-img", "qemu-utils")
+    raw = images("1m:r 1m:- 1m:0 1m:t 512:r")
+    want = blkhash.checksum(raw)
+
+    def compress(tool, src, out):
+        with open(out, "wb") as f:
+            subprocess.run([tool, "-c", src], stdout=f, check=True)
+        return out
+
+    for tool, ext in [("gzip", "gz"), ("xz", "xz"), ("zstd", "zst")]:
+        packed = compress(tool, raw, tmp_path / f"disk.raw.{ext}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert blkhash.checksum(packed) == want, tool
+        assert blkhash.checksum(packed, format="raw") != want, tool
+    qcow2 = tmp_path / "disk.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow2], check=True)
+    packed = compress("zstd", qcow2, tmp_path / "disk.qcow2.zst")
+    with pytest.warns(UserWarning, match="decompressed into an unnamed temporary file"):
+        assert blkhash.checksum(packed) == want
+    gz = tmp_path / "disk.raw.gz"
+    cut = tmp_path / "cut.raw.gz"
+    cut.write_bytes(gz.read_bytes()[: gz.stat().st_size // 2])
+    with pytest.raises(OSError, match="cut.raw.gz"):
+        blkhash.checksum(cut)

@@ -54,6 +54,26 @@ def test_new_defaults_and_model():
     assert blkhash.new("sha256", data).construction == "blkhash"
     with pytest.raises(ValueError, match="unknown construction 'ovirt'"):
         blkhash.new(construction="ovirt")
+    # A digest imageio does not compute has no imageio checksum.
+    for name in ("md5-sha1", "ripemd160", "sm3", "sha512_224", "shake_128", "blake3"):
+        with pytest.raises(ValueError, match="oVirt imageio computes .*, not "):
+            blkhash.new(name, construction="imageio")
+        with pytest.raises(ValueError, match="oVirt imageio computes"):
+            blkhash.checksum("/dev/null", digest=name, construction="imageio")
+
+
+def test_a_raw_file_of_odd_size_at_its_exact_size(tmp_path, recwarn):
+    """imageio's file backend and Proxmox's client read a raw file at its
+    size: those constructions hash its exact bytes, with no warning."""
+    img = tmp_path / "small.raw"
+    data = bytes(range(256)) * 4 + b"tail"
+    img.write_bytes(data)
+    assert blkhash.checksum(img, construction="imageio") == imageio(data)
+    assert blkhash.checksum(img, construction="pbs") == imageio(data, "sha256")
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+    # blkhash 0.11's construction keeps QEMU's rounding, and says so.
+    with pytest.warns(UserWarning, match="1028 bytes, hashed as 1536"):
+        blkhash.checksum(img)
 
 
 def test_checksum_of_an_image(tmp_path):

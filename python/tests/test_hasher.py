@@ -1,6 +1,7 @@
 """blkhash.new(): the hashlib-like object, against the model."""
 
 import array
+import hashlib
 import mmap
 import os
 import random
@@ -51,6 +52,18 @@ def test_algorithms_available():
     assert isinstance(names, frozenset)
     assert {"sha256", "blake3", "md5", "sha3-256", "null"} <= names
     assert blkhash.algorithms_guaranteed == names
+    # blkhash 0.11's contract: hashlib takes every listed name (but blake3
+    # and null) for the same digest.
+    for name in names - {"blake3", "null"}:
+        ours = blkhash.new(name, block_size=512)
+        theirs = hashlib.new(name)
+        if theirs.digest_size:  # SHAKE's is the caller's
+            assert ours.digest_size == theirs.digest_size, name
+    assert "blake2b-256" not in names
+    # Other spellings are taken: hashlib's, OpenSSL's, blake2b-256.
+    for other, ours in [("blake2b-256", "blake2b-256"), ("shake_128", "shake128"),
+                        ("sha3_256", "sha3-256"), ("SHA2-256", "sha256")]:
+        assert blkhash.new(other).name == ours
     for name in names:
         h = blkhash.new(name)
         assert h.name == name

@@ -23,6 +23,12 @@ impl Server {
         self.child.id()
     }
 
+    /// How the server ended, if it has (`None`: still running): what a
+    /// test says when a client could not connect.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Kill the server now (SIGKILL) and wait for it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

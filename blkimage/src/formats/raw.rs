@@ -81,6 +81,10 @@ impl Source for RawFile {
         self.lend(offset, len, f)
     }
 
+    fn mapped_bytes(&self) -> u64 {
+        RawFile::mapped_bytes(self)
+    }
+
     fn finish(&self) -> io::Result<()> {
         self.check_shrunk()
     }

@@ -110,10 +110,8 @@ fn open_file_over(
     let data: Option<Arc<dyn Storage>> = if let Some(name) = data_name {
         let p = resolve(path, name);
         let ctx = |e: io::Error| {
-            io::Error::new(
-                e.kind(),
-                format!("qcow2: external data file '{}': {e}", p.display()),
-            )
+            let msg = format!("qcow2: external data file '{}': {e}", p.display());
+            crate::with_file(e, msg, &p)
         };
         let ft = std::fs::metadata(&p).map_err(ctx)?.file_type();
         if !(ft.is_file() || ft.is_block_device()) {
@@ -280,10 +278,8 @@ fn open_backing(
     chain: &mut Vec<PathBuf>,
 ) -> io::Result<Box<dyn Source>> {
     let ctx = |e: io::Error| {
-        io::Error::new(
-            e.kind(),
-            format!("qcow2: backing file '{}': {e}", path.display()),
-        )
+        let msg = format!("qcow2: backing file '{}': {e}", path.display());
+        crate::with_file(e, msg, path)
     };
     let canon = std::fs::canonicalize(path).map_err(ctx)?;
     let ft = std::fs::metadata(&canon).map_err(ctx)?.file_type();
@@ -409,8 +405,10 @@ fn backing_format(format: Option<&str>) -> io::Result<Option<Format>> {
 /// with ranges, its errors named as that file's.
 fn open_below(url: &HttpUrl, opts: &HttpOptions, what: &str) -> io::Result<Http> {
     let ctx = format!("{what} '{}'", url.shown());
-    let mut http =
-        Http::open(url, opts).map_err(|e| io::Error::new(e.kind(), format!("{ctx}: {e}")))?;
+    let mut http = Http::open(url, opts).map_err(|e| {
+        let msg = format!("{ctx}: {e}");
+        crate::with_file(e, msg, url.shown())
+    })?;
     http.set_context(ctx);
     Ok(http)
 }

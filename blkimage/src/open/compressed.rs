@@ -38,13 +38,7 @@ pub(crate) fn open(
     let inner = if qcow2::probe_bytes(&head) {
         Format::Qcow2
     } else if crate::formats::vnbd::probe(&head) {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!(
-                "a virtnbdbackup stream compressed with {}: decompress it first",
-                kind.name()
-            ),
-        ));
+        Format::Virtnbdbackup
     } else {
         match qemu::probe_bytes(&head, 0, |_, _| None)? {
             Some(f) => Format::Qemu(f),
@@ -59,6 +53,7 @@ pub(crate) fn open(
         Format::Raw => u64::MAX,
         Format::Qcow2 => qcow2::max_file_len(&head),
         Format::Qemu(_) => MAX_QEMU_IMAGE,
+        Format::Virtnbdbackup => return Err(compressed_stream(kind)),
     };
     let dir = std::env::temp_dir();
     let mut whole = io::Cursor::new(head).chain(decoder);
@@ -88,6 +83,7 @@ pub(crate) fn open(
             true,
             &opts.nbd,
         )?),
+        Format::Virtnbdbackup => return Err(compressed_stream(kind)),
     };
     Ok(Input::Image(Box::new(Unpacked {
         inner,
@@ -95,6 +91,18 @@ pub(crate) fn open(
         note,
         _file: spilled,
     })))
+}
+
+/// A virtnbdbackup stream inside a compressed file: its chain is found
+/// beside it by name, which a decompressed copy has not.
+fn compressed_stream(kind: Compression) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "a virtnbdbackup stream compressed with {}: decompress it first",
+            kind.name()
+        ),
+    )
 }
 
 /// An image read from the temporary file it was decompressed into: its

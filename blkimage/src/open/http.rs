@@ -19,8 +19,13 @@ pub(crate) fn open(name: &str, opts: &OpenOptions) -> io::Result<Input> {
     if let Some(kind) = compressed_probe(http.head(), opts) {
         return open_compressed_ranges(kind, http, opts);
     }
-    if opts.format.is_none() && crate::formats::vnbd::probe(http.head()) {
-        return Ok(Input::Image(Box::new(super::vnbd::open_url(http, opts)?)));
+    let stream = crate::formats::vnbd::probe(http.head());
+    match opts.format {
+        None | Some(Format::Virtnbdbackup) if stream => {
+            return Ok(Input::Image(Box::new(super::vnbd::open_url(http, opts)?)));
+        }
+        Some(Format::Virtnbdbackup) => return Err(super::not_a_stream()),
+        _ => {}
     }
     let format = match opts.format {
         Some(f) => f,
@@ -34,6 +39,7 @@ pub(crate) fn open(name: &str, opts: &OpenOptions) -> io::Result<Input> {
             Ok(Input::Image(Box::new(image)))
         }
         Format::Qemu(f) => Err(other_format(f)),
+        Format::Virtnbdbackup => Err(super::not_a_stream()),
     }
 }
 
@@ -79,18 +85,22 @@ fn open_whole(mut whole: Whole, opts: &OpenOptions) -> io::Result<Input> {
         let r = Box::new(io::Cursor::new(head).chain(whole));
         return super::compressed::open(kind, r, Vec::new(), opts);
     }
-    whole.set_padded(true);
+    // Padded to 512 as a raw file is, unless the exact bytes are asked
+    // for (`OpenOptions::exact_size`).
+    whole.set_padded(!opts.exact_size);
     let probed = if qcow2::probe_bytes(&head) {
         Some(Format::Qcow2)
     } else {
         qemu::probe_bytes(&head, 0, |_, _| None)?.map(Format::Qemu)
     };
-    if format.is_none() && crate::formats::vnbd::probe(&head) {
+    let stream = crate::formats::vnbd::probe(&head);
+    if matches!(format, None | Some(Format::Virtnbdbackup)) && stream {
         return Err(no_ranges("the file is a virtnbdbackup stream"));
     }
     match format.or(probed) {
         Some(Format::Qcow2) => Err(no_ranges("the image is qcow2")),
         Some(Format::Qemu(f)) => Err(other_format(f)),
+        Some(Format::Virtnbdbackup) => Err(super::not_a_stream()),
         _ => Ok(Input::Stream(Box::new(io::Cursor::new(head).chain(whole)))),
     }
 }

@@ -13,9 +13,11 @@ mod vnbd;
 use crate::formats::qcow2;
 use crate::formats::qemu::{self, QemuExport};
 use crate::source::{Origin, Role, Rounded, Source};
+use crate::storage::MapReads;
 use crate::storage::compressed::{Compression, PROBE_LEN, read_head};
 use crate::storage::file::RawFile;
 use crate::storage::nbd;
+use crate::window::Window;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read};
@@ -33,6 +35,10 @@ pub enum Format {
     /// Another format QEMU reads (a name from [`QEMU_FORMATS`](crate::QEMU_FORMATS)):
     /// served by a private qemu-nbd and read over NBD.
     Qemu(&'static str),
+    /// A virtnbdbackup stream (`DISK.full.data`, `DISK.inc.*.data`): the
+    /// disk it holds, with the earlier streams an incremental one needs;
+    /// an error if the file is not one.
+    Virtnbdbackup,
 }
 
 impl Format {
@@ -42,12 +48,15 @@ impl Format {
     /// let f: blkimage::Format = "vmdk".parse().unwrap();
     /// assert_eq!(f.name(), "vmdk");
     /// assert_eq!(blkimage::Format::Qcow2.name(), "qcow2");
+    /// let f: blkimage::Format = "virtnbdbackup".parse().unwrap();
+    /// assert_eq!(f, blkimage::Format::Virtnbdbackup);
     /// ```
     pub fn name(self) -> &'static str {
         match self {
             Format::Raw => "raw",
             Format::Qcow2 => "qcow2",
             Format::Qemu(name) => name,
+            Format::Virtnbdbackup => "virtnbdbackup",
         }
     }
 }
@@ -58,10 +67,11 @@ impl std::str::FromStr for Format {
         match s {
             "raw" => Ok(Format::Raw),
             "qcow2" => Ok(Format::Qcow2),
+            "virtnbdbackup" => Ok(Format::Virtnbdbackup),
             _ => match qemu::FORMATS.iter().find(|f| **f == s) {
                 Some(f) => Ok(Format::Qemu(f)),
                 None => Err(format!(
-                    "unknown format '{s}' (raw, qcow2, {})",
+                    "unknown format '{s}' (raw, qcow2, virtnbdbackup, {})",
                     qemu::FORMATS.join(", ")
                 )),
             },
@@ -74,12 +84,14 @@ impl std::str::FromStr for Format {
 pub struct OpenOptions {
     /// Use the page cache (else direct I/O where the file system allows it).
     pub cache: bool,
-    /// Files read through the page cache (with `cache`, or on a file system
-    /// without direct I/O) are read in place from memory maps, not copied
-    /// (see [`crate::mapped`]). This installs a process-wide SIGBUS handler the
-    /// first time: for programs that own their signals (the commands); a
-    /// library inside a host program leaves it false.
-    pub map: bool,
+    /// Whether files read through the page cache (with `cache`, or on a
+    /// file system without direct I/O) are read in place from memory maps
+    /// (see [`crate::mapped`]): never (the default), where measured to cost
+    /// less than copies, or always ([`MapReads`]). Maps install a
+    /// process-wide SIGBUS handler the first time: for programs that own
+    /// their signals (the commands); a library inside a host program leaves
+    /// it [`MapReads::Never`].
+    pub map: MapReads,
     /// The format; `None` probes the content (qcow2 magic and version 2 or
     /// later: qcow2; else raw).
     pub format: Option<Format>,
@@ -115,6 +127,11 @@ pub struct OpenOptions {
     /// (QEMU's raw `size` option): a block device larger than the image
     /// written to it. An image or stream shorter is an error.
     pub size: Option<u64>,
+    /// A raw image is its bytes at their exact size (a file's length, a
+    /// URL's), not rounded up to a multiple of 512 as QEMU rounds it (see
+    /// [`Source::rounded`]): how oVirt imageio's file backend and Proxmox's
+    /// backup client read a file. blkjob sets it from the construction.
+    pub exact_size: bool,
 }
 
 /// An opened input.
@@ -192,10 +209,25 @@ pub fn open(name: impl AsRef<std::ffi::OsStr>, opts: &OpenOptions) -> io::Result
         [one] => open_one(one, opts)?,
         _ => Input::Image(open_chain(&names, opts)?),
     };
+    let input = match input {
+        Input::Image(s) if opts.exact_size => exact(s)?,
+        input => input,
+    };
     match opts.size {
         None => Ok(input),
         Some(size) => first_bytes(input, size),
     }
+}
+
+/// `image` at its bytes' size ([`OpenOptions::exact_size`]): a raw image
+/// whose size was rounded up is seen up to its own end, as a range of
+/// itself; any other image as it is.
+fn exact(image: Box<dyn Source>) -> io::Result<Input> {
+    let Some(r) = image.rounded() else {
+        return Ok(Input::Image(image));
+    };
+    let window = Window::new(std::sync::Arc::from(image), 0, r.file_size)?;
+    Ok(Input::Image(Box::new(window)))
 }
 
 /// The first `size` bytes of `input`, as an input of that size (QEMU's
@@ -269,14 +301,12 @@ fn open_one(name: &OsStr, opts: &OpenOptions) -> io::Result<Input> {
     if let Some(name) = name.to_str().filter(|n| crate::storage::http::is_url(n)) {
         return http::open(name, opts);
     }
-    let stream = |r: Box<dyn Read + Send>| {
-        if matches!(opts.format, Some(f) if f != Format::Raw) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "qcow2 needs random access, not a stream",
-            ));
-        }
-        Ok(Input::Stream(r))
+    let stream = |r: Box<dyn Read + Send>| match opts.format {
+        Some(f) if f != Format::Raw => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} needs random access, not a stream", f.name()),
+        )),
+        _ => Ok(Input::Stream(r)),
     };
     // A pipe's first bytes say if it is compressed (unless a format is
     // forced: `-f raw` hashes its bytes as they come).
@@ -336,7 +366,13 @@ fn open_image(path: &Path, ft: std::fs::FileType, opts: &OpenOptions) -> io::Res
     }
     let file = RawFile::open_with(path, opts)?;
     file.lock(opts.force_share)?;
-    if opts.format.is_none() && ft.is_file() && crate::formats::vnbd::probe_file(&file)? {
+    let stream = match opts.format {
+        None => ft.is_file() && crate::formats::vnbd::probe_file(&file)?,
+        Some(Format::Virtnbdbackup) if crate::formats::vnbd::probe_file(&file)? => true,
+        Some(Format::Virtnbdbackup) => return Err(not_a_stream()),
+        Some(_) => false,
+    };
+    if stream {
         return Ok(Input::Image(Box::new(vnbd::open(file, path, opts)?)));
     }
     let other = match opts.format {
@@ -374,6 +410,14 @@ fn open_image(path: &Path, ft: std::fs::FileType, opts: &OpenOptions) -> io::Res
     Ok(Input::Image(Box::new(chain::open_file(
         file, path, opts, &mut chain,
     )?)))
+}
+
+/// The error for `-f virtnbdbackup` of what is no such stream.
+fn not_a_stream() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        "virtnbdbackup: not a virtnbdbackup stream (no stream header at its start)",
+    )
 }
 
 /// The schemes of the URLs [`open`] takes, for the message naming them.
@@ -419,12 +463,10 @@ fn grow_pipe(fd: &impl std::os::fd::AsRawFd) {
 
 impl RawFile {
     /// [`RawFile::open`] as `opts` ask: direct I/O unless `opts.cache`,
-    /// and read from memory maps if `opts.map` (see [`RawFile::map_reads`]).
+    /// and read from memory maps as `opts.map` says (see [`RawFile::map_reads`]).
     pub fn open_with(path: &Path, opts: &OpenOptions) -> io::Result<RawFile> {
         let mut file = RawFile::open(path, !opts.cache)?;
-        if opts.map {
-            file.map_reads()?;
-        }
+        file.map_reads(opts.map)?;
         Ok(file)
     }
 }

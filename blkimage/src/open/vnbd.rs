@@ -27,6 +27,9 @@ use std::sync::Arc;
 trait Place: Sized {
     /// Its name in messages (and the stream's name).
     fn name(&self) -> PathBuf;
+    /// The name of a stream called `file` (a name, no `/`) beside it, for
+    /// messages.
+    fn beside(&self, file: &str) -> PathBuf;
     /// The stream called `file` (a name, no `/`) beside it, opened; `None`
     /// if there is none.
     fn sibling(
@@ -41,12 +44,16 @@ impl Place for PathBuf {
         self.clone()
     }
 
+    fn beside(&self, file: &str) -> PathBuf {
+        self.parent().unwrap_or(Path::new("")).join(file)
+    }
+
     fn sibling(
         &self,
         file: &str,
         opts: &OpenOptions,
     ) -> io::Result<Option<(Self, Arc<dyn Storage>)>> {
-        let p = self.parent().unwrap_or(Path::new("")).join(file);
+        let p = self.beside(file);
         if !p.is_file() {
             return Ok(None);
         }
@@ -62,6 +69,13 @@ impl Place for PathBuf {
 impl Place for HttpUrl {
     fn name(&self) -> PathBuf {
         PathBuf::from(self.shown())
+    }
+
+    fn beside(&self, file: &str) -> PathBuf {
+        match self.sibling(file.as_bytes()) {
+            Ok(url) => PathBuf::from(url.shown()),
+            Err(_) => PathBuf::from(file),
+        }
     }
 
     fn sibling(
@@ -143,18 +157,19 @@ fn find_parent<P: Place>(
     parent: &str,
     opts: &OpenOptions,
 ) -> io::Result<(P, Arc<dyn Storage>)> {
-    let names = [
+    let (inc, full) = (
         format!("{disk}.inc.{parent}.data"),
         format!("{disk}.full.data"),
-    ];
-    let mut seen = Vec::new();
-    for name in names {
+    );
+    let (mut seen, mut absent) = (Vec::new(), Vec::new());
+    for name in [inc.clone(), full.clone()] {
         // The names come from the stream's metadata: one naming another
         // directory names no stream beside it.
         if name.contains('/') {
             continue;
         }
         let Some((p, st)) = place.sibling(&name, opts)? else {
+            absent.push(name);
             continue;
         };
         let shown = p.name();
@@ -182,5 +197,13 @@ fn find_parent<P: Place>(
     if !seen.is_empty() {
         msg += &format!("; {}", seen.join("; "));
     }
-    Err(io::Error::new(io::ErrorKind::NotFound, msg))
+    // ENOENT, about the stream that is missing: the full one if it is
+    // not there (every chain starts with it), else the parent's own name.
+    let missing = match absent.contains(&full) || full.contains('/') {
+        true => full,
+        false => inc,
+    };
+    let missing = place.beside(&missing);
+    let e = io::Error::from_raw_os_error(libc::ENOENT);
+    Err(crate::with_file(e, msg, missing))
 }

@@ -7,6 +7,7 @@
 //! size, the file's length rounded up to 512); an [`ImageFile`] is the
 //! same file as a format's [`Storage`], its exact length.
 
+use super::readpath::{Chooser, MIN_LEND, MapReads, Plan, Way, thread_cpu_nanos};
 use super::{Storage, check_range};
 use crate::source::{Extent, ExtentKind, Origin, Role};
 use std::fs::File;
@@ -27,13 +28,9 @@ pub struct RawFile {
     /// Block devices and file systems without SEEK_DATA are all data.
     seek_data: bool,
     is_block: bool,
-    /// Ranges are lent in place from memory maps ([`RawFile::map_reads`]).
-    mapped: bool,
+    /// Whether lent ranges are mapped or copied ([`RawFile::map_reads`]).
+    reads: Chooser,
 }
-
-/// The least a raw file lends from a map: below it a copy costs less than
-/// mapping, filling the page tables and unmapping.
-const MIN_LEND: usize = 256 << 10;
 
 /// The magic number of the file system `fd` lives on (`statfs`'s `f_type`).
 pub(crate) fn fs_type(fd: &impl AsRawFd) -> io::Result<i64> {
@@ -142,15 +139,18 @@ impl RawFile {
             file_size,
             seek_data: !is_block,
             is_block,
-            mapped: false,
+            reads: Chooser::new(MapReads::Never),
         })
     }
 
     /// Lend ranges in place from memory maps ([`crate::Source::read_in_place`])
-    /// if the file is read through the page cache (not with direct I/O):
-    /// the digest workers read the cached pages without a copy. Installs
-    /// the process's SIGBUS handler ([`crate::mapped::install`]), which
-    /// turns a file that shrinks under a map into an error.
+    /// if the file is read through the page cache (not with direct I/O),
+    /// as `how` says: always ([`MapReads::Always`]), or where that is
+    /// measured to cost less than copies ([`MapReads::Auto`], see
+    /// [`MapReads`]). A mapped range is digested where the cached pages
+    /// are, without a copy. Installs the process's SIGBUS handler
+    /// ([`crate::mapped::install`]), which turns a file that shrinks under
+    /// a map into an error.
     ///
     /// Not under an address-space limit (`ulimit -v`): each lend maps
     /// address space of its own and unmaps it when digested, so the room
@@ -158,12 +158,17 @@ impl RawFile {
     /// allocation elsewhere that cannot fail cleanly (a small one) may
     /// find none: at 20 MB, 24 runs of 40 aborted. Reads are then copied
     /// into buffers each worker allocates once.
-    pub fn map_reads(&mut self) -> io::Result<()> {
-        if !self.is_direct() && !blkhash::address_space_limited() {
+    pub fn map_reads(&mut self, how: MapReads) -> io::Result<()> {
+        if how != MapReads::Never && !self.is_direct() && !blkhash::address_space_limited() {
             crate::storage::mapped::install()?;
-            self.mapped = true;
+            self.reads = Chooser::new(how);
         }
         Ok(())
+    }
+
+    /// Bytes lent from memory maps so far (the rest of the data was copied).
+    pub(crate) fn mapped_bytes(&self) -> u64 {
+        self.reads.mapped_bytes()
     }
 
     /// Take QEMU's image locks as `qemu-img convert` does, for as long as
@@ -291,26 +296,55 @@ impl RawFile {
     }
 
     /// How many of the `len` bytes from `offset` are lent in place from a
-    /// memory map: all of them, or none (not mapped, too few to be worth
-    /// a map, or not all inside the file).
+    /// memory map (or copied by the worker that digests them, while the
+    /// choice measures both ways): all of them, or none (not mapped, too
+    /// few to be worth a map, not all inside the file, or copied as a
+    /// plain read: [`Chooser::plan`]). Asked once per range, in order.
     pub(crate) fn lendable_bytes(&self, offset: u64, len: usize) -> usize {
         let in_file = offset
             .checked_add(len as u64)
             .is_some_and(|end| end <= self.file_size);
-        if self.mapped && len >= MIN_LEND && in_file {
-            len
-        } else {
-            0
+        if !self.reads.maps() || len < MIN_LEND || !in_file {
+            return 0;
+        }
+        match self.reads.plan(offset) {
+            Plan::Lend(_) => len,
+            Plan::Read => 0,
         }
     }
 
-    /// Call `f` with the `len` bytes from `offset`, from a memory map if
-    /// reads are mapped, else copied.
+    /// Call `f` with the `len` bytes from `offset`: from a memory map, or
+    /// copied, as [`RawFile::map_reads`] chose; the CPU time of either
+    /// (reading and digesting) measured for the choice when it asks.
     pub(crate) fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
-        if !self.mapped {
+        if !self.reads.maps() {
             return crate::source::copy_to(len, |buf| self.read_bytes(buf, offset), f);
         }
-        crate::storage::mapped::with_map(&self.file, offset, len, f)
+        let (way, measure) = (self.reads.take(offset), self.reads.measures());
+        match way {
+            Way::Mapped => {
+                let start = if measure { thread_cpu_nanos() } else { 0 };
+                crate::storage::mapped::with_map(&self.file, offset, len, f)?;
+                self.reads.lent_mapped(len);
+                if measure {
+                    self.reads
+                        .record(way, thread_cpu_nanos().saturating_sub(start), len);
+                }
+                Ok(())
+            }
+            // The buffer is this thread's, had before the clock starts:
+            // its first allocation is no lend's cost.
+            Way::Copied => super::readpath::with_buffer(len, |buf| {
+                let start = if measure { thread_cpu_nanos() } else { 0 };
+                self.read_bytes(buf, offset)?;
+                f(buf);
+                if measure {
+                    self.reads
+                        .record(way, thread_cpu_nanos().saturating_sub(start), len);
+                }
+                Ok(())
+            }),
+        }
     }
 
     /// An error if the file is shorter now than when it was opened.
@@ -433,6 +467,10 @@ impl Storage for ImageFile {
     fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
         check_range(offset, len, self.len)?;
         self.raw.lend(offset, len, f)
+    }
+
+    fn mapped_bytes(&self) -> u64 {
+        self.raw.mapped_bytes()
     }
 
     fn origin(&self) -> Vec<Origin> {

@@ -15,8 +15,10 @@ pub mod http;
 pub mod mapped;
 pub mod nbd;
 pub mod pbs;
+pub mod readpath;
 
 pub use file::{ImageFile, RawFile};
+pub use readpath::MapReads;
 
 use crate::source::Origin;
 use std::fs::File;
@@ -59,6 +61,11 @@ pub trait Storage: Send + Sync {
     /// default copies them.
     fn read_in_place(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<()> {
         crate::source::copy_to(len, |buf| self.read_exact_at(buf, offset), f)
+    }
+
+    /// Bytes lent from memory maps so far (see [`crate::Source::mapped_bytes`]).
+    fn mapped_bytes(&self) -> u64 {
+        0
     }
 
     /// Where the bytes come from (see [`crate::Source::origin`]): a file as the

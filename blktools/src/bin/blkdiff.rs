@@ -1,12 +1,16 @@
 //! blkdiff: where two images (or saved block maps) differ.
 
+// Messages go through blkcli::say!, which never panics on a closed
+// standard error (`cmd 2>&1 | head -1`).
+#![deny(clippy::print_stderr)]
+
 use blkcli::args::InputArgs;
 use blkcli::manual::Page;
 use blkcli::output::{Form, Stdout};
 use blkcli::progress::Progress;
 use blkcli::units::reason;
 use blkimage::Input;
-use blkjob::{Job, StdinMap};
+use blkjob::Job;
 use blkmap::{Diff, Header, MapLike, SizeRule};
 use clap::Parser;
 use serde_json::json;
@@ -146,7 +150,7 @@ const PAGE: Page = Page {
 
 /// Trouble: exit status 2.
 fn trouble(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("blkdiff: {msg}");
+    blkcli::say!("blkdiff: {msg}");
     ExitCode::from(2)
 }
 
@@ -192,7 +196,7 @@ fn main() -> ExitCode {
     let (a, b) = match (ra, rb) {
         (Ok(a), Ok(b)) => (a, b),
         _ if signals.cancelled() => {
-            eprintln!("blkdiff: interrupted");
+            blkcli::say!("blkdiff: interrupted");
             return ExitCode::from(signals.exit_status());
         }
         (Err(e), _) => return trouble(format!("{}: {}", args.a, reason(&e))),
@@ -311,7 +315,7 @@ fn hash_both(
                     .track("-", None, |p| {
                         blkjob::map_to_temp(Input::Stream(stream), job, job.cancel(), p)
                     })
-                    .map(|(file, written)| Side::Written(file, written))
+                    .map(|(file, written)| Side::Written(file, Box::new(written)))
             }
             None => {
                 let input = job.open(name)?;
@@ -347,10 +351,10 @@ fn compare(args: &Args, a: &Side, b: &Side, job: &Job) -> ExitCode {
     // (not with -q, which prints nothing).
     for (m, name) in [(a, &args.a), (b, &args.b)] {
         if let Some(r) = m.rounded().filter(|_| !args.quiet) {
-            eprintln!("blkdiff: {name}: {r}");
+            blkcli::say!("blkdiff: {name}: {r}");
         }
         if let Some(d) = m.decompressed().filter(|_| !args.quiet) {
-            eprintln!("blkdiff: {name}: {d}");
+            blkcli::say!("blkdiff: {name}: {d}");
         }
     }
     // Standard input may have been a map of other parameters.
@@ -373,7 +377,7 @@ fn compare(args: &Args, a: &Side, b: &Side, job: &Job) -> ExitCode {
     if !args.quiet
         && let Some(hint) = split_block_hint(&d, job.block_size())
     {
-        eprintln!("blkdiff: {hint}");
+        blkcli::say!("blkdiff: {hint}");
     }
     let out = Stdout::new("blkdiff");
     let printed = match args.form {

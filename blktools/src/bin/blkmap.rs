@@ -1,6 +1,10 @@
 //! blkmap: write the block map of an image (or of a range of it, a part),
 //! merge parts, and print a map's checksum.
 
+// Messages go through blkcli::say!, which never panics on a closed
+// standard error (`cmd 2>&1 | head -1`).
+#![deny(clippy::print_stderr)]
+
 use blkcli::args::InputArgs;
 use blkcli::manual::Page;
 use blkcli::output::{self, LineStyle, Stdout};
@@ -288,7 +292,7 @@ fn map(args: &Args) -> ExitCode {
     let progress = match Progress::new("blkmap", args.show.progress.progress, Some(1)) {
         Ok(p) => p,
         Err(msg) => {
-            eprintln!("blkmap: {msg}");
+            blkcli::say!("blkmap: {msg}");
             return ExitCode::from(2);
         }
     };
@@ -311,11 +315,11 @@ fn map(args: &Args) -> ExitCode {
         // A part has no checksum of its own.
         Ok(None) => ExitCode::SUCCESS,
         Err(_) if signals.cancelled() => {
-            eprintln!("blkmap: {image}: interrupted");
+            blkcli::say!("blkmap: {image}: interrupted");
             ExitCode::from(signals.exit_status())
         }
         Err((name, msg)) => {
-            eprintln!("blkmap: {}: {msg}", name.as_deref().unwrap_or(&image));
+            blkcli::say!("blkmap: {}: {msg}", name.as_deref().unwrap_or(&image));
             ExitCode::FAILURE
         }
     }
@@ -334,7 +338,7 @@ fn check_out(out: &Path, inputs: &[blkcli::guard::Input]) -> Result<(), ExitCode
         own_kind: Some(blkmap::is_map),
     };
     blkcli::guard::check_outputs(&[guard_out], inputs).map_err(|e| {
-        eprintln!("blkmap: {e}");
+        blkcli::say!("blkmap: {e}");
         ExitCode::FAILURE
     })
 }
@@ -465,7 +469,7 @@ fn print_result(args: &Args, map: &blkmap::Header, read: Read) -> ExitCode {
     let checksum = match checksum_in(out, map, construction) {
         Ok(sum) => sum,
         Err(e) => {
-            eprintln!("blkmap: {}: {}", out.display(), reason(&e));
+            blkcli::say!("blkmap: {}: {}", out.display(), reason(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -529,7 +533,7 @@ fn bitmaps(image: &OsStr, json: bool, input: &InputArgs) -> ExitCode {
     let list = match listed {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("blkmap: {name}: {}", reason(&e));
+            blkcli::say!("blkmap: {name}: {}", reason(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -609,14 +613,14 @@ fn map_part(
 /// A compressed image decompressed into a temporary file: said once.
 fn say_decompressed(image: &str, decompressed: Option<&blkimage::Decompressed>) {
     if let Some(d) = decompressed {
-        eprintln!("blkmap: {image}: {d}");
+        blkcli::say!("blkmap: {image}: {d}");
     }
 }
 
 /// A raw file hashed at QEMU's size, not its own: said once.
 fn say_rounded(image: &str, rounded: Option<blkimage::Rounded>) {
     if let Some(r) = rounded {
-        eprintln!("blkmap: {image}: {r}");
+        blkcli::say!("blkmap: {image}: {r}");
     }
 }
 
@@ -638,7 +642,7 @@ fn merge(out: &Path, parts: &[PathBuf], line: &LineArgs) -> ExitCode {
     let signals = Signals::install(&format!("blkmap: {}: interrupted", out.display()));
     match blkmap::merge_files_until(parts, Some(out), &signals.cancel) {
         Err(_) if signals.cancelled() => {
-            eprintln!("blkmap: {}: interrupted", out.display());
+            blkcli::say!("blkmap: {}: interrupted", out.display());
             ExitCode::from(signals.exit_status())
         }
         Ok(h) => {
@@ -725,8 +729,8 @@ fn say_merge_error(subject: &str, e: blkmap::MapError) {
         e => e.to_string(),
     };
     match e {
-        blkmap::MapError::In(part, e) => eprintln!("blkmap: {part}: {}", said(&e)),
-        e => eprintln!("blkmap: {subject}: {}", said(&e)),
+        blkmap::MapError::In(part, e) => blkcli::say!("blkmap: {part}: {}", said(&e)),
+        e => blkcli::say!("blkmap: {subject}: {}", said(&e)),
     }
 }
 

@@ -458,6 +458,12 @@ impl Source for Qcow2 {
         v
     }
 
+    fn mapped_bytes(&self) -> u64 {
+        let data = self.data.as_ref().map_or(0, |d| d.mapped_bytes());
+        let below = self.backing.as_ref().map_or(0, |b| b.mapped_bytes());
+        self.file.mapped_bytes() + data + below
+    }
+
     fn finish(&self) -> io::Result<()> {
         self.file.finish()?;
         if let Some(d) = &self.data {

@@ -91,10 +91,8 @@ pub fn meta(name: &std::path::Path, storage: &dyn Storage) -> io::Result<Meta> {
 
 /// `e` said of the stream `name`.
 pub(crate) fn named(name: &std::path::Path, e: io::Error) -> io::Error {
-    io::Error::new(
-        e.kind(),
-        format!("virtnbdbackup stream '{}': {e}", name.display()),
-    )
+    let msg = format!("virtnbdbackup stream '{}': {e}", name.display());
+    crate::with_file(e, msg, name)
 }
 
 /// A range of the merged chain: whose, and where.

@@ -681,8 +681,8 @@ impl Storage for Http {
 
 /// The whole file, from a server that does not answer ranges: read once,
 /// start to end, then padded with zeros to a multiple of 512 as a raw file
-/// of that length is hashed. A body shorter or longer than its
-/// `Content-Length` is an error.
+/// of that length is hashed (unless told not to: a compressed file, or [`crate::OpenOptions::exact_size`]). A body shorter or
+/// longer than its `Content-Length` is an error.
 pub struct Whole {
     body: ureq::BodyReader<'static>,
     len: Option<u64>,

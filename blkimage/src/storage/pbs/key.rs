@@ -69,7 +69,7 @@ impl Key {
         mac.finalize().into_bytes().into()
     }
 
-    /// The key's fingerprint: the keyed digest of [`FINGERPRINT_INPUT`].
+    /// The key's fingerprint: the keyed digest of `FINGERPRINT_INPUT`.
     pub fn fingerprint(&self) -> [u8; 32] {
         self.digest(&FINGERPRINT_INPUT)
     }

@@ -1,6 +1,10 @@
 //! blksync: bring a copy of an image up to date by writing only the
 //! blocks that differ.
 
+// Messages go through blkcli::say!, which never panics on a closed
+// standard error (`cmd 2>&1 | head -1`).
+#![deny(clippy::print_stderr)]
+
 use blkcli::args::InputArgs;
 use blkcli::manual::{ManualArgs, Page};
 use blkcli::output;
@@ -78,7 +82,7 @@ struct Args {
     /// sparse file; qcow2, or another format QEMU writes: `qemu-img
     /// create`), and an existing file must be of it [default: an existing
     /// DST's, else raw].
-    #[arg(short = 'O', long, value_name = "FORMAT", value_parser = blkcli::args::parse_format)]
+    #[arg(short = 'O', long, value_name = "FORMAT", value_parser = blkcli::args::parse_output_format)]
     output_format: Option<blkimage::Format>,
 
     #[command(flatten)]
@@ -206,7 +210,7 @@ fn main() -> ExitCode {
     // at once (as in blksum). Either way the state is never ahead of DST.
     let signals =
         blkcli::signals::Signals::install(&format!("blksync: {src} -> {dst}: interrupted"));
-    let mut warn = |w: &str| eprintln!("blksync: warning: {w}");
+    let mut warn = |w: &str| blkcli::say!("blksync: warning: {w}");
     let bar = blkcli::progress::SyncBar::new(args.progress);
     // `Err(None)`: standard output failed, already said.
     let printed = blkjob::sync::run(&req, &signals.cancel, &mut warn, &bar)
@@ -216,11 +220,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(None) => ExitCode::FAILURE,
         Err(_) if signals.cancelled() => {
-            eprintln!("blksync: {src} -> {dst}: interrupted");
+            blkcli::say!("blksync: {src} -> {dst}: interrupted");
             ExitCode::from(signals.exit_status())
         }
         Err(Some(e)) => {
-            eprintln!("blksync: {e}");
+            blkcli::say!("blksync: {e}");
             ExitCode::FAILURE
         }
     }
@@ -254,7 +258,7 @@ fn index_said(args: &Args, r: &Report) {
     let (Some((read, of)), Some(index)) = (r.index_samples, &args.state) else {
         return;
     };
-    eprintln!(
+    blkcli::say!(
         "blksync: {}: taken as DST's state: {read} of its {} read from DST and found as it \
          says; the others were taken on its word (DST must not have been written since the \
          restore)",
@@ -263,7 +267,7 @@ fn index_said(args: &Args, r: &Report) {
     );
     if let Some(map) = &args.save_state {
         let side = blkjob::state::side_path(map);
-        eprintln!(
+        blkcli::say!(
             "blksync: state saved: {} (SRC's map: give it as --state next time) and {} (DST's \
              identity, size and times, which the next run checks)",
             map.display(),
@@ -297,7 +301,7 @@ fn print(args: &Args, src: &str, dst: &str, r: &Report) -> Result<(), output::Fa
             None => format!("{blocks} compared"),
         },
     };
-    eprintln!(
+    blkcli::say!(
         "blksync: {src} -> {dst}: {} bytes written, {} zeroed, in {}, of {}; {how}, {} bytes saved",
         r.written,
         r.zeroed,
