@@ -216,6 +216,7 @@ impl InputArgs {
             io_depth: self.io_depth.map(usize::from),
             open: self.open_options(),
             cancel: Default::default(),
+            keyed: false,
         }
     }
 

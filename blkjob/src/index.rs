@@ -98,3 +98,20 @@ pub fn hash_named(
         },
     }
 }
+
+/// Whether a disk compared with the index at `index` (blkdiff, blksync's
+/// `--state`) is hashed with keyed block digests: an encrypted backup's
+/// digests are keyed (`SHA-256(chunk || id key)`), so the key named by
+/// `open.keyfile` is needed, and checked first against the manifest beside
+/// the index where there is one: a wrong key is an error naming both
+/// fingerprints, an encrypted backup without a key or a plain one with a
+/// key an error saying so, never "every block differs".
+pub fn index_keyed(index: &Path, open: &blkimage::OpenOptions) -> io::Result<bool> {
+    let header = blkimage::pbs::open_fidx(index)?.header().clone();
+    let key = match &open.keyfile {
+        Some(path) => Some(blkimage::pbs::load_key(path, open)?),
+        None => None,
+    };
+    blkimage::pbs::check_manifest(index, &header, key.as_ref(), true)?;
+    Ok(key.is_some())
+}

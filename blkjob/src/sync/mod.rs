@@ -342,7 +342,12 @@ fn load_state(
         _ => None,
     };
     let saved = loaded.as_ref().and_then(|r| r.as_ref().ok());
-    let job = (req.job.clone())
+    let mut spec = req.job.clone();
+    if let Some(index) = req.index_state() {
+        spec.keyed = crate::index_keyed(index, &spec.open)
+            .map_err(|e| Error::unusable(&index.to_string_lossy(), e))?;
+    }
+    let job = spec
         .resolve(saved.map(|m| (m.header().algorithm, m.header().block_size)))
         .map_err(|e| Error::unusable(src_name, e))?;
     Ok((loaded, job))

@@ -506,7 +506,8 @@ fn hash_src_part(
     src: Arc<dyn Source>,
     watch: impl FnMut(BlockEvent<'_>) + Send + 'static,
 ) -> io::Result<Part> {
-    let builder = MapBuilder::new(c.job.algorithm(), c.job.block_size())?.block_key(c.job.digest_key());
+    let builder =
+        MapBuilder::new(c.job.algorithm(), c.job.block_size())?.block_key(c.job.digest_key());
     let mut h = observed(c, &builder, watch)?;
     read_src(c, &src, None, &mut h)?;
     let part = builder.finalize_part(h, src.size(), 0)?;

@@ -403,7 +403,23 @@ fn compare(args: &Args, a: &Side, b: &Side, job: &Job) -> ExitCode {
 /// defaults. Every map must agree.
 fn params(args: &Args, maps: &[Option<Side>; 2]) -> Result<Job, String> {
     let first = maps.iter().flatten().next().map(Side::header);
-    let job = args.input.job(first.map(|h| (h.algorithm, h.block_size)));
+    let mut spec = args.input.spec();
+    // An encrypted backup's index holds keyed digests: the images are
+    // hashed with its key (checked against its manifest first).
+    for (m, (path, name)) in maps
+        .iter()
+        .zip([(&args.a_path, &args.a), (&args.b_path, &args.b)])
+    {
+        if !matches!(m, Some(Side::Saved(_, "fidx"))) {
+            continue;
+        }
+        spec.keyed |= match path == "-" {
+            true => spec.open.keyfile.is_some(),
+            false => blkjob::index_keyed(std::path::Path::new(path), &spec.open)
+                .map_err(|e| format!("{name}: {}", reason(&e)))?,
+        };
+    }
+    let job = InputArgs::resolve(spec, first.map(|h| (h.algorithm, h.block_size)));
     for (m, name) in maps.iter().zip([&args.a, &args.b]) {
         if let Some(m) = m {
             check_map(name, &m.header(), &job)?;
