@@ -316,7 +316,10 @@ fn one_tib_sparse_file_in_seconds_with_small_memory() {
     assert!(status.success());
     assert_eq!(out.split_whitespace().count(), 2);
     assert!(took < Duration::from_secs(20), "took {took:?}");
-    assert!(rss_kib < 64 * 1024, "peak RSS {rss_kib} KiB");
+    assert!(
+        rss_kib < 64 * 1024,
+        "peak RSS {rss_kib} KiB (took {took:?})"
+    );
 }
 
 trait WriteAt {
