@@ -185,10 +185,7 @@ pub fn run(
     let compares = !matches!(plan, Plan::FirstCopy { .. });
     progress.start(size, job.block_size(), compares);
     // From here on DST is written: a failed run leaves it for the next.
-    let written = match req.dry_run {
-        false => mark_written(req, &dst)?,
-        true => None,
-    };
+    let written = mark_written(req, &dst)?;
     dst.keep();
     let dirty_blocks = changes.as_ref().map(|c| c.dirty_blocks());
     let src = cached_for_bitmap(req, &job, &src_name, src, changes.is_some())?;
@@ -288,11 +285,14 @@ fn dst_now(dst: &Dst) -> io::Result<crate::record::Record> {
 /// Before DST is written: a record that blksync is writing it, for a run
 /// that names an index as DST's state, or a DST that has a record (the
 /// index stays superseded whatever state later runs name). The record
-/// and its key, to complete once DST is flushed.
+/// and its key, to complete once DST is flushed. None for a dry run.
 fn mark_written(
     req: &Request,
     dst: &Dst,
 ) -> Result<Option<(String, state::written::Written)>, Error> {
+    if req.dry_run {
+        return Ok(None);
+    }
     let key = dst_key(dst).map_err(|e| Error::io(&dst.name, e))?;
     let had = state::written::load(&key).is_ok_and(|w| w.is_some());
     if req.index_state().is_none() && !had {
