@@ -45,15 +45,7 @@ impl Error for Context {
 /// assert_eq!(blkimage::errno(&e), Some(111));
 /// ```
 pub fn with_context(e: io::Error, message: impl Into<String>) -> io::Error {
-    let kind = e.kind();
-    io::Error::new(
-        kind,
-        Context {
-            message: message.into(),
-            source: e,
-            path: None,
-        },
-    )
+    wrapped(e, message.into(), None)
 }
 
 /// [`with_context`] for a message about the file `path` (a backing file, a
@@ -70,13 +62,19 @@ pub fn with_context(e: io::Error, message: impl Into<String>) -> io::Error {
 /// assert_eq!(blkimage::file(&e), Some(std::path::Path::new("base.img")));
 /// ```
 pub fn with_file(e: io::Error, message: impl Into<String>, path: impl Into<PathBuf>) -> io::Error {
+    wrapped(e, message.into(), Some(path.into()))
+}
+
+/// `e` under `message` (and the file it is about), of `e`'s kind.
+fn wrapped(e: io::Error, message: String, path: Option<PathBuf>) -> io::Error {
     let kind = e.kind();
+    let source = e;
     io::Error::new(
         kind,
         Context {
-            message: message.into(),
-            source: e,
-            path: Some(path.into()),
+            message,
+            source,
+            path,
         },
     )
 }

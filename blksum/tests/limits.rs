@@ -129,7 +129,7 @@ fn nbd_reader_thread_that_cannot_start() {
 }
 
 /// Peak RSS in KiB and standard output of blksum `args`, from GNU time.
-fn peak_rss(args: &[&str]) -> (u64, String) {
+pub(crate) fn peak_rss(args: &[&str]) -> (u64, String) {
     let out = Command::new("/usr/bin/time")
         .args(["-f", "%M", BLKSUM])
         .args(args)

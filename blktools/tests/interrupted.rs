@@ -27,7 +27,7 @@ fn others(dir: &Path, keep: &[&str]) -> Vec<String> {
 /// standard error, and the names it had made.
 fn stop_once(
     dir: &Path,
-    child: Child,
+    mut child: Child,
     sig: i32,
     ready: impl Fn(&str) -> bool,
 ) -> (i32, String, Vec<String>) {
@@ -36,6 +36,14 @@ fn stop_once(
         let names = others(dir, &[]);
         if names.iter().any(|n| ready(n)) {
             break names;
+        }
+        // A run that ended before its files were made says why.
+        if let Some(st) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "exited ({st}) before it was ready: {names:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         assert!(
             start.elapsed() < Duration::from_secs(60),

@@ -178,22 +178,14 @@ pub fn run(
     let index_samples = (dst_map.as_ref())
         .filter(|_| req.index_state().is_some())
         .map(|m| (state::sample_count(m), m.header().blocks()));
-    // A DST known to hold only zeros is not read.
-    let known = match dst_map {
-        Some(_) => DstKnown::State,
-        None if dst.known_empty()? => DstKnown::Empty,
-        None => DstKnown::Unknown,
-    };
+    let known = dst_known(&dst_map, &dst)?;
     let plan = Plan::choose(req.dry_run, known, req.needs_src_map());
     let changes = bitmap_changes(req, plan, &dst_map, &src, &src_before, &job, warn)?;
     let counts = Arc::new(Counts::default());
     let compares = !matches!(plan, Plan::FirstCopy { .. });
     progress.start(size, job.block_size(), compares);
     // From here on DST is written: a failed run leaves it for the next.
-    let written = match req.dry_run {
-        false => mark_written(req, &dst)?,
-        true => None,
-    };
+    let written = mark_written(req, &dst)?;
     dst.keep();
     let dirty_blocks = changes.as_ref().map(|c| c.dirty_blocks());
     let src = cached_for_bitmap(req, &job, &src_name, src, changes.is_some())?;
@@ -216,10 +208,7 @@ pub fn run(
     if !req.dry_run {
         save_served_side(req, &mut dst, &done)?;
     }
-    if let Some((key, mut w)) = written {
-        w.after = Some(dst_now(&dst).map_err(|e| Error::io(&dst.name, e))?);
-        state::written::save(&key, &w).map_err(|e| Error::io(&dst.name, e))?;
-    }
+    save_written(&dst, written)?;
     src_unwritten(&src_name, &src_before, &*src_watch)?;
     Ok(Report {
         plan,
@@ -233,6 +222,29 @@ pub fn run(
         dirty_blocks,
         index_samples,
     })
+}
+
+/// What is known of DST's content before it is read: a DST known to hold
+/// only zeros is not read.
+fn dst_known(dst_map: &Option<MapFile>, dst: &Dst) -> Result<DstKnown, Error> {
+    Ok(match dst_map {
+        Some(_) => DstKnown::State,
+        None if dst.known_empty()? => DstKnown::Empty,
+        None => DstKnown::Unknown,
+    })
+}
+
+/// After a run from an index wrote DST: the record of what DST now is
+/// ([`state::written`]), which refuses the next run from that index.
+fn save_written(
+    dst: &Dst,
+    written: Option<(String, state::written::Written)>,
+) -> Result<(), Error> {
+    if let Some((key, mut w)) = written {
+        w.after = Some(dst_now(dst).map_err(|e| Error::io(&dst.name, e))?);
+        state::written::save(&key, &w).map_err(|e| Error::io(&dst.name, e))?;
+    }
+    Ok(())
 }
 
 /// What DST is, as the record of a run that wrote it keys it
@@ -273,11 +285,14 @@ fn dst_now(dst: &Dst) -> io::Result<crate::record::Record> {
 /// Before DST is written: a record that blksync is writing it, for a run
 /// that names an index as DST's state, or a DST that has a record (the
 /// index stays superseded whatever state later runs name). The record
-/// and its key, to complete once DST is flushed.
+/// and its key, to complete once DST is flushed. None for a dry run.
 fn mark_written(
     req: &Request,
     dst: &Dst,
 ) -> Result<Option<(String, state::written::Written)>, Error> {
+    if req.dry_run {
+        return Ok(None);
+    }
     let key = dst_key(dst).map_err(|e| Error::io(&dst.name, e))?;
     let had = state::written::load(&key).is_ok_and(|w| w.is_some());
     if req.index_state().is_none() && !had {
