@@ -115,7 +115,13 @@ pub struct InputArgs {
     /// A Proxmox Backup Server key file (as `proxmox-backup-client key
     /// create` writes it, with any kdf): the key of an encrypted backup
     /// read from its datastore (a .fidx above which a directory holds
-    /// .chunks). Its passphrase, if it has one, is taken from
+    /// .chunks), and the key an encrypted backup's chunk digests are keyed
+    /// with (SHA-256 of the chunk and the key's id key): the disk's block
+    /// digests are keyed with it where they are compared with such an
+    /// index (blkdiff DISK X.fidx, blksync --state X.fidx), with
+    /// `--construction pbs` (the index's index_csum), and in a map blkmap
+    /// writes. Checked against the fingerprint in the manifest beside the
+    /// index. Its passphrase, if it has one, is taken from
     /// PBS_ENCRYPTION_PASSWORD, else from the first line of --secret-file
     /// FILE; never from the command line.
     #[arg(long, value_name = "FILE")]

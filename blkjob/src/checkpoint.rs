@@ -412,7 +412,7 @@ fn resume_point(path: &Path, src: &dyn Source, job: &Job, now: &Record) -> io::R
         other => refuse(format!("not a usable checkpoint: {other}")),
     };
     let data = count_data(reader).map_err(unusable)?;
-    let bad = check_samples(open()?, data, src).map_err(unusable)?;
+    let bad = check_samples(open()?, data, src, job.digest_key()).map_err(unusable)?;
     if let Some(i) = bad {
         return Err(refuse(format!(
             "block {i} of the image is not the block the checkpoint recorded: the image changed since"
@@ -443,6 +443,7 @@ fn check_samples<R: io::Read>(
     mut reader: MapReader<R>,
     data: u64,
     src: &dyn Source,
+    key: &[u8],
 ) -> Result<Option<u64>, MapError> {
     let h = reader.header().clone();
     let (alg, bs): (Algorithm, u64) = (h.algorithm, h.block_size as u64);
@@ -483,7 +484,7 @@ fn check_samples<R: io::Read>(
         let offset = i * bs;
         let n = bs.min(h.range.end() - offset) as usize;
         src.read_at(&mut buf[..n], offset)?;
-        if !block_matches(alg, &buf[..n], digest.as_deref()) {
+        if !block_matches((alg, key), &buf[..n], digest.as_deref()) {
             return Ok(Some(i));
         }
     }

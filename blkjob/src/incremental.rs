@@ -433,8 +433,14 @@ fn spread(v: &[Range<u64>], n: u64) -> Vec<u64> {
 /// Read the sampled clean blocks of `src` and check each holds what the
 /// base says; the bytes read. A block that does not: the base is not this
 /// image's earlier map, or the image changed behind the bitmap's back.
-pub fn check_clean(src: &dyn Source, base: &Base<'_>, changes: &Changes) -> io::Result<u64> {
-    check_picked(src, base, changes, &samples(base.map, changes)?)
+/// The base's digests are keyed with `key` (empty: not keyed).
+pub fn check_clean(
+    src: &dyn Source,
+    base: &Base<'_>,
+    changes: &Changes,
+    key: &[u8],
+) -> io::Result<u64> {
+    check_picked(src, base, changes, &samples(base.map, changes)?, key)
 }
 
 /// [`check_clean`] of the clean blocks `picked` ([`samples`]).
@@ -443,6 +449,7 @@ fn check_picked(
     base: &Base<'_>,
     changes: &Changes,
     picked: &[u64],
+    key: &[u8],
 ) -> io::Result<u64> {
     let map = base.map;
     let h = map.header();
@@ -455,7 +462,7 @@ fn check_picked(
         src.read_at(&mut buf[..n], offset)?;
         read += n as u64;
         let recorded = map.block(i)?;
-        if !block_matches(h.algorithm, &buf[..n], recorded.as_deref()) {
+        if !block_matches((h.algorithm, key), &buf[..n], recorded.as_deref()) {
             return Err(invalid(format!(
                 "{} is not its map as it was when bitmap '{}' was created or cleared: \
                  block {i} (offset {offset}) holds other data, and the bitmap says it was \
@@ -630,7 +637,7 @@ pub fn update_map(
     // The samples are read while the blocks are hashed (nothing is
     // written before both are done): their seeks then cost no time.
     let (sampled_bytes, hashed) = std::thread::scope(|s| {
-        let check = s.spawn(|| check_picked(&*src, base, &changes, &picked));
+        let check = s.spawn(|| check_picked(&*src, base, &changes, &picked, job.digest_key()));
         let hashed = hash_blocks(src.clone(), &read, job, progress);
         let sampled = check
             .join()

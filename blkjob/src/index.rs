@@ -8,6 +8,7 @@
 
 use crate::{Hashed, Job};
 use blkhash::Algorithm;
+use blkimage::pbs::store::Key;
 use blkimage::pbs::{DIGEST_LEN, NoDatastore};
 use std::fmt;
 use std::io;
@@ -99,19 +100,25 @@ pub fn hash_named(
     }
 }
 
-/// Whether a disk compared with the index at `index` (blkdiff, blksync's
-/// `--state`) is hashed with keyed block digests: an encrypted backup's
-/// digests are keyed (`SHA-256(chunk || id key)`), so the key named by
-/// `open.keyfile` is needed, and checked first against the manifest beside
-/// the index where there is one: a wrong key is an error naming both
-/// fingerprints, an encrypted backup without a key or a plain one with a
-/// key an error saying so, never "every block differs".
-pub fn index_keyed(index: &Path, open: &blkimage::OpenOptions) -> io::Result<bool> {
+/// The key a disk compared with the index at `index` (blkdiff, blksync's
+/// `--state`) is hashed with: an encrypted backup's digests are keyed
+/// (`SHA-256(chunk || id key)`), so the key named by `open.keyfile` is
+/// needed, and checked first against the manifest beside the index where
+/// there is one: a wrong key is an error naming both fingerprints, an
+/// encrypted backup without a key or a plain one with a key an error
+/// saying so, never "every block differs". `None`: no key, plain digests.
+pub fn index_key(index: &Path, open: &blkimage::OpenOptions) -> io::Result<Option<Key>> {
     let header = blkimage::pbs::open_fidx(index)?.header().clone();
     let key = match &open.keyfile {
         Some(path) => Some(blkimage::pbs::load_key(path, open)?),
         None => None,
     };
     blkimage::pbs::check_manifest(index, &header, key.as_ref(), true)?;
-    Ok(key.is_some())
+    Ok(key)
+}
+
+/// Whether a disk compared with the index at `index` is hashed with keyed
+/// block digests ([`index_key`], its checks made).
+pub fn index_keyed(index: &Path, open: &blkimage::OpenOptions) -> io::Result<bool> {
+    Ok(index_key(index, open)?.is_some())
 }

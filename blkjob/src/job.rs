@@ -87,6 +87,12 @@ impl JobSpec {
     /// The job, with the digest and block size that were not asked for
     /// taken from `saved` (a saved map's), else the defaults.
     pub fn resolve(self, saved: Option<(Algorithm, usize)>) -> Result<Job, JobError> {
+        let keyed = self.keyed || self.construction == Construction::Pbs;
+        // Keyed digests are an encrypted backup's: its chunks' size, 4 MiB.
+        let default_block_size = match keyed && self.open.keyfile.is_some() {
+            true => Construction::Pbs.default_block_size(),
+            false => self.construction.default_block_size(),
+        };
         let algorithm = self
             .digest
             .or(saved.map(|s| s.0))
@@ -94,7 +100,7 @@ impl JobSpec {
         let block_size = self
             .block_size
             .or(saved.map(|s| s.1))
-            .unwrap_or(self.construction.default_block_size());
+            .unwrap_or(default_block_size);
         let threads = self.threads.unwrap_or_else(blkhash::default_threads);
         let queue_depth = self.queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH);
         let read_size = self.read_size.unwrap_or(DEFAULT_READ_SIZE);
@@ -112,7 +118,6 @@ impl JobSpec {
         if let Some(d) = self.io_depth.filter(|d| *d > MAX_IO_DEPTH) {
             return Err(JobError::IoDepth(d));
         }
-        let keyed = self.keyed || self.construction == Construction::Pbs;
         let block_key = match (&self.open.keyfile, keyed) {
             (Some(path), true) => {
                 if algorithm != Algorithm::Sha256 {

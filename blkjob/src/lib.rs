@@ -30,7 +30,7 @@ mod span;
 pub mod state;
 pub mod sync;
 
-pub use index::{IndexOnly, hash_named, index_checksum, index_keyed};
+pub use index::{IndexOnly, hash_named, index_checksum, index_key, index_keyed};
 pub use job::{
     DEFAULT_QUEUE_DEPTH, DEFAULT_READ_SIZE, Job, JobError, JobSpec, MAX_IO_DEPTH, MAX_QUEUE_DEPTH,
     MAX_READ_SIZE, MIN_READ_SIZE, check_block_size, check_read_size, exact_size, open_dirty,
@@ -444,10 +444,11 @@ pub fn map_range_to(
 /// image, a device, a URL).
 pub fn try_open_map(
     name: impl AsRef<std::path::Path>,
+    open: &blkimage::OpenOptions,
 ) -> io::Result<Option<(blkmap::MapFile, &'static str)>> {
     let name = name.as_ref();
     match prefix_of(name)? {
-        Some(p) if blkmap::is_fidx(&p) => Ok(Some((open_index(name)?, "fidx"))),
+        Some(p) if blkmap::is_fidx(&p) => Ok(Some((open_index(name, open)?, "fidx"))),
         Some(p) if blkmap::is_map(&p) => Ok(Some((blkmap::MapFile::open(name)?, "map"))),
         _ => Ok(None),
     }
@@ -457,8 +458,14 @@ pub fn try_open_map(
 /// backed up (sha256, blocks of its chunk size): streamed into an unnamed
 /// temporary file (32 bytes a chunk, 16 MiB for a 2 TiB disk in 4 MiB
 /// chunks) and opened there, its `index_csum` checked on the way; never
-/// held in memory.
-pub fn open_index(name: &std::path::Path) -> io::Result<blkmap::MapFile> {
+/// held in memory. An encrypted backup's digests are keyed: the key of
+/// `open.keyfile` is checked against the manifest first ([`index_key`]),
+/// and the images compared with it are hashed with it.
+pub fn open_index(
+    name: &std::path::Path,
+    open: &blkimage::OpenOptions,
+) -> io::Result<blkmap::MapFile> {
+    index_key(name, open)?;
     let reader = blkmap::open_fidx(name)?;
     let out = temp_file("the index's map")?;
     Ok(blkmap::fidx_map_file(reader, out)?)
@@ -498,12 +505,20 @@ pub type StdinStream = Box<dyn Read + Send>;
 /// back). A caller that takes the digest and block size from the saved
 /// maps reads standard input so first: an index piped in says its chunk
 /// size as one named does.
-pub fn stdin_saved() -> io::Result<Result<(blkmap::MapFile, &'static str), StdinStream>> {
+///
+/// An index piped in has no manifest beside it to check a key against:
+/// the key of `open.keyfile`, if named, is taken as its backup's.
+pub fn stdin_saved(
+    open: &blkimage::OpenOptions,
+) -> io::Result<Result<(blkmap::MapFile, &'static str), StdinStream>> {
     let mut stdin = io::stdin();
     let mut prefix = Vec::with_capacity(8);
     (&mut stdin).take(8).read_to_end(&mut prefix)?;
     let mut rest = io::Cursor::new(prefix.clone()).chain(stdin);
     if blkmap::is_fidx(&prefix) {
+        if let Some(path) = &open.keyfile {
+            blkimage::pbs::load_key(path, open)?;
+        }
         let reader = blkmap::FidxReader::new(io::BufReader::with_capacity(1 << 20, rest))?;
         let out = temp_file("the index's map")?;
         return Ok(Ok((blkmap::fidx_map_file(reader, out)?, "fidx")));
@@ -526,7 +541,7 @@ pub fn map_stdin(
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<StdinMap> {
     let stream: Box<dyn Read + Send> = match detect_map {
-        true => match stdin_saved()? {
+        true => match stdin_saved(job.open_options())? {
             Ok((map, format)) => return Ok(StdinMap::Saved(map, format)),
             Err(stream) => stream,
         },

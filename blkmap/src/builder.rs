@@ -114,6 +114,9 @@ struct State {
     /// Blocks already taken out as parts ([`MapBuilder::take_part`]).
     taken: u64,
     zero_digest: Vec<u8>,
+    /// A keyed builder's digest of a block of zeros ([`MapBuilder::block_key`]):
+    /// zero blocks are recorded as data blocks of this digest.
+    keyed_zero: Option<Vec<u8>>,
     digest_len: usize,
     /// The first event that did not follow the last one.
     error: Option<String>,
@@ -136,7 +139,10 @@ impl State {
             return;
         }
         let added = match e {
-            BlockEvent::Zeros { .. } => self.body.zeros(count),
+            BlockEvent::Zeros { .. } => match &self.keyed_zero {
+                Some(zero) => (0..count).try_for_each(|_| self.body.data(zero)),
+                None => self.body.zeros(count),
+            },
             BlockEvent::Data { digest, .. } if digest.len() != self.digest_len => {
                 self.error = Some(format!(
                     "a block digest of {} bytes, not {}",
@@ -190,6 +196,7 @@ impl MapBuilder {
                 body: Sink::Memory(Body::default()),
                 taken: 0,
                 zero_digest: zero_digest(algorithm, block_size),
+                keyed_zero: None,
                 digest_len: algorithm.output_len(),
                 error: None,
             })),
@@ -205,20 +212,27 @@ impl MapBuilder {
     }
 
     /// The builder of a hasher whose block digests are keyed with `key`
-    /// ([`blkhash::Options::block_key`]): a zero block's digest is then
-    /// the keyed one, and the checksum checked is of keyed digests. Set
-    /// before the first block; an empty key changes nothing.
+    /// ([`blkhash::Options::block_key`]): the map holds the keyed digests,
+    /// a zero block's too. A map's zero blocks stand for the digest of
+    /// zeros, unkeyed, everywhere a map is read (its checksum checked, a
+    /// diff): so a keyed map records each zero block as a data block of
+    /// the keyed digest of zeros, as an encrypted backup's index holds its
+    /// zero chunks, and it compares with that index, and a map of it, as
+    /// it is. 32 bytes a zero block. Set before the first block; an empty
+    /// key changes nothing.
     ///
     /// ```
     /// use blkhash::{Algorithm, Hasher, Options};
-    /// use blkmap::MapBuilder;
+    /// use blkmap::{Block, MapBuilder};
     /// let opts = Options::new().block_size(512).block_key(b"k");
     /// let mut h = Hasher::with_options(opts).unwrap();
     /// let b = MapBuilder::new(Algorithm::Sha256, 512).unwrap().block_key(b"k");
     /// h.set_observer(b.observer());
-    /// h.update(&[0u8; 1024]); // zeros given as data: zero blocks still
+    /// h.update(&[0u8; 1024]);
     /// let map = b.finalize(h).unwrap();
-    /// assert_eq!(map.zero_blocks(), 2);
+    /// assert_eq!(map.zero_blocks(), 0);
+    /// let zero = Algorithm::Sha256.digest_zeros_keyed(512, b"k");
+    /// assert_eq!(map.block(1), Some(Block::Data(&zero[..])));
     /// ```
     pub fn block_key(self, key: &[u8]) -> MapBuilder {
         if key.is_empty() {
@@ -227,15 +241,9 @@ impl MapBuilder {
         let zero = self.algorithm.digest_zeros_keyed(self.block_size, key);
         {
             let mut st = self.lock();
-            if let Sink::Written(w) = &mut st.body
-                && let Some(outer) = &mut w.outer
-            {
-                *outer = [
-                    Outer::new(self.algorithm, &zero),
-                    Outer::new(self.algorithm, &zero),
-                ];
-            }
-            st.zero_digest = zero;
+            // A data block never has an empty digest: none is taken as zeros.
+            st.zero_digest = Vec::new();
+            st.keyed_zero = Some(zero);
         }
         self
     }

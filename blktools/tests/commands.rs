@@ -13,6 +13,7 @@ mod fidx;
 mod guard;
 mod http;
 mod interrupted;
+mod keyed;
 mod kubevirt;
 mod libvirt;
 mod libvirt_page;

@@ -143,7 +143,23 @@ fn read_manifest(path: &Path) -> io::Result<Manifest> {
 
 /// The key in the key file `path`, its passphrase (if its kdf needs one)
 /// from [`PASSWORD_ENV`], else the first line of `opts.secret_file`.
+///
+/// Kept for the process once loaded: a command checks the key against
+/// the manifest, opens the index and hashes with it, and a key under a
+/// passphrase costs scrypt's 64 MiB and a few tenths of a second each time.
 pub fn load_key(path: &Path, opts: &OpenOptions) -> io::Result<Key> {
+    static LOADED: std::sync::Mutex<Vec<(std::path::PathBuf, Key)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, key)) = loaded.iter().find(|(p, _)| p == path) {
+        return Ok(key.clone());
+    }
+    let key = read_key(path, opts)?;
+    loaded.push((path.to_path_buf(), key.clone()));
+    Ok(key)
+}
+
+fn read_key(path: &Path, opts: &OpenOptions) -> io::Result<Key> {
     let shown = path.display();
     let mut text = Vec::new();
     std::fs::File::open(path)

@@ -29,14 +29,14 @@ impl DstNow<'_> {
 }
 
 /// Why the state `map` (from `path`) is not DST's, if it is not: DST
-/// hashed with `algorithm` and `block_size`, `dst` as it is now (`None`:
+/// hashed with `algorithm` (its block digests keyed with `key`) and `block_size`, `dst` as it is now (`None`:
 /// it does not exist), of `dst_size` bytes. Cheap checks only: the
 /// parameters, the size, the side record (same file, size and times; none
 /// for NBD exports), and a few sampled blocks read from DST.
 pub fn check(
     map: &dyn MapLike,
     path: &Path,
-    algorithm: Algorithm,
+    (algorithm, key): (Algorithm, &[u8]),
     block_size: usize,
     dst: Option<DstNow<'_>>,
     dst_size: u64,
@@ -72,7 +72,7 @@ pub fn check(
     {
         return Err(format!("DST changed since the state was saved: {why}"));
     }
-    match check_samples(&|buf, offset| dst.read_at(buf, offset), map) {
+    match check_samples(&|buf, offset| dst.read_at(buf, offset), map, key) {
         Ok(None) => Ok(()),
         Ok(Some(i)) => Err(format!(
             "DST changed since the state was saved: its block {i} (offset {}) does not hold what the state says",
@@ -136,7 +136,7 @@ mod tests {
         check(
             map,
             state,
-            Algorithm::Sha256,
+            (Algorithm::Sha256, &[]),
             BS,
             Some(DstNow::File(f)),
             size,
@@ -161,7 +161,7 @@ mod tests {
         let other = check(
             &map,
             &state,
-            Algorithm::Blake3,
+            (Algorithm::Blake3, &[]),
             BS,
             Some(DstNow::File(&f)),
             size,
@@ -174,7 +174,7 @@ mod tests {
         let block = check(
             &map,
             &state,
-            Algorithm::Sha256,
+            (Algorithm::Sha256, &[]),
             512,
             Some(DstNow::File(&f)),
             size,
@@ -184,7 +184,7 @@ mod tests {
                 .unwrap_err()
                 .contains("of 4096-byte blocks, not sha256 of 512")
         );
-        let missing = check(&map, &state, Algorithm::Sha256, BS, None, 0);
+        let missing = check(&map, &state, (Algorithm::Sha256, &[]), BS, None, 0);
         assert_eq!(missing.unwrap_err(), "DST does not exist: not its state");
         f.set_len(5 * BS as u64).unwrap();
         let grown = check_file(&map, &state, &f).unwrap_err();

@@ -67,9 +67,10 @@ pub fn is_side(prefix: &[u8]) -> bool {
 /// A Proxmox Backup Server fixed index (probed by its magic) is read as
 /// the map of the disk it backed up ([`crate::open_index`]: copied to an
 /// unnamed temporary file, 32 bytes a chunk, and checked whole there).
-pub fn open(path: &Path) -> Result<MapFile, String> {
+/// An encrypted backup's index is read with the key of `open.keyfile`.
+pub fn open(path: &Path, open: &blkimage::OpenOptions) -> Result<MapFile, String> {
     if blkmap::is_fidx_file(path) {
-        return crate::open_index(path).map_err(|e| crate::reason(&e));
+        return crate::open_index(path, open).map_err(|e| crate::reason(&e));
     }
     let map = MapFile::open(path).map_err(|e| e.to_string())?;
     map.header().whole().map_err(|e| e.to_string())?;
@@ -136,23 +137,30 @@ pub fn spread(n: u64, jitter: u64) -> Vec<u64> {
 }
 
 /// Whether `bytes` (a block read now) are the block a map recorded:
-/// `None` for a zero block, else its digest.
-pub fn block_matches(alg: Algorithm, bytes: &[u8], recorded: Option<&[u8]>) -> bool {
+/// `None` for a zero block, else its digest, taken with `key` after the
+/// block (an encrypted backup's keyed digests; empty: none).
+pub fn block_matches(
+    (alg, key): (Algorithm, &[u8]),
+    bytes: &[u8],
+    recorded: Option<&[u8]>,
+) -> bool {
     match recorded {
         None => blkhash::is_zero(bytes),
         Some(d) => {
             let mut digest = vec![0u8; alg.output_len()];
-            alg.digest_into(bytes, &mut digest);
+            alg.digest_keyed_into(bytes, key, &mut digest);
             digest == d
         }
     }
 }
 
 /// Read a few of DST's blocks and check them against `map`: the first one
-/// that differs, if any (DST changed behind the state).
+/// that differs, if any (DST changed behind the state). The map's digests
+/// are keyed with `key` (empty: not keyed).
 pub fn check_samples(
     read_at: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
     map: &dyn MapLike,
+    key: &[u8],
 ) -> io::Result<Option<u64>> {
     let h = map.header();
     let bs = h.block_size as u64;
@@ -162,7 +170,7 @@ pub fn check_samples(
         let n = bs.min(h.size - offset) as usize;
         read_at(&mut buf[..n], offset)?;
         let recorded = map.block(i)?;
-        if !block_matches(h.algorithm, &buf[..n], recorded.as_deref()) {
+        if !block_matches((h.algorithm, key), &buf[..n], recorded.as_deref()) {
             return Ok(Some(i));
         }
     }

@@ -352,16 +352,17 @@ fn load_state(
     req: &Request,
     src_name: &str,
 ) -> Result<(Option<Result<MapFile, String>>, Job), Error> {
+    let mut spec = req.job.clone();
+    // An index's key is checked first: a wrong one is its own error.
+    if let Some(index) = req.index_state() {
+        spec.keyed = crate::index_keyed(index, &spec.open)
+            .map_err(|e| Error::unusable(index.to_string_lossy(), e))?;
+    }
     let loaded = match &req.state {
-        Some(p) if p.exists() => Some(state::open(p)),
+        Some(p) if p.exists() => Some(state::open(p, &spec.open)),
         _ => None,
     };
     let saved = loaded.as_ref().and_then(|r| r.as_ref().ok());
-    let mut spec = req.job.clone();
-    if let Some(index) = req.index_state() {
-        spec.keyed = crate::index_keyed(index, &spec.open)
-            .map_err(|e| Error::unusable(&index.to_string_lossy(), e))?;
-    }
     let job = spec
         .resolve(saved.map(|m| (m.header().algorithm, m.header().block_size)))
         .map_err(|e| Error::unusable(src_name, e))?;
@@ -441,7 +442,7 @@ fn src_changes(
     use crate::incremental::{changes, check_allocation, check_clean};
     let failed = |e| Error::io(src_name, e);
     let changes = changes(&**src, now, base, name, false).map_err(failed)?;
-    check_clean(&**src, base, &changes).map_err(failed)?;
+    check_clean(&**src, base, &changes, job.digest_key()).map_err(failed)?;
     check_allocation(src.clone(), base, &changes, job).map_err(failed)?;
     Ok(changes)
 }
@@ -509,7 +510,14 @@ fn judge_state(
         if req.index_state().is_some() && dst.size == m.header().size {
             index_written(dst)?;
         }
-        state::check::check(&m, path, job.algorithm(), job.block_size(), now, dst.size)?;
+        state::check::check(
+            &m,
+            path,
+            (job.algorithm(), job.digest_key()),
+            job.block_size(),
+            now,
+            dst.size,
+        )?;
         Ok(m)
     });
     match state::check::verdict(checked, req.force_rescan) {

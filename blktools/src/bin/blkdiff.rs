@@ -269,7 +269,7 @@ fn saved_maps(
             continue;
         }
         if path == "-" {
-            match blkjob::stdin_saved() {
+            match blkjob::stdin_saved(&args.input.open_options()) {
                 Ok(Ok((map, format))) => match map.header().whole() {
                     Ok(_) => *slot = Some(Side::Saved(map, format)),
                     Err(e) => return Err(format!("{name}: {e}")),
@@ -281,7 +281,7 @@ fn saved_maps(
         }
         // A PBS fixed index is streamed into a map in a temporary file
         // (32 bytes a chunk), checked against its index_csum on the way.
-        match blkjob::try_open_map(path) {
+        match blkjob::try_open_map(path, &args.input.open_options()) {
             Ok(Some((map, format))) => match map.header().whole() {
                 Ok(_) => *slot = Some(Side::Saved(map, format)),
                 Err(e) => return Err(format!("{name}: {e}")),
@@ -405,20 +405,12 @@ fn params(args: &Args, maps: &[Option<Side>; 2]) -> Result<Job, String> {
     let first = maps.iter().flatten().next().map(Side::header);
     let mut spec = args.input.spec();
     // An encrypted backup's index holds keyed digests: the images are
-    // hashed with its key (checked against its manifest first).
-    for (m, (path, name)) in maps
-        .iter()
-        .zip([(&args.a_path, &args.a), (&args.b_path, &args.b)])
-    {
-        if !matches!(m, Some(Side::Saved(_, "fidx"))) {
-            continue;
-        }
-        spec.keyed |= match path == "-" {
-            true => spec.open.keyfile.is_some(),
-            false => blkjob::index_keyed(std::path::Path::new(path), &spec.open)
-                .map_err(|e| format!("{name}: {}", reason(&e)))?,
-        };
-    }
+    // hashed with its key (checked against its manifest when the index
+    // was opened).
+    spec.keyed = spec.open.keyfile.is_some()
+        && maps
+            .iter()
+            .any(|m| matches!(m, Some(Side::Saved(_, "fidx"))));
     let job = InputArgs::resolve(spec, first.map(|h| (h.algorithm, h.block_size)));
     for (m, name) in maps.iter().zip([&args.a, &args.b]) {
         if let Some(m) = m {

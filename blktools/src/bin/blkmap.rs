@@ -306,7 +306,8 @@ fn map(args: &Args) -> ExitCode {
     let made = match (&args.base, &args.dirty_bitmap) {
         (Some(base), Some(bitmap)) => update(args, base, bitmap, &signals, &progress, out),
         _ => {
-            let job = args.input.job(None).with_cancel(signals.cancel.clone());
+            let job = InputArgs::resolve(keyed_spec(&args.input), None)
+                .with_cancel(signals.cancel.clone());
             make(args, &job, &progress, out).map_err(|e| said(&e, out, None))
         }
     };
@@ -402,7 +403,7 @@ fn update(
     let old =
         blkmap::MapFile::open(base_path).map_err(|e| (Some(base_name.clone()), e.to_string()))?;
     let (algorithm, block_size) = (old.header().algorithm, old.header().block_size);
-    let job = InputArgs::resolve(args.input.spec(), Some((algorithm, block_size)))
+    let job = InputArgs::resolve(keyed_spec(&args.input), Some((algorithm, block_size)))
         .with_cancel(signals.cancel.clone());
     let failed = |e: io::Error| {
         let hint = blkimage::cause::<blkjob::incremental::ReadWhole>(&e).map(|w| {
@@ -518,6 +519,14 @@ fn checksum_in(
         }
     };
     Ok(sum.map(|c| c.to_hex()).unwrap_or_default())
+}
+
+/// The job of a map: with `--keyfile`, its block digests keyed as an
+/// encrypted backup's index holds them, so that the map compares with one.
+fn keyed_spec(input: &InputArgs) -> blkjob::JobSpec {
+    let mut spec = input.spec();
+    spec.keyed = spec.open.keyfile.is_some();
+    spec
 }
 
 /// `blkmap bitmaps IMAGE`.
