@@ -27,7 +27,7 @@ KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 CHUNK = MiB
 
 CASES = ["speed", "random", "readpath", "holes", "zero", "empty", "ranges", "qcow2", "compressed",
-         "decompress", "direct",
+         "decompress", "pbs", "direct",
          "nbd", "remote", "http", "virtnbdbackup",
          "sync", "sync_nbd", "lib", "python"]
 # Run only when named (--only): dirty needs about 24 GiB of disk at its

@@ -76,6 +76,7 @@ from common import (
     warm,
 )
 from decompress import DecompressCases
+from pbs import PbsCases
 from device import DeviceCases
 from dirty import DirtyCases
 from mapsize import MapSizeCases
@@ -91,7 +92,7 @@ from cases import IMAGE_CASES
 
 
 class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases,
-            VnbdCases, DecompressCases):
+            VnbdCases, DecompressCases, PbsCases):
     def __init__(self, args, report):
         self.a = args
         self.r = report

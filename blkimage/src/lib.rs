@@ -58,8 +58,9 @@ pub use buffer::{ALIGN, AlignedBuf};
 /// ([`formats::pbs`]), and how a backup's key is loaded and checked
 /// against its manifest.
 pub mod pbs {
+    pub use crate::formats::pbs::image::PbsImage;
     pub use crate::formats::pbs::*;
-    pub use crate::open::pbs::{PASSWORD_ENV, check_manifest, load_key};
+    pub use crate::open::pbs::{PASSWORD_ENV, check_manifest, load_key, open_image};
 }
 pub use formats::qcow2;
 pub use formats::qcow2::Qcow2;

@@ -60,7 +60,7 @@ impl Masked {
 
 impl Source for Masked {
     pass_through!(inner: format, size, read_at, lendable, read_in_place, mapped_bytes, is_direct,
-        default_io_depth, bytes_in_flight, finish, origin, bitmaps, dirty);
+        default_io_depth, read_size, bytes_in_flight, finish, origin, bitmaps, dirty);
 
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
         let end = offset + len;

@@ -67,6 +67,7 @@ pub fn read_image(
     cancel: &AtomicBool,
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<Stats> {
+    let read_size = src.read_size(read_size);
     let depth = io_depth_for(&*src, io_depth, read_size);
     if depth == 0 {
         return walk(src, sink, read_size, cancel, progress);

@@ -150,6 +150,9 @@ macro_rules! pass_through {
             self.$inner.default_io_depth(read_size)
         }
     };
+    (@one $inner:ident read_size) => {
+        fn read_size(&self, asked: usize) -> usize { self.$inner.read_size(asked) }
+    };
     (@one $inner:ident bytes_in_flight) => {
         fn bytes_in_flight(&self) -> Option<usize> { self.$inner.bytes_in_flight() }
     };
@@ -339,6 +342,14 @@ pub trait Source: Send + Sync {
         } else {
             0
         }
+    }
+
+    /// The bytes of each read, given the read size asked for: that, unless
+    /// the source decodes in units whose parts would be decoded once by
+    /// one read while the reads of the others wait for it (a backup's
+    /// chunks: whole chunks are read).
+    fn read_size(&self, asked: usize) -> usize {
+        asked
     }
 
     /// Bytes of reads in flight at most when the depth is the source's own

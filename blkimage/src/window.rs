@@ -79,7 +79,7 @@ impl Source for Window {
         self.inner.read_in_place(self.offset + offset, len, f)
     }
 
-    pass_through!(inner: format, mapped_bytes, is_direct, default_io_depth, bytes_in_flight, finish,
+    pass_through!(inner: format, mapped_bytes, is_direct, default_io_depth, read_size, bytes_in_flight, finish,
         origin);
 }
 

@@ -310,7 +310,19 @@ fn save_periodically(
     stopped: mpsc::Receiver<()>,
 ) -> Option<io::Error> {
     let mut next = Instant::now() + ck.interval;
+    // The last save's failure, once one failed.
+    let mut failing: Option<io::Error> = None;
     let mut warned = false;
+    let too_much = |saver: &Saver, e: &io::Error| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "{e}; the run stops: the {} MiB of digests it could not save would \
+                 keep growing in memory",
+                saver.unsaved() >> 20
+            ),
+        )
+    };
     loop {
         // Woken often enough to pass a cancel on to the reader.
         let wait = next.saturating_duration_since(Instant::now()).min(POLL);
@@ -321,30 +333,38 @@ fn save_periodically(
         if job.cancel().load(Ordering::Relaxed) {
             stop_reading.store(true, Ordering::Relaxed);
         }
+        // Once saves fail, the digests they could not save are counted as
+        // they grow, not only when the next save (spaced by ten times the
+        // last one's length) comes round: a reader faster than the saves
+        // hashed 2000 MiB past the bound between two of them.
+        if let Some(e) = &failing
+            && saver.take(builder, at.size, at.from).is_ok()
+            && saver.unsaved() > MAX_UNSAVED
+        {
+            stop_reading.store(true, Ordering::Relaxed);
+            return Some(too_much(saver, e));
+        }
         if Instant::now() < next {
             continue;
         }
         let t = Instant::now();
         // A save that fails is tried again with more at the next one: its
         // blocks stay pending, up to a bound.
-        if let Err(e) = saver.save_new(builder, at.size, at.from) {
-            if saver.unsaved() > MAX_UNSAVED {
+        match saver.save_new(builder, at.size, at.from) {
+            Ok(()) => failing = None,
+            Err(e) if saver.unsaved() > MAX_UNSAVED => {
                 stop_reading.store(true, Ordering::Relaxed);
-                return Some(io::Error::new(
-                    e.kind(),
-                    format!(
-                        "{e}; the run stops: the {} MiB of digests it could not save would \
-                         keep growing in memory",
-                        saver.unsaved() >> 20
-                    ),
-                ));
+                return Some(too_much(saver, &e));
             }
-            if !warned {
-                (ck.warn)(&format!(
-                    "{e}; trying again every {} s, the run goes on",
-                    ck.interval.as_secs_f64()
-                ));
-                warned = true;
+            Err(e) => {
+                if !warned {
+                    (ck.warn)(&format!(
+                        "{e}; trying again every {} s, the run goes on",
+                        ck.interval.as_secs_f64()
+                    ));
+                    warned = true;
+                }
+                failing = Some(e);
             }
         }
         next = Instant::now() + ck.interval.max(t.elapsed() * 10);

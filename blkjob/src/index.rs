@@ -7,7 +7,7 @@
 //! saying so ([`IndexOnly`]).
 
 use crate::{Hashed, Job};
-use blkhash::Algorithm;
+use blkhash::{Algorithm, Construction};
 use blkimage::pbs::store::Key;
 use blkimage::pbs::{DIGEST_LEN, NoDatastore};
 use std::fmt;
@@ -91,6 +91,10 @@ pub fn hash_named(
     job: &Job,
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<Hashed> {
+    let path = Path::new(name.as_ref());
+    if let Some(image) = pbs_checkable(path, job)? {
+        return hash_pbs_chunks(image, path, job, progress);
+    }
     match job.open(name) {
         Ok(input) => crate::hash(input, job, progress),
         Err(e) => match blkimage::cause::<NoDatastore>(&e) {
@@ -98,6 +102,53 @@ pub fn hash_named(
             None => Err(e),
         },
     }
+}
+
+/// The backup in its datastore that the index at `path` is, opened, if
+/// `job` asks for its checksum in the `pbs` construction, in sha256 and
+/// blocks of its chunk size ([`hash_pbs_chunks`] gives it). `None` where
+/// that does not apply (another construction, digest or block size, a
+/// format forced, not an index, no datastore): the ordinary paths then.
+pub fn pbs_checkable(path: &Path, job: &Job) -> io::Result<Option<blkimage::pbs::PbsImage>> {
+    if job.construction() != Construction::Pbs
+        || job.algorithm() != Algorithm::Sha256
+        || job.open_options().format.is_some()
+        || !blkimage::pbs::is_fidx_file(path)
+    {
+        return Ok(None);
+    }
+    let image = match blkimage::pbs::open_image(path, job.open_options()) {
+        Ok(image) => image,
+        Err(e) if blkimage::cause::<NoDatastore>(&e).is_some() => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // The index's digests are keyed exactly when the job's are.
+    if image.header().chunk_size != job.block_size() || image.keyed() != job.block_key().is_some() {
+        return Ok(None);
+    }
+    Ok(Some(image))
+}
+
+/// The checksum of the backup `image` (the index at `path`,
+/// [`pbs_checkable`]): every chunk read and checked against the index
+/// ([`blkimage::pbs::PbsImage::check_chunks`], in parallel), then the
+/// index's digests are the block digests. One SHA-256 pass, where reading
+/// the disk to digest it again takes two.
+pub fn hash_pbs_chunks(
+    image: blkimage::pbs::PbsImage,
+    path: &Path,
+    job: &Job,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<Hashed> {
+    let (data, zero) = image.check_chunks(job.threads(), job.cancel(), progress)?;
+    let mut hashed = index_checksum(path, job)?;
+    hashed.format = "pbs".into();
+    hashed.stats = blkimage::Stats {
+        data,
+        zero,
+        ..Default::default()
+    };
+    Ok(hashed)
 }
 
 /// The key a disk compared with the index at `index` (blkdiff, blksync's

@@ -30,7 +30,9 @@ mod span;
 pub mod state;
 pub mod sync;
 
-pub use index::{IndexOnly, hash_named, index_checksum, index_key, index_keyed};
+pub use index::{
+    IndexOnly, hash_named, hash_pbs_chunks, index_checksum, index_key, index_keyed, pbs_checkable,
+};
 pub use job::{
     DEFAULT_QUEUE_DEPTH, DEFAULT_READ_SIZE, Job, JobError, JobSpec, MAX_IO_DEPTH, MAX_QUEUE_DEPTH,
     MAX_READ_SIZE, MIN_READ_SIZE, check_block_size, check_read_size, exact_size, open_dirty,

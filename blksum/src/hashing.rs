@@ -28,6 +28,18 @@ impl Hashing {
             ..self.job.spec()
         };
         let job = spec.build()?;
+        let shown = blkcli::shown_lossy(name);
+        // A backup in its datastore in the pbs construction: its chunks
+        // checked against the index, whose digests are the block digests.
+        let path = std::path::Path::new(name);
+        if self.checkpoint.is_none()
+            && let Some(image) = blkjob::pbs_checkable(path, &job)?
+        {
+            let size = image.header().size;
+            return self.progress.track(&shown, Some(size), |progress| {
+                blkjob::hash_pbs_chunks(image, path, &job, progress)
+            });
+        }
         let input = match job.open(name) {
             Ok(input) => input,
             // A fixed index without its datastore: what its digests give.
@@ -38,11 +50,9 @@ impl Hashing {
         };
         let size = input.size();
         self.progress
-            .track(&blkcli::shown_lossy(name), size, |progress| {
-                match &self.checkpoint {
-                    Some(ck) => blkjob::checkpoint::hash(name, input, &job, ck, progress),
-                    None => blkjob::hash(input, &job, progress),
-                }
+            .track(&shown, size, |progress| match &self.checkpoint {
+                Some(ck) => blkjob::checkpoint::hash(name, input, &job, ck, progress),
+                None => blkjob::hash(input, &job, progress),
             })
     }
 

@@ -162,3 +162,51 @@ fn blksync_takes_an_encrypted_index_as_dsts_state() {
     assert_eq!(crate::sync::written(&o.stderr), 4 * MIB, "{}", o.stderr);
     assert!(std::fs::read(&dst).unwrap() == std::fs::read(&disk).unwrap());
 }
+
+/// `blksum --construction pbs` of a backup in its datastore reads every
+/// chunk once, checked against the index, and prints the index's digests'
+/// checksum: a chunk that lies or is missing is an error naming it, never
+/// a checksum; a chunk of zeros is not read (the index says it is zeros).
+#[test]
+fn the_pbs_construction_checks_every_chunk_once() {
+    let Some(dir) = scratch() else { return };
+    let d = dir.path();
+    let mut data: Vec<u8> = (0..10 * MIB as usize + 4096)
+        .map(|i| (i % 241) as u8)
+        .collect();
+    data[4 << 20..8 << 20].fill(0);
+    let index = write_backup(&d.join("store"), &Backup::of(&data));
+    let csum = blkhash::to_hex(&std::fs::read(&index).unwrap()[32..64]);
+    let chunk = |i: usize| {
+        let c = &data[i * 4 * MIB as usize..((i + 1) * 4 * MIB as usize).min(data.len())];
+        let hex = blkhash::to_hex(&testkit::pbs::chunk_digest(c, None));
+        d.join("store/.chunks").join(&hex[..4]).join(hex)
+    };
+    let pbs = || run(&blksum(), &["--construction", "pbs", s(&index)]);
+    let o = pbs();
+    assert_eq!(
+        (o.code, o.stdout.clone()),
+        (0, format!("{csum}  {}\n", s(&index))),
+        "{}",
+        o.stderr
+    );
+    // The zero chunk is not read.
+    std::fs::remove_file(chunk(1)).unwrap();
+    assert_eq!(pbs().stdout, o.stdout);
+    // The last chunk holding other bytes of its length: named, no checksum.
+    let other = testkit::pbs::blob(&vec![3u8; 2 * MIB as usize + 4096], true, None);
+    std::fs::write(chunk(2), other).unwrap();
+    let o = pbs();
+    assert_eq!((o.code, o.stdout.as_str()), (1, ""), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("chunk 2 (disk offset 8388608)")
+            && o.stderr.contains("does not have the digest"),
+        "{}",
+        o.stderr
+    );
+    // The first one missing.
+    std::fs::remove_file(chunk(0)).unwrap();
+    let o = pbs();
+    assert_eq!((o.code, o.stdout.as_str()), (1, ""), "{}", o.stderr);
+    assert!(o.stderr.contains("chunk 0 (disk offset 0)"), "{}", o.stderr);
+}

@@ -119,7 +119,7 @@ struct Unpacked {
 
 impl Source for Unpacked {
     pass_through!(inner: format, size, read_at, lendable, read_in_place, is_direct,
-        default_io_depth, bytes_in_flight, finish, rounded, bitmaps, dirty);
+        default_io_depth, read_size, bytes_in_flight, finish, rounded, bitmaps, dirty);
 
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
         self.inner.extents(offset, len)

@@ -23,6 +23,12 @@ fn invalid(what: impl std::fmt::Display, why: impl std::fmt::Display) -> io::Err
 /// it; without one, an error carrying [`NoDatastore`] (what the index
 /// alone gives is the caller's to take).
 pub fn open(path: &Path, opts: &OpenOptions) -> io::Result<Input> {
+    Ok(Input::Image(Box::new(open_image(path, opts)?)))
+}
+
+/// [`open`]'s image, as itself: a caller that wants only the chunks
+/// checked ([`PbsImage::check_chunks`]) takes it so.
+pub fn open_image(path: &Path, opts: &OpenOptions) -> io::Result<PbsImage> {
     let mut reader = pbs::open_fidx(path)?;
     let header = reader.header().clone();
     let Some(store) = pbs::find_datastore(path) else {
@@ -60,8 +66,7 @@ pub fn open(path: &Path, opts: &OpenOptions) -> io::Result<Input> {
     }
     let store = ChunkStore::new(&store, key);
     let index = std::fs::File::open(path)?;
-    let image = PbsImage::new(path.to_path_buf(), index, header, store, snapshot)?;
-    Ok(Input::Image(Box::new(image)))
+    PbsImage::new(path.to_path_buf(), index, header, store, snapshot)
 }
 
 /// What the manifest beside the index at `path` (`index.json.blob`, if

@@ -12,11 +12,17 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Decoded chunks kept: reads of a chunk's parts by several threads
-/// decode it once (4 MiB each: 24 MiB).
-const CACHED: usize = 6;
+/// Decoded chunks kept (4 MiB each: 16 MiB): reads of a chunk's parts by
+/// several threads decode it once, and the reading threads decode as many
+/// chunks at once.
+const CACHED: usize = 4;
+/// Chunks read at once by the source's own reading threads: 3 took 0.94x
+/// the time of 2 and 57 MiB of memory (2: 48 MiB; 4: 0.92x, 70 MiB), on a
+/// 1 GiB backup on machine D.
+const AHEAD: usize = 3;
 /// Digests read from the index at a time for extents: 64 KiB.
 const BATCH: u64 = 2048;
 
@@ -30,8 +36,13 @@ pub struct PbsImage {
     /// The snapshot, as messages name it.
     snapshot: String,
     zero_digest: [u8; 32],
-    cache: Mutex<VecDeque<(u64, Arc<Vec<u8>>)>>,
+    cache: Mutex<VecDeque<(u64, Arc<Slot>)>>,
 }
+
+/// A chunk decoded, or being decoded by the first thread that asked for it
+/// (the others wait for it rather than decode it again), or why it could
+/// not be.
+type Slot = std::sync::OnceLock<Result<Arc<Vec<u8>>, String>>;
 
 impl PbsImage {
     /// The image of the index `index` (checked whole, `header` its
@@ -62,6 +73,98 @@ impl PbsImage {
         &self.header
     }
 
+    /// Whether its chunks are read with a key (an encrypted backup's).
+    pub fn keyed(&self) -> bool {
+        self.store.key().is_some()
+    }
+
+    /// Read and check every chunk that is not zeros (its blob's CRC,
+    /// decompressed, decrypted, its length and its digest against the
+    /// index), on `threads` threads taking chunks in turn, each holding
+    /// one at a time, and keep nothing: the bytes of data and of zeros.
+    /// What the disk's checksum in the `pbs` construction needs, whose
+    /// block digests are then the index's: one SHA-256 pass, where
+    /// reading the disk to digest it again would make two. `progress` is
+    /// told of each chunk done; `cancel` stops it ("interrupted").
+    pub fn check_chunks(
+        &self,
+        threads: usize,
+        cancel: &AtomicBool,
+        progress: &mut dyn FnMut(u64),
+    ) -> io::Result<(u64, u64)> {
+        let chunks = self.header.size.div_ceil(self.header.chunk_size as u64);
+        let next = AtomicU64::new(0);
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, io::Result<bool>)>();
+        let mut first_error: Option<(u64, io::Error)> = None;
+        let (mut data, mut zero) = (0u64, 0u64);
+        std::thread::scope(|s| {
+            for _ in 0..threads.max(1) {
+                let (tx, next) = (tx.clone(), &next);
+                s.spawn(move || {
+                    while !cancel.load(Ordering::Relaxed) {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= chunks {
+                            return;
+                        }
+                        let r = self.check_chunk(i);
+                        let failed = r.is_err();
+                        if tx.send((i, r)).is_err() || failed {
+                            next.store(chunks, Ordering::Relaxed);
+                            return;
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            for (i, r) in rx {
+                let len = self.chunk_len(i) as u64;
+                match r {
+                    Ok(true) => data += len,
+                    Ok(false) => zero += len,
+                    // The first chunk of the disk that failed, of those read.
+                    Err(e) => match &first_error {
+                        Some((j, _)) if *j < i => {}
+                        _ => first_error = Some((i, e)),
+                    },
+                }
+                progress(len);
+            }
+        });
+        if let Some((_, e)) = first_error {
+            return Err(e);
+        }
+        if cancel.load(Ordering::Relaxed) {
+            return Err(io::Error::new(io::ErrorKind::Interrupted, "interrupted"));
+        }
+        self.finish()?;
+        Ok((data, zero))
+    }
+
+    /// Chunk `i` read and checked ([`PbsImage::check_chunks`]): true, or
+    /// false for a full chunk of zeros, not read.
+    fn check_chunk(&self, i: u64) -> io::Result<bool> {
+        let digest = self.digests(i, 1)?;
+        let len = self.chunk_len(i);
+        if digest == self.zero_digest && len == self.header.chunk_size {
+            return Ok(false);
+        }
+        self.store
+            .read(&digest, len)
+            .map_err(|why| self.chunk_error(i, why))?;
+        Ok(true)
+    }
+
+    fn chunk_error(&self, i: u64, why: impl std::fmt::Display) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: chunk {i} (disk offset {}): {why}",
+                self.snapshot,
+                i * self.header.chunk_size as u64
+            ),
+        )
+    }
+
     fn digests(&self, first: u64, n: u64) -> io::Result<Vec<u8>> {
         let mut buf = vec![0u8; n as usize * DIGEST_LEN];
         let at = FIDX_HEADER_LEN as u64 + first * DIGEST_LEN as u64;
@@ -74,32 +177,29 @@ impl PbsImage {
         (self.header.size - i * bs).min(bs) as usize
     }
 
-    /// Chunk `i`, decoded and checked (or from the cache).
+    /// Chunk `i`, decoded and checked (or from the cache, or by the
+    /// thread already decoding it).
     fn chunk(&self, i: u64) -> io::Result<Arc<Vec<u8>>> {
-        let cached = |c: &VecDeque<(u64, Arc<Vec<u8>>)>| {
-            c.iter().find(|(j, _)| *j == i).map(|(_, d)| d.clone())
+        let slot = {
+            let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            match c.iter().find(|(j, _)| *j == i) {
+                Some((_, s)) => s.clone(),
+                None => {
+                    if c.len() == CACHED {
+                        c.pop_front();
+                    }
+                    let s = Arc::new(Slot::new());
+                    c.push_back((i, s.clone()));
+                    s
+                }
+            }
         };
-        if let Some(d) = cached(&self.cache.lock().unwrap_or_else(|p| p.into_inner())) {
-            return Ok(d);
-        }
-        let digest = self.digests(i, 1)?;
-        let data = self.store.read(&digest, self.chunk_len(i)).map_err(|why| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "{}: chunk {i} (disk offset {}): {why}",
-                    self.snapshot,
-                    i * self.header.chunk_size as u64
-                ),
-            )
-        })?;
-        let data = Arc::new(data);
-        let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if c.len() == CACHED {
-            c.pop_front();
-        }
-        c.push_back((i, data.clone()));
-        Ok(data)
+        let got = slot.get_or_init(|| {
+            let digest = self.digests(i, 1).map_err(|e| e.to_string())?;
+            let data = self.store.read(&digest, self.chunk_len(i))?;
+            Ok(Arc::new(data))
+        });
+        got.clone().map_err(|why| self.chunk_error(i, why))
     }
 }
 
@@ -110,6 +210,23 @@ impl Source for PbsImage {
 
     fn size(&self) -> u64 {
         self.header.size
+    }
+
+    /// Whole chunks: a part of one read alone decodes it, and the reads of
+    /// its other parts wait for that (1 MiB reads of 4 MiB chunks took
+    /// 1.2x to 2x the time of whole chunks).
+    fn read_size(&self, asked: usize) -> usize {
+        asked.max(self.header.chunk_size)
+    }
+
+    /// Reads on threads of their own, enough for [`AHEAD`] chunks: each
+    /// chunk costs a decompression and a SHA-256 check before its bytes
+    /// are digested, work the reading threads do side by side with the
+    /// digests (on the digest threads: 1.9x the time).
+    fn default_io_depth(&self, read_size: usize) -> usize {
+        (AHEAD * self.header.chunk_size)
+            .div_ceil(read_size.max(1))
+            .max(2)
     }
 
     /// A full chunk with the digest of a chunk of zeros is zeros, never
