@@ -26,7 +26,7 @@ pub fn open(path: &Path, opts: &OpenOptions) -> io::Result<Input> {
     Ok(Input::Image(Box::new(open_image(path, opts)?)))
 }
 
-/// [`open`]'s image, as itself: a caller that wants only the chunks
+/// The image `open` gives, as itself: a caller that wants only the chunks
 /// checked ([`PbsImage::check_chunks`]) takes it so.
 pub fn open_image(path: &Path, opts: &OpenOptions) -> io::Result<PbsImage> {
     let mut reader = pbs::open_fidx(path)?;

@@ -219,7 +219,7 @@ impl Source for PbsImage {
         asked.max(self.header.chunk_size)
     }
 
-    /// Reads on threads of their own, enough for [`AHEAD`] chunks: each
+    /// Reads on threads of their own, enough for `AHEAD` chunks: each
     /// chunk costs a decompression and a SHA-256 check before its bytes
     /// are digested, work the reading threads do side by side with the
     /// digests (on the digest threads: 1.9x the time).
