@@ -270,3 +270,33 @@ fn damaged_datastores_name_the_chunk_and_the_snapshot() {
     let e = err(Some(&keyfile));
     assert!(e.contains("not the index the manifest"), "{e}");
 }
+
+/// A key loaded once is kept for the process (its KDF is costly), but by
+/// its file and passphrase: a later load with a wrong passphrase, as a
+/// long-lived program (Python) may try, is refused, and a changed file
+/// gives its own key.
+#[test]
+fn a_kept_key_is_the_file_and_passphrase_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let (keyfile, pass) = (dir.path().join("key.json"), dir.path().join("pass"));
+    std::fs::write(&keyfile, key_file(&key_of(9), Kdf::Pbkdf2, b"right")).unwrap();
+    let opts = OpenOptions {
+        secret_file: Some(pass.clone()),
+        ..Default::default()
+    };
+    let fingerprint = |k: &Key| k.fingerprint_text();
+    std::fs::write(&pass, "right\n").unwrap();
+    let first = blkimage::pbs::load_key(&keyfile, &opts).unwrap();
+    std::fs::write(&pass, "wrong\n").unwrap();
+    let e = blkimage::pbs::load_key(&keyfile, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the passphrase does not open it"), "{e}");
+    std::fs::write(&pass, "right\n").unwrap();
+    let again = blkimage::pbs::load_key(&keyfile, &opts).unwrap();
+    assert_eq!(fingerprint(&again), fingerprint(&first));
+    std::fs::write(&keyfile, key_file(&key_of(8), Kdf::Pbkdf2, b"right")).unwrap();
+    let other = blkimage::pbs::load_key(&keyfile, &opts).unwrap();
+    assert_eq!(fingerprint(&other), testkit::pbs::fingerprint(&key_of(8)));
+    assert_ne!(fingerprint(&other), fingerprint(&first));
+}

@@ -149,22 +149,15 @@ fn read_manifest(path: &Path) -> io::Result<Manifest> {
 /// The key in the key file `path`, its passphrase (if its kdf needs one)
 /// from [`PASSWORD_ENV`], else the first line of `opts.secret_file`.
 ///
-/// Kept for the process once loaded: a command checks the key against
-/// the manifest, opens the index and hashes with it, and a key under a
-/// passphrase costs scrypt's 64 MiB and a few tenths of a second each time.
+/// The key file and its passphrase are read each time; the key they give
+/// is kept for the process, by their SHA-256 (never the passphrase
+/// itself): a command checks the key against the manifest, opens the
+/// index and hashes with it, and a key under a passphrase costs scrypt's
+/// 64 MiB and a few tenths of a second each time. Another passphrase, or
+/// the file changed, is another key (or an error), as when first read.
 pub fn load_key(path: &Path, opts: &OpenOptions) -> io::Result<Key> {
-    static LOADED: std::sync::Mutex<Vec<(std::path::PathBuf, Key)>> =
-        std::sync::Mutex::new(Vec::new());
-    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, key)) = loaded.iter().find(|(p, _)| p == path) {
-        return Ok(key.clone());
-    }
-    let key = read_key(path, opts)?;
-    loaded.push((path.to_path_buf(), key.clone()));
-    Ok(key)
-}
-
-fn read_key(path: &Path, opts: &OpenOptions) -> io::Result<Key> {
+    use sha2::{Digest, Sha256};
+    static LOADED: std::sync::Mutex<Vec<([u8; 32], Key)>> = std::sync::Mutex::new(Vec::new());
     let shown = path.display();
     let mut text = Vec::new();
     std::fs::File::open(path)
@@ -175,7 +168,18 @@ fn read_key(path: &Path, opts: &OpenOptions) -> io::Result<Key> {
         false => None,
         true => Some(passphrase(opts).map_err(|why| invalid(&shown, why))?),
     };
-    keyfile::load(&text, pass.as_deref()).map_err(|why| invalid(&shown, why))
+    let mut h = Sha256::new();
+    h.update((text.len() as u64).to_le_bytes());
+    h.update(&text);
+    h.update(pass.as_deref().unwrap_or_default());
+    let id: [u8; 32] = h.finalize().into();
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, key)) = loaded.iter().find(|(i, _)| *i == id) {
+        return Ok(key.clone());
+    }
+    let key = keyfile::load(&text, pass.as_deref()).map_err(|why| invalid(&shown, why))?;
+    loaded.push((id, key.clone()));
+    Ok(key)
 }
 
 fn passphrase(opts: &OpenOptions) -> Result<Vec<u8>, String> {
