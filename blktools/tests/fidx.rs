@@ -42,7 +42,7 @@ fn fidx_of_digests(digests: &[u8], size: u64, chunk: u64) -> (Vec<u8>, [u8; 32])
 
 /// `bin args` with blksync's records of the DSTs it wrote kept under
 /// `dir` (never in the user's own state directory).
-fn run_kept(dir: &Path, bin: &str, args: &[&str]) -> Out {
+pub(crate) fn run_kept(dir: &Path, bin: &str, args: &[&str]) -> Out {
     let out = std::process::Command::new(bin)
         .args(args)
         .env("XDG_STATE_HOME", dir.join("state"))
@@ -59,7 +59,7 @@ fn hex(b: &[u8]) -> String {
     blkhash::to_hex(b)
 }
 
-fn blksum() -> String {
+pub(crate) fn blksum() -> String {
     Path::new(BLKMAP)
         .with_file_name(BLKSUM)
         .to_str()

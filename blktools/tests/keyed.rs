@@ -6,6 +6,7 @@
 //! from the published format by testkit's encoder.
 
 use crate::common::*;
+use crate::fidx::{blksum, run_kept};
 use std::path::{Path, PathBuf};
 use testkit::pbs::{Backup, Kdf, fingerprint, key_file, write_backup};
 
@@ -30,25 +31,6 @@ fn encrypted(d: &Path) -> (PathBuf, PathBuf, PathBuf, String) {
     let index = write_backup(&d.join("store"), &b);
     let csum = blkhash::to_hex(&std::fs::read(&index).unwrap()[32..64]);
     (disk, index, keyfile, csum)
-}
-
-/// `bin args` with blksync's records kept under `dir`.
-fn run_in(dir: &Path, bin: &str, args: &[&str]) -> Out {
-    let out = std::process::Command::new(bin)
-        .args(args)
-        .env("XDG_STATE_HOME", dir.join("state"))
-        .output()
-        .unwrap();
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-fn blksum() -> String {
-    let p = Path::new(BLKMAP).with_file_name("blksum");
-    p.to_str().unwrap().to_string()
 }
 
 #[test]
@@ -114,14 +96,14 @@ fn a_wrong_or_missing_key_is_said_with_its_fingerprints() {
             ],
         ),
     ] {
-        let o = run_in(d, bin, &[&["--keyfile", s(&wrong)][..], &args].concat());
+        let o = run_kept(d, bin, &[&["--keyfile", s(&wrong)][..], &args].concat());
         assert!(o.code == 1 || o.code == 2, "{bin}: {}", o.stderr);
         assert_eq!(o.stdout, "", "{bin}");
         for fp in [fingerprint(&KEY), fingerprint(&other)] {
             assert!(o.stderr.contains(&fp), "{bin}: {fp} not in {}", o.stderr);
         }
         // No key: the backup is encrypted, said so.
-        let o = run_in(d, bin, &args);
+        let o = run_kept(d, bin, &args);
         assert!(o.code == 1 || o.code == 2, "{bin}: {}", o.stderr);
         assert!(o.stderr.contains("encrypted backup"), "{bin}: {}", o.stderr);
     }
@@ -144,7 +126,7 @@ fn blksync_takes_an_encrypted_index_as_dsts_state() {
     std::fs::copy(&disk, &dst).unwrap();
     write(&disk, "raw", &["write -P 9 1m 4k"]);
     let state = d.join("dst.map");
-    let o = run_in(
+    let o = run_kept(
         d,
         BLKSYNC,
         &[
