@@ -42,9 +42,9 @@ impl Signals {
         // Without handlers the default action still ends the process;
         // the handlers are left out where the thread that would run them
         // has no room to start (under `ulimit -v`).
-        if blkhash::room_for_thread().is_err() {
+        let Ok(room) = blkhash::room_for_thread() else {
             return Signals { cancel, signal };
-        }
+        };
         let mut iter = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
             Ok(i) => i,
             Err(_) => return Signals { cancel, signal },
@@ -77,6 +77,7 @@ impl Signals {
         if spawned.is_ok() {
             let _ = started.recv();
         }
+        drop(room);
         Signals { cancel, signal }
     }
 

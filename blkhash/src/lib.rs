@@ -142,8 +142,8 @@ pub use checksum::{Checksum, ParseChecksumError, to_hex};
 pub use construction::{CONSTRUCTIONS, Construction, UnknownConstruction};
 pub use hasher::Hasher;
 pub use memory::{
-    address_space_limited, leaves_headroom, one_heap_under_a_limit, out_of_memory, room_for_thread,
-    try_zeroed,
+    Room, address_space_limited, leaves_headroom, one_heap_under_a_limit, out_of_memory, room,
+    room_for_thread, try_zeroed,
 };
 pub use options::{
     DEFAULT_BLOCK_SIZE, IN_FLIGHT_BUDGET, MAX_BLOCK_SIZE, MAX_THREADS, MIN_BLOCK_SIZE, Options,

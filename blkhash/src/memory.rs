@@ -6,6 +6,7 @@
 use std::alloc::Layout;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Memory set aside for the way out: when a buffer cannot be had, what is
 /// left may not hold the error's own few bytes, its message with the
@@ -108,10 +109,20 @@ pub fn one_heap_under_a_limit() {
 /// (Rust's 2 MiB) and a margin for what the system and std map for it.
 /// std maps a thread's signal stack after its stack, and panics where it
 /// cannot unwind (an abort) if that fails: under a memory limit
-/// (`ulimit -v`) a thread may start, then take the process down.
-pub fn room_for_thread() -> io::Result<()> {
+/// (`ulimit -v`) a thread may start, then take the process down. Hold the
+/// [`Room`] until the thread runs (see [`room`]).
+///
+/// ```
+/// let room = blkhash::room_for_thread().unwrap();
+/// let t = std::thread::spawn(|| 1);
+/// drop(room);
+/// assert_eq!(t.join().unwrap(), 1);
+/// ```
+pub fn room_for_thread() -> io::Result<Room> {
     keep_reserve();
-    room_for(3 << 20)
+    let room = Room::take();
+    room_for(3 << 20)?;
+    Ok(room)
 }
 
 /// Address space a large buffer must leave free under an address-space
@@ -124,17 +135,65 @@ const HEADROOM: usize = 1 << 20;
 
 /// True if a buffer of `len` bytes leaves 1 MiB of address space free
 /// (for what follows it, see `HEADROOM`), or no limit applies. Small
-/// buffers come from the heap's room and are not checked.
+/// buffers come from the heap's room and are not checked. A check only:
+/// another thread may take the room before the buffer is allocated;
+/// [`room`] holds it.
 ///
 /// ```
 /// assert!(blkhash::leaves_headroom(1 << 20));
 /// ```
 pub fn leaves_headroom(len: usize) -> bool {
-    len < (64 << 10)
-        || !address_space_limited()
-        || len
-            .checked_add(HEADROOM)
-            .is_some_and(|n| room_for(n).is_ok())
+    room(len).is_some()
+}
+
+/// The address space for a buffer of `len` bytes and 1 MiB beyond it (see
+/// `HEADROOM`), held until the [`Room`] is dropped, or `None` if a limit
+/// leaves less. Allocate the buffer while holding it: two threads that
+/// only checked could each find the same room free, and the second
+/// buffer then takes what the first one left for the small blocks after
+/// it (blkdiff's two readers at once, under a loaded test run: "memory
+/// allocation of 1696 bytes failed"). Without a limit, or for a small
+/// buffer, nothing is checked or held.
+///
+/// ```
+/// let room = blkhash::room(1 << 20).expect("no limit here");
+/// let buf = vec![0u8; 1 << 20];
+/// drop(room);
+/// # drop(buf);
+/// ```
+pub fn room(len: usize) -> Option<Room> {
+    if len < (64 << 10) || !address_space_limited() {
+        return Some(Room { _held: None });
+    }
+    let room = Room::take();
+    let free = len
+        .checked_add(HEADROOM)
+        .is_some_and(|n| room_for(n).is_ok());
+    free.then_some(room)
+}
+
+/// Address space held for a buffer or a thread being mapped (see
+/// [`room`]): under an address-space limit, one such mapping at a time.
+#[derive(Debug)]
+#[must_use = "the room is held only while the Room lives"]
+pub struct Room {
+    /// Held, not read: the lock is released when it drops.
+    _held: Option<MutexGuard<'static, ()>>,
+}
+
+impl Room {
+    /// The lock under a limit, nothing without one.
+    fn take() -> Room {
+        static MAPPING: Mutex<()> = Mutex::new(());
+        if !address_space_limited() {
+            return Room { _held: None };
+        }
+        // The lock guards no data: a panic while holding it leaves
+        // nothing half done.
+        Room {
+            _held: Some(MAPPING.lock().unwrap_or_else(PoisonError::into_inner)),
+        }
+    }
 }
 
 /// Whether `len` bytes of address space can be had now: mapped
@@ -174,9 +233,9 @@ pub fn try_zeroed(len: usize, what: &str) -> io::Result<Vec<u8>> {
         return Ok(Vec::new());
     }
     keep_reserve();
-    if !leaves_headroom(len) {
+    let Some(_room) = room(len) else {
         return Err(out_of_memory(len, what));
-    }
+    };
     // alloc_zeroed, as `vec![0; len]` does: large buffers come from the
     // kernel already zeroed (no memset of every read's buffer), which
     // `try_reserve` and `resize` would not give.

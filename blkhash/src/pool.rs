@@ -89,7 +89,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Pool<B> {
             // it starts is then mapped before the next one takes the room
             // (see room_for_thread).
             let (started, running) = crossbeam_channel::bounded::<()>(0);
-            crate::room_for_thread()?;
+            let room = crate::room_for_thread()?;
             let t = std::thread::Builder::new()
                 .name(format!("blkhash-{i}"))
                 .spawn(move || {
@@ -104,6 +104,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Pool<B> {
                 })?;
             pool.threads.push(t);
             let _ = running.recv();
+            drop(room);
         }
         Ok(pool)
     }

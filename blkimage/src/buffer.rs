@@ -51,9 +51,10 @@ impl AlignedBuf {
     /// ```
     pub fn try_new(capacity: usize, what: &str) -> std::io::Result<Self> {
         let cap = capacity.max(1).next_multiple_of(ALIGN);
+        let room = blkhash::room(cap);
         Layout::from_size_align(cap, ALIGN)
             .ok()
-            .filter(|_| blkhash::leaves_headroom(cap))
+            .filter(|_| room.is_some())
             .and_then(Self::alloc)
             .ok_or_else(|| blkhash::out_of_memory(cap, what))
     }

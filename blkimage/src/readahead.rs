@@ -96,8 +96,8 @@ impl<'sink> ReadAhead<'sink> {
             // for it as it starts is then mapped before the next thread or
             // any read buffer takes the room (see room_for_thread).
             let (started, running) = mpsc::channel::<()>();
-            let spawned = blkhash::room_for_thread().and_then(|()| {
-                std::thread::Builder::new()
+            let spawned = blkhash::room_for_thread().and_then(|room| {
+                let t = std::thread::Builder::new()
                     .name(format!("blkimage-read-{i}"))
                     .spawn_scoped(scope, move || {
                         drop(started);
@@ -118,13 +118,15 @@ impl<'sink> ReadAhead<'sink> {
                             // The receiver is gone if the run already failed.
                             let _ = job.done.send(r);
                         }
-                    })
+                    });
+                t.map(|_| room)
             });
-            spawned.map_err(|e| {
+            let room = spawned.map_err(|e| {
                 let shown = format!("cannot start a reading thread: {e}");
                 crate::with_context(e, shown)
             })?;
             let _ = running.recv();
+            drop(room);
         }
         Ok(ReadAhead {
             inner,

@@ -9,8 +9,11 @@ use std::io;
 /// written over is not.
 pub fn grow(buf: &mut Vec<u8>, len: usize, what: &str) -> io::Result<()> {
     let more = len.saturating_sub(buf.len());
-    if more > 0 && (!blkhash::leaves_headroom(more) || buf.try_reserve_exact(more).is_err()) {
-        return Err(blkhash::out_of_memory(len, what));
+    if more > 0 {
+        let room = blkhash::room(more);
+        if room.is_none() || buf.try_reserve_exact(more).is_err() {
+            return Err(blkhash::out_of_memory(len, what));
+        }
     }
     buf.resize(len, 0);
     Ok(())
@@ -32,7 +35,8 @@ pub fn reserve<T>(v: &mut Vec<T>, n: usize, what: &str) -> io::Result<()> {
     }
     let more = n.max(v.capacity()).max(16);
     let bytes = more.saturating_add(v.len()).saturating_mul(size_of::<T>());
-    if !blkhash::leaves_headroom(bytes) || v.try_reserve(more).is_err() {
+    let room = blkhash::room(bytes);
+    if room.is_none() || v.try_reserve(more).is_err() {
         return Err(blkhash::out_of_memory(bytes, what));
     }
     Ok(())
