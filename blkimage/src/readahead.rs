@@ -79,6 +79,11 @@ pub struct ReadAhead<'sink> {
 /// reads waiting), and more would not make the hasher faster: twice the
 /// 46 MiB a URL keeps in flight at 10 ms would hold 92 MiB.
 const WAITING: usize = 16 << 20;
+/// Bytes of buffers at most under a bound in bytes larger than this: the
+/// reads in flight and those waiting then share it. A URL's bound follows
+/// the first request's time, one sample a busy machine can stretch (at
+/// 10 ms it once asked for 64 MiB, and the buffers held 80).
+const MOST_HELD: usize = 64 << 20;
 
 impl<'sink> ReadAhead<'sink> {
     /// Reading threads spawned in `scope`, in front of `inner`, for reads
@@ -153,8 +158,8 @@ impl<'sink> ReadAhead<'sink> {
     /// As [`ReadAhead::new`], the reads in flight also bounded by bytes:
     /// at most `depth` of them, and at most `max_bytes` of reads (one read
     /// whatever its size). The buffers then hold about twice that, up to
-    /// that and 16 MiB (those in flight and those waiting in the hasher),
-    /// however many reads there are.
+    /// that and 16 MiB (those in flight and those waiting in the hasher)
+    /// and 64 MiB in all, however many reads there are.
     pub fn with_bytes<'scope, 'env>(
         scope: &'scope Scope<'scope, 'env>,
         inner: &'sink mut dyn Sink,
@@ -215,11 +220,11 @@ impl<'sink> ReadAhead<'sink> {
     /// then hold 64 MiB); else a new one while every buffer together stays
     /// within `m` and as much again, up to [`WAITING`], for the reads
     /// waiting in the hasher and spare (the `2 × depth` buffers of a count
-    /// bound, for reads of `m / depth` bytes); else the oldest read is
-    /// passed on and its buffer awaited.
+    /// bound, for reads of `m / depth` bytes), and within [`MOST_HELD`] or
+    /// `m`; else the oldest read is passed on and its buffer awaited.
     fn buffer_within(&mut self, len: usize, m: usize) -> io::Result<AlignedBuf> {
         let cap = len.max(1).next_multiple_of(crate::buffer::ALIGN);
-        let bound = m + m.min(WAITING);
+        let bound = (m + m.min(WAITING)).min(m.max(MOST_HELD));
         let fits = |b: &AlignedBuf| b.capacity() >= len && b.capacity() <= 2 * cap;
         loop {
             while let Some(b) = self.inner.reclaim() {
@@ -452,6 +457,33 @@ mod tests {
             }
             ahead.flush().unwrap();
             assert_eq!(most, bound + (16 << 20));
+        });
+    }
+
+    /// Under a bound of 64 MiB the buffers hold 64 MiB in all: the reads
+    /// in flight and those waiting share it.
+    #[test]
+    fn buffers_under_the_largest_bound_hold_it_in_all() {
+        let bound = 64 << 20;
+        let mut sink = Keeps {
+            keep: 64,
+            busy: Some(2),
+            held: VecDeque::new(),
+            back: Vec::new(),
+        };
+        std::thread::scope(|scope| {
+            let mut ahead = ReadAhead::with_bytes(scope, &mut sink, 64, 1 << 20, bound).unwrap();
+            let mut most = 0;
+            for _ in 0..300 {
+                let fill = Box::new(|b: &mut [u8]| {
+                    b.fill(7);
+                    Ok(())
+                });
+                ahead.read(1 << 20, fill).unwrap();
+                most = most.max(ahead.held);
+            }
+            ahead.flush().unwrap();
+            assert_eq!(most, bound);
         });
     }
 

@@ -55,7 +55,7 @@ impl PbsImage {
         snapshot: String,
     ) -> io::Result<PbsImage> {
         let meta = index.metadata()?;
-        let zero_digest = store.digest(&vec![0u8; header.chunk_size]);
+        let zero_digest = store.digest_zeros(header.chunk_size);
         Ok(PbsImage {
             index_path,
             index,

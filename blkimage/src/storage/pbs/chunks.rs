@@ -29,6 +29,14 @@ impl ChunkStore {
         self.key.as_ref()
     }
 
+    /// The digest of `len` zero bytes as [`ChunkStore::digest`] gives it,
+    /// streamed from a small block of zeros rather than a chunk's buffer.
+    pub fn digest_zeros(&self, len: usize) -> [u8; 32] {
+        let key = self.key.as_ref().map_or(&[][..], |k| &k.id_key()[..]);
+        let d = blkhash::Algorithm::Sha256.digest_zeros_keyed(len, key);
+        d.try_into().expect("a SHA-256 digest is 32 bytes")
+    }
+
     /// The chunk file of `digest`.
     pub fn path(&self, digest: &[u8]) -> PathBuf {
         let hex = blkhash::to_hex(digest);
