@@ -63,6 +63,7 @@ IMAGE_CASES = {
         title="Read paths from the page cache ({size} of random data): mapped (`--mmap`), "
               "copied (`--no-mmap`) and the default's measured choice",
         image="random",
+        warm_each=True,
         commands={
             "ours": ours("sha256"),
             "mapped": ours("sha256", path="mapped"),

@@ -272,6 +272,10 @@ class ImageCase:
     quick_size: int = 64 * MiB
     qcow2: bool = False  # also its qcow2 conversion, as images["qcow2"]
     warm: bool = True  # read the images into the page cache first
+    # ...and again before every run, untimed: on machine D (a Firecracker
+    # VM) a run after an idle pause or a slower command took 25 to 55%
+    # longer, so the command after the reference's always lost.
+    warm_each: bool = False
     before: Optional[str] = None  # a Bench method run first
     after: Optional[str] = None  # a Bench method given (section, commands, size)
     # A context manager factory, function(bench, images), entered once the
@@ -325,9 +329,10 @@ def serve(argv, sock):
     raise RuntimeError(f"{argv[0]} did not start on {sock}")
 
 
-def warm(path):
+def warm(path, quiet=False):
     """Read a file once so that it is in the page cache."""
-    log(f"warming the page cache: {path}")
+    if not quiet:
+        log(f"warming the page cache: {path}")
     buf = bytearray(CHUNK)
     with open(path, "rb", buffering=0) as f:
         while f.readinto(buf):

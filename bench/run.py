@@ -458,6 +458,9 @@ class Bench(NetCases, LibCases, DeviceCases, DirtyCases, MapSizeCases, HttpCases
             imgs.update(extra)
             c = {key: make(self, imgs) for key, make in case.commands.items()}
             cmds = [x for x in c.values() if x]
+            if case.warm_each:
+                for x in cmds:
+                    x.prep = x.prep or (lambda r: [warm(i, quiet=True) for i in imgs.values()])
             run_case(cmds, self.a.runs, self.a.timeout)
         self.results(name, cmds, size)
         self.ratios([(c[num], c[den]) for num, den in case.ratios])
