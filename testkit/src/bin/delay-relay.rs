@@ -32,17 +32,19 @@ fn main() {
     }
 }
 
-/// The pipe each connection's replies wait in, as large as the system
-/// lets: full, it stops the relay reading from the server until the
-/// oldest chunk is passed on.
-const PIPE_SIZES: [libc::c_int; 3] = [16 << 20, 4 << 20, 1 << 20];
+/// Bytes a chunk of a reply holds at most: the size of the pipe it waits
+/// in (the most an unprivileged process may set).
+const PIPE_SIZE: libc::c_int = 1 << 20;
 
 /// Requests straight to the server; replies held `delay` each. Replies
-/// move through a pipe with splice(2), never through the relay's memory:
+/// move through pipes with splice(2), never through the relay's memory:
 /// read into buffers and written out, they cost the relay more CPU than
 /// the client it delays (1.5 CPU s for 1 GiB, half of it the two copies,
 /// a fifth faulting in buffers), and the relay stands for a network, which
-/// takes no CPU from the machine measured.
+/// takes no CPU from the machine measured. Each chunk waits in a pipe of
+/// its own (reused once passed on): one pipe for a connection held no more
+/// than 1 MiB, so a reply of 4 MiB took four delays, and a splice into a
+/// pipe holds the pipe's lock while it waits for the socket.
 fn relay(client: TcpStream, server: TcpStream, delay: Duration) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
@@ -51,54 +53,38 @@ fn relay(client: TcpStream, server: TcpStream, delay: Duration) {
         let _ = std::io::copy(&mut c_read, &mut s_write);
         let _ = s_write.shutdown(Shutdown::Write);
     });
-    let Some((pipe_out, pipe_in)) = pipe() else {
-        return;
-    };
-    // Chunks in the pipe, in order: when each is due and its length.
-    let (tx, rx) = mpsc::channel::<(Instant, usize)>();
+    // Chunks in order: when each is due, its pipe and its length.
+    let (tx, rx) = mpsc::channel::<(Instant, Pipe, usize)>();
+    let (free_tx, free) = mpsc::channel::<Pipe>();
     let writer = std::thread::spawn(move || {
-        for (due, n) in rx {
+        for (due, pipe, n) in rx {
             let now = Instant::now();
             if due > now {
                 std::thread::sleep(due - now);
             }
-            if !splice_all(&pipe_out, &client, n) {
+            if !splice_all(&pipe.read, &client, n) {
                 break;
             }
+            let _ = free_tx.send(pipe);
         }
         let _ = client.shutdown(Shutdown::Both);
     });
-    // A splice into a pipe holds the pipe's lock while it waits for the
-    // socket, which would keep the writer from the chunks already in it:
-    // the socket does not block, and is waited for with poll.
-    if server.set_nonblocking(true).is_err() {
-        return;
-    }
-    let mut ready = libc::pollfd {
-        fd: server.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
     loop {
-        // SAFETY: polls one descriptor this function owns.
-        if unsafe { libc::poll(&mut ready, 1, -1) } < 0 {
+        let Some(pipe) = free.try_recv().ok().or_else(Pipe::new) else {
             break;
-        }
+        };
         // SAFETY: splice between two descriptors this function owns.
         let n = unsafe {
             libc::splice(
                 server.as_raw_fd(),
                 std::ptr::null_mut(),
-                pipe_in.as_raw_fd(),
+                pipe.write.as_raw_fd(),
                 std::ptr::null_mut(),
-                PIPE_SIZES[0] as usize,
+                PIPE_SIZE as usize,
                 libc::SPLICE_F_MOVE,
             )
         };
-        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock {
-            continue;
-        }
-        if n <= 0 || tx.send((Instant::now() + delay, n as usize)).is_err() {
+        if n <= 0 || tx.send((Instant::now() + delay, pipe, n as usize)).is_err() {
             break;
         }
     }
@@ -106,22 +92,26 @@ fn relay(client: TcpStream, server: TcpStream, delay: Duration) {
     let _ = writer.join();
 }
 
-/// A pipe (read end, write end) of the largest size the system allows.
-fn pipe() -> Option<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills two descriptors, owned from here on.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return None;
-    }
-    // SAFETY: both descriptors were just made and are owned by nothing else.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    for size in PIPE_SIZES {
-        // SAFETY: fcntl on a descriptor owned here.
-        if unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, size) } >= 0 {
-            break;
+/// A pipe of [`PIPE_SIZE`] bytes (or the system's default, if it refuses).
+struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+}
+
+impl Pipe {
+    fn new() -> Option<Pipe> {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills two descriptors, owned from here on.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return None;
         }
+        // SAFETY: both descriptors were just made and are owned by nothing
+        // else.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: fcntl on a descriptor owned here.
+        unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
+        Some(Pipe { read, write })
     }
-    Some((r, w))
 }
 
 /// `n` bytes from the pipe to the socket; false if the socket is gone.
