@@ -607,6 +607,9 @@ fn send_range(
         let length = length.map_or(String::new(), |n| format!("Content-Length: {n}\r\n"));
         format!("HTTP/1.1 206 Partial Content\r\n{extra}{range}{length}\r\n")
     };
+    if let Some(answered) = stall(w, how, &|n| head(&range, n), body, stop)? {
+        return Ok(answered);
+    }
     match how {
         Misbehave::NoContentRange => {
             w.write_all(head("", Some(body.len())).as_bytes())?;
@@ -626,28 +629,6 @@ fn send_range(
             w.write_all(head(&range, Some(body.len() + 1)).as_bytes())?;
             w.write_all(body)?;
             w.write_all(b"!")?;
-        }
-        Misbehave::EndlessBody => {
-            w.write_all(head(&range, None).as_bytes())?;
-            let chunk = vec![0x5au8; 64 << 10];
-            while !stop.load(Ordering::SeqCst) {
-                w.write_all(&chunk)?;
-            }
-            return Ok(Answered::Closing);
-        }
-        Misbehave::Trickle => {
-            w.write_all(head(&range, Some(body.len())).as_bytes())?;
-            trickle(w, body, stop)?;
-            return Ok(Answered::Closing);
-        }
-        Misbehave::Silent => {
-            while !stop.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            return Ok(Answered::Closing);
-        }
-        Misbehave::Status(code) => {
-            write!(w, "HTTP/1.1 {code} Hostile\r\nContent-Length: 0\r\n\r\n")?;
         }
         Misbehave::Chunked => {
             w.write_all(
@@ -680,6 +661,42 @@ fn send_range(
         }
     }
     Ok(Answered::Open)
+}
+
+/// The answers to a range request that stall or refuse it: sent, and how
+/// the connection is left; `None` for the others. `head` gives the reply's
+/// head with its Content-Length, if any.
+fn stall(
+    w: &mut TcpStream,
+    how: Misbehave,
+    head: &dyn Fn(Option<usize>) -> String,
+    body: &[u8],
+    stop: &AtomicBool,
+) -> io::Result<Option<Answered>> {
+    match how {
+        Misbehave::EndlessBody => {
+            w.write_all(head(None).as_bytes())?;
+            let chunk = vec![0x5au8; 64 << 10];
+            while !stop.load(Ordering::SeqCst) {
+                w.write_all(&chunk)?;
+            }
+        }
+        Misbehave::Trickle => {
+            w.write_all(head(Some(body.len())).as_bytes())?;
+            trickle(w, body, stop)?;
+        }
+        Misbehave::Silent => {
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Misbehave::Status(code) => {
+            write!(w, "HTTP/1.1 {code} Hostile\r\nContent-Length: 0\r\n\r\n")?;
+            return Ok(Some(Answered::Open));
+        }
+        _ => return Ok(None),
+    }
+    Ok(Some(Answered::Closing))
 }
 
 /// An HTTP CONNECT proxy on 127.0.0.1 (what ureq speaks to a proxy, for
