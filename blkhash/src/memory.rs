@@ -162,10 +162,14 @@ pub fn leaves_headroom(len: usize) -> bool {
 /// # drop(buf);
 /// ```
 pub fn room(len: usize) -> Option<Room> {
-    if len < (64 << 10) || !address_space_limited() {
-        return Some(Room { _held: None });
+    let room = if len < (64 << 10) {
+        Room { _held: None }
+    } else {
+        Room::take()
+    };
+    if room._held.is_none() {
+        return Some(room);
     }
-    let room = Room::take();
     let free = len
         .checked_add(HEADROOM)
         .is_some_and(|n| room_for(n).is_ok());

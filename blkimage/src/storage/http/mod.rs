@@ -113,8 +113,8 @@ const HTTP_BYTES_IN_FLIGHT: usize = 16 << 20;
 /// coming while each request waits for its reply (the first request's
 /// time: 16 MiB up to 3 ms, 23 MiB at 5 ms, 46 MiB at 10 ms): more than
 /// the digests take on two cores, since a reply also waits for its turn
-/// at the server and in the client (at 10 ms, 32 MiB in flight took 1.2x
-/// the time of 64 MiB)...
+/// at the server and in the client (at 10 ms, 32 MiB in flight took 1.11x
+/// the time of 46 MiB)...
 const HTTP_BYTES_PER_SECOND: f64 = 4.8e9;
 /// ...up to this many (the buffers hold these and up to 16 MiB of reads
 /// waiting for the digests, 64 MiB in all: see `readahead::MOST_HELD`)...
